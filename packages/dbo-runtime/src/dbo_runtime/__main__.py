@@ -1,0 +1,3 @@
+from dbo_runtime.cli import main
+
+raise SystemExit(main())

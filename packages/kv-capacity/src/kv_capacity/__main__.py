@@ -1,0 +1,3 @@
+from kv_capacity.cli import main
+
+raise SystemExit(main())

@@ -1,0 +1,3 @@
+from profile_analyzer.cli import main
+
+raise SystemExit(main())
