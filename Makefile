@@ -23,7 +23,9 @@ PYPROJECTS  := pyproject.toml $(foreach p,$(PACKAGES),packages/$(p)/pyproject.to
 
 export DBO_TOOLKIT_VLLM_PYTHON := $(VLLM_PY)
 
-.PHONY: help setup vllm-env test test-fast bench lint skills-install clean
+BROWSER_STAMP := $(VENV)/.browser-stamp
+
+.PHONY: help setup vllm-env browser test test-fast bench lint skills-install clean
 help:
 	@echo "make test    install everything needed (first run), then run every package's tests"
 	@echo "make bench   run the benchmarks; tables on the terminal, results in bench-results/"
@@ -54,7 +56,16 @@ $(VLLM_STAMP): $(PYPROJECTS)
 	$(VLLM_PY) -m pip install -q pytest
 	@touch $@
 
-test: setup vllm-env
+browser: $(BROWSER_STAMP)
+
+# Debian chromium for the HTML report test (headless); installed once, as root, from Debian's packages.
+$(BROWSER_STAMP): | $(SETUP_STAMP)
+	@command -v chromium >/dev/null 2>&1 || { \
+		if [ "$$(id -u)" = 0 ]; then apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null; \
+		else echo "chromium missing and not root: browser tests will be skipped"; fi; }
+	@touch $@
+
+test: setup vllm-env browser
 	$(PY) -m pytest packages
 
 test-fast: setup
