@@ -21,7 +21,7 @@ def build_parser() -> argparse.ArgumentParser:
         try:
             module = importlib.import_module(name)
         except ModuleNotFoundError as exc:
-            if exc.name == name:  # that command is not written yet
+            if exc.name and (name == exc.name or name.startswith(exc.name + ".")):  # not written yet
                 continue
             raise
         add_parser = getattr(module, "add_parser", None)
