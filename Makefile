@@ -66,10 +66,10 @@ $(BROWSER_STAMP): | $(SETUP_STAMP)
 	@touch $@
 
 test: setup vllm-env browser
-	$(PY) -m pytest packages
+	$(PY) -m pytest packages skills
 
 test-fast: setup
-	$(PY) -m pytest packages -m "not vllm and not slow"
+	$(PY) -m pytest packages skills -m "not vllm and not slow"
 
 bench: setup vllm-env
 	@mkdir -p bench-results
