@@ -1,3 +1,37 @@
-"""KV-cache capacity planner for vLLM --kv-cache-memory-bytes."""
+"""KV-cache capacity planner for vLLM --kv-cache-memory-bytes.
+
+Public API:
+    parse_size(text) -> int
+    load_model(name_or_path) -> ModelSpec
+    plan(spec, *, kv_cache_memory_bytes, max_model_len, block_size=128, tensor_parallel_size=1,
+         kv_cache_dtype="auto") -> CapacityPlan
+    required_bytes(spec, *, max_model_len, concurrency, block_size=128, tensor_parallel_size=1,
+                   kv_cache_dtype="auto") -> int
+    check(...same as plan...) -> CapacityPlan, or raises InsufficientKVCacheError
+"""
+
+from kv_capacity.check import check
+from kv_capacity.errors import InsufficientKVCacheError, KVCapacityError, KVCapacityInputError
+from kv_capacity.model_spec import ModelSpec, load_model, preset_names
+from kv_capacity.planner import DEFAULT_BLOCK_SIZE, CapacityPlan, KVCacheGroup, bytes_per_token, plan, required_bytes
+from kv_capacity.sizes import format_gib, parse_size
 
 __version__ = "0.1.0"
+
+__all__ = [
+    "DEFAULT_BLOCK_SIZE",
+    "CapacityPlan",
+    "InsufficientKVCacheError",
+    "KVCacheGroup",
+    "KVCapacityError",
+    "KVCapacityInputError",
+    "ModelSpec",
+    "bytes_per_token",
+    "check",
+    "format_gib",
+    "load_model",
+    "parse_size",
+    "plan",
+    "preset_names",
+    "required_bytes",
+]

@@ -1,0 +1,305 @@
+"""A model's KV-cache shape: read from a config.json (a file, a model directory or a bundled preset).
+
+Only the fields that size the KV cache are kept. Layer kinds follow how vLLM 0.32 builds its per-layer
+KV cache specs:
+
+* MLA (DeepSeek-V2/V3, Kimi-K2 ...): one latent "head" of `kv_lora_rank + qk_rope_head_dim` values per
+  token, no separate V, the same on every tensor-parallel rank.
+* Sliding window: with `layer_types` in the config, exactly the layers marked `sliding_attention` use
+  the window; without `layer_types`, a model-level `sliding_window` applies to every layer (vLLM sets
+  `CacheConfig.sliding_window` only when no layer is a global one, see `EngineArgs.create_engine_config`).
+* Everything else: full attention with `num_key_value_heads` heads (MHA when absent) of `head_dim`
+  (`hidden_size // num_attention_heads` when absent).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+from kv_capacity.errors import KVCapacityInputError
+
+FULL = "full_attention"
+SLIDING = "sliding_window"
+MLA = "mla"
+
+# Model types whose vLLM implementation is MLA when the config has a kv_lora_rank (vLLM's
+# ModelConfig.is_deepseek_mla). DeepSeek-V3.2 (deepseek_v32) also needs an indexer cache: not sized here.
+_MLA_MODEL_TYPES = frozenset(
+    {"deepseek_v2", "deepseek_v3", "deepseek_mtp", "kimi_k2", "longcat_flash", "pangu_ultra_moe", "glm4_moe_lite"}
+)
+_UNSUPPORTED_MODEL_TYPES = {
+    "deepseek_v32": "DeepSeek-V3.2 adds a sparse-attention indexer cache",
+    "deepseek_v4": "DeepSeek-V4 uses compressed sparse MLA caches",
+}
+# transformers' Qwen2/Qwen3 configs drop `sliding_window` unless `use_sliding_window` is true.
+_QWEN_MODEL_TYPES = frozenset({"qwen2", "qwen2_moe", "qwen3", "qwen3_moe"})
+
+_DTYPE_BYTES = {"bfloat16": 2, "float16": 2, "half": 2, "float32": 4, "float": 4}
+
+ACCEPTED_MODELS = "a bundled preset name (see `kv-capacity presets`), a config.json file, or a model directory holding one"
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """What sizes a model's KV cache in vLLM. `layer_kinds[i]` is FULL, SLIDING or MLA for layer i."""
+
+    name: str
+    model_type: str
+    architecture: str
+    num_hidden_layers: int
+    num_attention_heads: int
+    num_kv_heads: int
+    head_size: int
+    head_size_v: int
+    dtype: str
+    max_position_embeddings: int | None
+    layer_kinds: tuple[str, ...]
+    sliding_window: int | None = None
+    kv_lora_rank: int | None = None
+    qk_rope_head_dim: int | None = None
+    source: str = ""
+    notes: tuple[str, ...] = field(default_factory=tuple)
+
+    @property
+    def is_mla(self) -> bool:
+        return MLA in self.layer_kinds
+
+    @property
+    def num_sliding_layers(self) -> int:
+        return sum(kind == SLIDING for kind in self.layer_kinds)
+
+    @property
+    def attention_summary(self) -> str:
+        """A short description such as `GQA 8 KV heads x 128`, `MLA 512+64`, `20 SW(1024) + 8 full`."""
+        if self.is_mla:
+            return f"MLA {self.kv_lora_rank}+{self.qk_rope_head_dim}"
+        heads = f"{self.num_kv_heads} KV heads x {self.head_size}"
+        kind = "MHA" if self.num_kv_heads == self.num_attention_heads else "GQA"
+        sliding = self.num_sliding_layers
+        if sliding == 0:
+            return f"{kind} {heads}"
+        if sliding == self.num_hidden_layers:
+            return f"{kind} {heads}, all SW({self.sliding_window})"
+        return f"{kind} {heads}, {sliding} SW({self.sliding_window}) + {self.num_hidden_layers - sliding} full"
+
+    def to_dict(self) -> dict[str, Any]:
+        data = asdict(self)
+        data["layer_kinds"] = list(self.layer_kinds)
+        data["notes"] = list(self.notes)
+        return data
+
+
+def dtype_bytes(dtype: str) -> int:
+    """Bytes per element of a model dtype name as written in config.json."""
+    try:
+        return _DTYPE_BYTES[dtype]
+    except KeyError:
+        raise KVCapacityInputError(
+            f"model dtype {dtype!r} is not supported; expected one of {', '.join(sorted(_DTYPE_BYTES))}"
+        ) from None
+
+
+def preset_names() -> list[str]:
+    """Names of the bundled presets, sorted."""
+    folder = resources.files("kv_capacity") / "presets"
+    return sorted(p.name[: -len(".json")] for p in folder.iterdir() if p.name.endswith(".json"))
+
+
+def load_preset_config(name: str) -> dict[str, Any]:
+    """The bundled config.json fields of a preset (with its `_source` provenance entry)."""
+    resource = resources.files("kv_capacity") / "presets" / f"{name}.json"
+    if not resource.is_file():
+        raise KVCapacityInputError(f"model {name!r} is not a bundled preset; expected {ACCEPTED_MODELS}")
+    return json.loads(resource.read_text(encoding="utf-8"))
+
+
+def load_model(name_or_path: str) -> ModelSpec:
+    """Load a model's KV-cache shape from a preset name, a config.json path, or a model directory."""
+    if not isinstance(name_or_path, str) or not name_or_path.strip():
+        raise KVCapacityInputError(f"model {name_or_path!r} is empty; expected {ACCEPTED_MODELS}")
+    text = name_or_path.strip()
+    if text.lower() in preset_names():
+        name = text.lower()
+        return spec_from_config(load_preset_config(name), name=name, source=f"preset {name}")
+
+    path = Path(text).expanduser()
+    if path.is_dir():
+        path = path / "config.json"
+        if not path.is_file():
+            raise KVCapacityInputError(f"model directory {text!r} has no config.json; expected {ACCEPTED_MODELS}")
+    elif not path.exists():
+        raise KVCapacityInputError(
+            f"model {text!r} is neither a bundled preset ({', '.join(preset_names())}) nor an existing path; "
+            f"expected {ACCEPTED_MODELS}"
+        )
+    try:
+        raw = path.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise KVCapacityInputError(f"config {str(path)!r} cannot be read ({exc.strerror}); expected {ACCEPTED_MODELS}") from None
+    except UnicodeDecodeError:
+        raise KVCapacityInputError(f"config {str(path)!r} is not UTF-8 text; expected a model's config.json") from None
+    try:
+        config = json.loads(raw)
+    except json.JSONDecodeError as exc:
+        raise KVCapacityInputError(
+            f"config {str(path)!r} is not valid JSON (line {exc.lineno}: {exc.msg}); expected a model's config.json"
+        ) from None
+    if not isinstance(config, dict):
+        raise KVCapacityInputError(f"config {str(path)!r} is not a JSON object; expected a model's config.json")
+    name = path.parent.name if path.name == "config.json" else path.stem
+    return spec_from_config(config, name=name or str(path), source=str(path))
+
+
+def _int_field(config: dict[str, Any], key: str, where: str, *, required: bool = True, default: int | None = None) -> int | None:
+    value = config.get(key, default)
+    if value is None:
+        if required:
+            raise KVCapacityInputError(f"{where}: field {key!r} is missing; a positive integer is needed to size the KV cache")
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+        raise KVCapacityInputError(f"{where}: field {key!r} is {value!r}; expected a positive integer")
+    return value
+
+
+def spec_from_config(config: dict[str, Any], *, name: str, source: str = "") -> ModelSpec:
+    """Build a ModelSpec from config.json fields (multimodal configs: their `text_config`)."""
+    where = f"config of {name!r}"
+    architectures = config.get("architectures") or ["?"]
+    architecture = str(architectures[0]) if isinstance(architectures, list) and architectures else "?"
+    text = config.get("text_config") if isinstance(config.get("text_config"), dict) else config
+    model_type = str(text.get("model_type") or config.get("model_type") or "?")
+    notes: list[str] = []
+
+    if model_type in _UNSUPPORTED_MODEL_TYPES:
+        raise KVCapacityInputError(
+            f"{where}: model_type {model_type!r} cannot be sized ({_UNSUPPORTED_MODEL_TYPES[model_type]}); "
+            "supported: full attention (MHA/GQA), MLA, sliding-window and hybrid mixes of those"
+        )
+    for marker in ("layers_block_type", "attn_type_list", "linear_attn_config", "ssm_cfg"):
+        if marker in text:
+            raise KVCapacityInputError(
+                f"{where}: field {marker!r} marks a Mamba/linear-attention hybrid, which cannot be sized; "
+                "supported: full attention (MHA/GQA), MLA, sliding-window and hybrid mixes of those"
+            )
+
+    num_layers = _int_field(text, "num_hidden_layers", where)
+    num_heads = _int_field(text, "num_attention_heads", where)
+    assert num_layers is not None and num_heads is not None
+    num_kv_heads = _int_field(text, "num_key_value_heads", where, required=False) or num_heads
+
+    dtype = text.get("torch_dtype") or text.get("dtype") or config.get("torch_dtype") or config.get("dtype") or "bfloat16"
+    if not isinstance(dtype, str) or dtype not in _DTYPE_BYTES:
+        raise KVCapacityInputError(f"{where}: dtype {dtype!r} is not supported; expected one of {', '.join(sorted(_DTYPE_BYTES))}")
+    if dtype in ("float32", "float"):
+        # vLLM's _resolve_auto_dtype downcasts float32 checkpoints to the platform's preferred dtype,
+        # which is bfloat16 on CUDA GPUs and Ascend NPUs.
+        notes.append("config dtype float32 is served as bfloat16 (vLLM downcasts float32 checkpoints)")
+        dtype = "bfloat16"
+    elif dtype == "half":
+        dtype = "float16"
+
+    max_pos = _int_field(text, "max_position_embeddings", where, required=False)
+
+    kv_lora_rank = text.get("kv_lora_rank")
+    if model_type in _MLA_MODEL_TYPES and kv_lora_rank is not None:
+        kv_lora_rank = _int_field(text, "kv_lora_rank", where)
+        rope = _int_field(text, "qk_rope_head_dim", where)
+        assert kv_lora_rank is not None and rope is not None
+        return ModelSpec(
+            name=name,
+            model_type=model_type,
+            architecture=architecture,
+            num_hidden_layers=num_layers,
+            num_attention_heads=num_heads,
+            num_kv_heads=1,
+            head_size=kv_lora_rank + rope,
+            head_size_v=0,
+            dtype=dtype,
+            max_position_embeddings=max_pos,
+            layer_kinds=(MLA,) * num_layers,
+            kv_lora_rank=kv_lora_rank,
+            qk_rope_head_dim=rope,
+            source=source,
+            notes=tuple(notes),
+        )
+
+    head_dim = text.get("head_dim")
+    if head_dim is None:
+        hidden = _int_field(text, "hidden_size", where)
+        assert hidden is not None
+        if hidden % num_heads:
+            raise KVCapacityInputError(
+                f"{where}: hidden_size {hidden} is not a multiple of num_attention_heads {num_heads} and there is "
+                "no head_dim; expected a config with head_dim or divisible sizes"
+            )
+        head_dim = hidden // num_heads
+    else:
+        head_dim = _int_field(text, "head_dim", where)
+    assert isinstance(head_dim, int)
+
+    sliding_window = text.get("sliding_window")
+    if model_type in _QWEN_MODEL_TYPES and not text.get("use_sliding_window", False):
+        sliding_window = None
+    if sliding_window is not None:
+        if isinstance(sliding_window, bool) or not isinstance(sliding_window, int) or sliding_window < 0:
+            raise KVCapacityInputError(f"{where}: field 'sliding_window' is {sliding_window!r}; expected a positive integer or null")
+        if sliding_window == 0:  # vLLM: a window of 0 means no sliding window
+            sliding_window = None
+
+    layer_types = _layer_types(text, model_type, num_layers, sliding_window, where)
+    if layer_types is None:
+        kinds = (SLIDING if sliding_window is not None else FULL,) * num_layers
+    else:
+        kinds = tuple(SLIDING if (t == "sliding_attention" and sliding_window is not None) else FULL for t in layer_types)
+
+    return ModelSpec(
+        name=name,
+        model_type=model_type,
+        architecture=architecture,
+        num_hidden_layers=num_layers,
+        num_attention_heads=num_heads,
+        num_kv_heads=num_kv_heads,
+        head_size=head_dim,
+        head_size_v=head_dim,
+        dtype=dtype,
+        max_position_embeddings=max_pos,
+        layer_kinds=kinds,
+        sliding_window=sliding_window if SLIDING in kinds else None,
+        source=source,
+        notes=tuple(notes),
+    )
+
+
+def _layer_types(
+    text: dict[str, Any], model_type: str, num_layers: int, sliding_window: int | None, where: str
+) -> list[str] | None:
+    """`layer_types` as transformers would fill it in for this config (None when the config has none)."""
+    layer_types = text.get("layer_types")
+    if layer_types is not None:
+        if not isinstance(layer_types, list) or len(layer_types) != num_layers:
+            raise KVCapacityInputError(
+                f"{where}: field 'layer_types' must be a list of {num_layers} entries (one per layer)"
+            )
+        allowed = {"full_attention", "sliding_attention", "attention"}
+        unknown = sorted({str(t) for t in layer_types} - allowed)
+        if unknown:
+            raise KVCapacityInputError(
+                f"{where}: layer type(s) {', '.join(unknown)} cannot be sized; supported: full_attention, sliding_attention"
+            )
+        return [str(t) for t in layer_types]
+    if sliding_window is None:
+        return None
+    # Defaults of transformers' config classes for hybrid models that may omit layer_types.
+    if model_type == "gemma2":
+        return ["sliding_attention" if (i + 1) % 2 else "full_attention" for i in range(num_layers)]
+    if model_type in ("gemma3", "gemma3_text"):
+        pattern = text.get("sliding_window_pattern", 6)
+        return ["sliding_attention" if (i + 1) % pattern else "full_attention" for i in range(num_layers)]
+    if model_type in _QWEN_MODEL_TYPES:
+        start = text.get("max_window_layers", num_layers)
+        return ["sliding_attention" if i >= start else "full_attention" for i in range(num_layers)]
+    return None
