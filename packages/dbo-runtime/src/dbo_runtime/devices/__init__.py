@@ -47,7 +47,9 @@ def get_backend(name: str = "auto") -> DeviceBackend:
             cls = _backend_class(candidate)
             if cls.is_available():
                 return cls()
-        raise DBOConfigError("no device backend is available (the cpu backend should always be)")  # pragma: no cover
+        raise DBOConfigError(
+            "no device backend is available (the cpu backend should always be)"
+        )  # pragma: no cover
     if name not in BACKEND_NAMES:
         accepted = ", ".join(repr(n) for n in ("auto", *BACKEND_NAMES))
         raise DBOConfigError(f"unknown device backend {name!r}; accepted: {accepted}")
