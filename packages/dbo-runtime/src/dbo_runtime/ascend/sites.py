@@ -1,0 +1,366 @@
+"""The declarative table of everything the vLLM-Ascend adapter touches.
+
+Two kinds of rows:
+
+* :class:`HookSite` — a communication site: where a collective of a micro-batch is launched, and so where the
+  other micro-batch may run. ``hook`` says how the site is wrapped (see :data:`HOOK_KINDS`).
+* :class:`PatchedSymbol` — a symbol the plugin replaces or relies on that is not a communication site (the
+  platform config check that resets ``enable_dbo``, the model-runner methods, upstream vLLM helpers).
+
+Every name below was read from the vllm-ascend 0.23.0.post1 sdist on PyPI (and the vLLM v0.23.0 wheel it pairs
+with); ``dbo-runtime doctor`` re-checks them against any other release before anything is patched. ``params`` are
+the parameter names the wrapper relies on (in order, a subsequence of the real signature); ``calls`` are names the
+body must still call, for sites whose collective is reached through another site.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal
+
+__all__ = [
+    "HOOK_KINDS",
+    "HookSite",
+    "PatchedSymbol",
+    "SITES",
+    "PATCHED_SYMBOLS",
+    "VLLM_SYMBOLS",
+    "MODEL_FAMILY_SITES",
+    "SUPPORTED_ARCHITECTURES",
+    "site_by_name",
+]
+
+Package = Literal["vllm_ascend", "vllm"]
+
+HOOK_KINDS: dict[str, str] = {
+    "stream": "dbo_runtime.hooks.wrap_stream_site around the method (collectives enqueued on the current stream)",
+    "custom_op": "the impl of an existing torch custom op is re-registered wrapped in wrap_stream_site "
+    "(the op is already opaque to Dynamo)",
+    "opaque_stream": "wrap_stream_site behind a dbo_runtime torch.library custom op, because the method is traced "
+    "by torch.compile",
+    "via": "no wrapper of its own: its collectives go through the custom op of the site named in `via`",
+}
+
+
+@dataclass(frozen=True)
+class HookSite:
+    """One communication site of vLLM-Ascend."""
+
+    name: str
+    module: str
+    qualname: str
+    hook: Literal["stream", "custom_op", "opaque_stream", "via"]
+    params: tuple[str, ...]
+    family: str
+    what: str
+    calls: tuple[str, ...] = ()
+    op: str | None = None
+    via: str | None = None
+    package: Package = "vllm_ascend"
+
+    @property
+    def target(self) -> str:
+        return f"{self.module}:{self.qualname}"
+
+
+@dataclass(frozen=True)
+class PatchedSymbol:
+    """A symbol the adapter patches (``patched=True``) or relies on (``patched=False``)."""
+
+    name: str
+    module: str
+    qualname: str
+    kind: Literal["function", "class"]
+    why: str
+    params: tuple[str, ...] = ()
+    attrs: tuple[str, ...] = ()
+    calls: tuple[str, ...] = ()
+    resets: tuple[str, ...] = ()
+    patched: bool = True
+    package: Package = "vllm_ascend"
+    optional_attrs: tuple[str, ...] = field(default=())
+
+    @property
+    def target(self) -> str:
+        return f"{self.module}:{self.qualname}"
+
+
+_PF = "vllm_ascend.ops.fused_moe.prepare_finalize"
+_TD = "vllm_ascend.ops.fused_moe.token_dispatcher"
+_OPS = "vllm_ascend.ops.register_custom_ops"
+_LIN = "vllm_ascend.ops.linear_op"
+
+SITES: tuple[HookSite, ...] = (
+    HookSite(
+        name="a2.moe_prepare",
+        module=_PF,
+        qualname="PrepareAndFinalizeWithAllGather.prepare",
+        hook="stream",
+        params=("self", "hidden_states", "router_logits"),
+        family="MoE A2 (all-gather / reduce-scatter)",
+        what="EP (or DP) all-gather of hidden states and router logits before the experts",
+    ),
+    HookSite(
+        name="a2.moe_finalize",
+        module=_PF,
+        qualname="PrepareAndFinalizeWithAllGather.finalize",
+        hook="stream",
+        params=("self", "hidden_states", "reduce_results"),
+        family="MoE A2 (all-gather / reduce-scatter)",
+        what="EP (or DP) reduce-scatter of the expert output",
+    ),
+    HookSite(
+        name="a3.moe_dispatch",
+        module=_TD,
+        qualname="TokenDispatcherWithAll2AllV.token_dispatch",
+        hook="stream",
+        params=("self", "token_dispatch_input"),
+        family="MoE A3 (all-to-all-v)",
+        what="all-to-all-v dispatch of permuted tokens to their experts' ranks",
+        calls=("async_all_to_all",),
+    ),
+    HookSite(
+        name="a3.moe_combine",
+        module=_TD,
+        qualname="TokenDispatcherWithAll2AllV.token_combine",
+        hook="stream",
+        params=("self", "hidden_states", "combine_metadata"),
+        family="MoE A3 (all-to-all-v)",
+        what="all-to-all-v combine of the expert output back to the tokens' ranks",
+        calls=("async_all_to_all",),
+    ),
+    HookSite(
+        name="fc1.all_gather",
+        module=_OPS,
+        qualname="_maybe_all_gather_and_maybe_unpad_impl",
+        hook="custom_op",
+        op="vllm::maybe_all_gather_and_maybe_unpad",
+        params=("x", "label", "is_ep_comm"),
+        family="FlashComm1 (sequence-parallel linear)",
+        what="TP (or EP) all-gather of token-sharded activations before a column-parallel linear",
+    ),
+    HookSite(
+        name="fc1.reduce_scatter",
+        module=_OPS,
+        qualname="_maybe_pad_and_reduce_impl",
+        hook="custom_op",
+        op="vllm::maybe_pad_and_reduce",
+        params=("x", "is_ep_comm"),
+        family="FlashComm1 (sequence-parallel linear)",
+        what="TP (or EP) reduce-scatter after a row-parallel linear",
+    ),
+    HookSite(
+        name="fc1.row_matmul_reduce",
+        module=_LIN,
+        qualname="SequenceRowParallelOp.matmul_and_reduce",
+        hook="stream",
+        params=("self", "input_parallel", "bias_"),
+        family="FlashComm1 (sequence-parallel linear)",
+        what="row-parallel matmul + reduce-scatter (or fused MatmulReduceScatter), run inside the opaque "
+        "vllm::matmul_and_reduce op",
+        calls=("tensor_model_parallel_reduce_scatter",),
+    ),
+    HookSite(
+        name="fc1.column_all_gather",
+        module=_LIN,
+        qualname="SequenceColumnParallelOp.apply_impl",
+        hook="via",
+        via="fc1.all_gather",
+        params=("self", "input_"),
+        family="FlashComm1 (sequence-parallel linear)",
+        what="column-parallel linear; its all-gather is the fc1.all_gather op",
+        calls=("maybe_all_gather_and_maybe_unpad",),
+    ),
+    HookSite(
+        name="fc2.o_proj_all_to_all",
+        module=_LIN,
+        qualname="Flashcomm2OProjRowParallelOp.apply_impl",
+        hook="opaque_stream",
+        params=("self", "input_"),
+        family="FlashComm2 (o_proj all-to-all)",
+        what="o_proj all-to-all over the ODP group, then reduce-scatter / all-gather",
+        calls=("all_to_all_single",),
+    ),
+    HookSite(
+        name="mla.preprocess",
+        module="vllm_ascend.attention.mla_v1",
+        qualname="AscendMLAImpl._mla_preprocess",
+        hook="via",
+        via="fc1.all_gather",
+        params=("self", "layer_name", "hidden_states", "kv_cache", "attn_metadata", "need_gather_q_kv"),
+        family="MLA attention (DeepSeek, GLM MoE DSA)",
+        what="q_c / kv_no_split all-gather of the MLA preprocess; goes through the fc1.all_gather op",
+        calls=("maybe_all_gather_and_maybe_unpad",),
+    ),
+)
+
+_MR = "vllm_ascend.worker.model_runner_v1"
+
+PATCHED_SYMBOLS: tuple[PatchedSymbol, ...] = (
+    PatchedSymbol(
+        name="platform.config_check",
+        module="vllm_ascend.platform",
+        qualname="NPUPlatform.check_and_update_config",
+        kind="function",
+        why="calls _fix_incompatible_config, which resets enable_dbo; wrapped to keep it and to validate",
+        params=("cls", "vllm_config"),
+        calls=("_fix_incompatible_config",),
+    ),
+    PatchedSymbol(
+        name="platform.dbo_reset",
+        module="vllm_ascend.platform",
+        qualname="NPUPlatform._fix_incompatible_config",
+        kind="function",
+        why="relied on: where vLLM-Ascend resets enable_dbo (and ubatch_size) today",
+        params=("vllm_config",),
+        resets=("enable_dbo",),
+        patched=False,
+    ),
+    PatchedSymbol(
+        name="runner.batch_decision",
+        module=_MR,
+        qualname="NPUModelRunner._determine_batch_execution_and_padding",
+        kind="function",
+        why="always returns should_ubatch=False; wrapped to take the DP-agreed decision of dp_sync",
+        params=("self", "num_tokens", "num_reqs", "num_scheduled_tokens_np", "max_num_scheduled_tokens"),
+    ),
+    PatchedSymbol(
+        name="runner.attn_metadata",
+        module=_MR,
+        qualname="NPUModelRunner._build_attention_metadata",
+        kind="function",
+        why="given ubatch_slices it builds one dict per micro-batch; wrapped to split the Ascend common metadata",
+        params=("self", "num_tokens", "num_reqs", "max_query_len", "num_tokens_padded", "num_reqs_padded",
+                "ubatch_slices"),
+    ),
+    PatchedSymbol(
+        name="runner.model_forward",
+        module=_MR,
+        qualname="NPUModelRunner._model_forward",
+        kind="function",
+        why="the model call; wrapped to run the two micro-batches through dbo_runtime.context.run_ubatches",
+        params=("self", "num_tokens_padded", "input_ids", "positions", "intermediate_tensors", "inputs_embeds"),
+    ),
+    PatchedSymbol(
+        name="runner.execute_model",
+        module=_MR,
+        qualname="NPUModelRunner.execute_model",
+        kind="function",
+        why="relied on: it already calls upstream maybe_create_ubatch_slices with the runner's decision",
+        calls=("maybe_create_ubatch_slices", "_determine_batch_execution_and_padding", "_build_attention_metadata"),
+        patched=False,
+    ),
+    PatchedSymbol(
+        name="attn.common_metadata",
+        module="vllm_ascend.attention.utils",
+        qualname="AscendCommonAttentionMetadata",
+        kind="class",
+        why="relied on: the Ascend fields the split must carry (attn_state, num_input_tokens, positions, ...)",
+        attrs=("seq_lens_cpu", "num_computed_tokens_cpu", "actual_seq_lengths_q", "positions", "attn_state",
+               "graph_pad_size", "num_input_tokens", "prefill_context_parallel_metadata"),
+        patched=False,
+    ),
+    PatchedSymbol(
+        name="moe.comm_select",
+        module="vllm_ascend.ascend_forward_context",
+        qualname="select_moe_comm_method",
+        kind="function",
+        why="relied on: decides MC2 / FUSED_MC2 (refused under DBO) per batch",
+        params=("num_tokens", "vllm_config"),
+        patched=False,
+    ),
+)
+
+VLLM_SYMBOLS: tuple[PatchedSymbol, ...] = (
+    PatchedSymbol(
+        name="vllm.parallel_config",
+        module="vllm.config.parallel",
+        qualname="ParallelConfig",
+        kind="class",
+        why="relied on: the DBO flags and thresholds",
+        attrs=("enable_dbo", "dbo_decode_token_threshold", "dbo_prefill_token_threshold", "ubatch_size"),
+        patched=False,
+        package="vllm",
+    ),
+    PatchedSymbol(
+        name="vllm.config_post_init",
+        module="vllm.config.vllm",
+        qualname="VllmConfig.__post_init__",
+        kind="function",
+        why="asserts a DeepEP all2all backend when ubatching; wrapped to restore the platform's backend after it",
+        params=("self",),
+        calls=("check_and_update_config",),
+        package="vllm",
+    ),
+    PatchedSymbol(
+        name="vllm.ubatch_slices",
+        module="vllm.v1.worker.ubatch_utils",
+        qualname="maybe_create_ubatch_slices",
+        kind="function",
+        why="relied on: the token-level split the NPU runner already calls",
+        params=("should_ubatch", "num_scheduled_tokens", "num_tokens_padded", "num_reqs_padded", "num_ubatches"),
+        patched=False,
+        package="vllm",
+    ),
+    PatchedSymbol(
+        name="vllm.ubatch_slice",
+        module="vllm.v1.worker.ubatch_utils",
+        qualname="UBatchSlice",
+        kind="class",
+        why="relied on: request_slice / token_slice of one micro-batch",
+        attrs=("request_slice", "token_slice"),
+        patched=False,
+        package="vllm",
+    ),
+    PatchedSymbol(
+        name="vllm.forward_context",
+        module="vllm.forward_context",
+        qualname="ForwardContext",
+        kind="class",
+        why="relied on: ubatch_slices and per-micro-batch attn_metadata / slot_mapping lists",
+        attrs=("attn_metadata", "slot_mapping", "dp_metadata", "ubatch_slices"),
+        patched=False,
+        package="vllm",
+    ),
+    PatchedSymbol(
+        name="vllm.moe_forward_op",
+        module="vllm.model_executor.layers.fused_moe.runner.moe_runner",
+        qualname="_moe_forward",
+        kind="function",
+        why="relied on: the opaque vllm::moe_forward op that keeps the A2/A3 sites out of Dynamo's trace",
+        patched=False,
+        package="vllm",
+    ),
+)
+
+# Which sites fire for which model family (the architectures PR #4894 templates cover).
+MODEL_FAMILY_SITES: dict[str, tuple[str, ...]] = {
+    "DeepSeek-V2/V3 (MLA + MoE)": ("mla.preprocess", "fc1.all_gather", "fc1.reduce_scatter", "a2.moe_prepare",
+                                   "a2.moe_finalize", "a3.moe_dispatch", "a3.moe_combine", "fc2.o_proj_all_to_all"),
+    "GLM MoE DSA (MLA + MoE)": ("mla.preprocess", "fc1.all_gather", "fc1.reduce_scatter", "a2.moe_prepare",
+                                "a2.moe_finalize", "a3.moe_dispatch", "a3.moe_combine"),
+    "Qwen3 MoE / GLM-4 MoE / Bailing MoE V2.5 (GQA + MoE)": (
+        "fc1.column_all_gather", "fc1.all_gather", "fc1.row_matmul_reduce", "fc1.reduce_scatter",
+        "a2.moe_prepare", "a2.moe_finalize", "a3.moe_dispatch", "a3.moe_combine", "fc2.o_proj_all_to_all"),
+    "Qwen3 dense (GQA + MLP)": ("fc1.column_all_gather", "fc1.all_gather", "fc1.row_matmul_reduce",
+                                "fc1.reduce_scatter", "fc2.o_proj_all_to_all"),
+}
+
+# HF `architectures` names accepted with DBO (the families above).
+SUPPORTED_ARCHITECTURES: frozenset[str] = frozenset({
+    "DeepseekV2ForCausalLM",
+    "DeepseekV3ForCausalLM",
+    "DeepseekV32ForCausalLM",
+    "Qwen3MoeForCausalLM",
+    "Qwen3ForCausalLM",
+    "Glm4MoeForCausalLM",
+    "BailingMoeV2_5ForCausalLM",
+    "GlmMoeDsaForCausalLM",
+})
+
+
+def site_by_name(name: str) -> HookSite:
+    for site in SITES:
+        if site.name == name:
+            return site
+    raise KeyError(name)
