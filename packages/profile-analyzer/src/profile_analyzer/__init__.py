@@ -1,3 +1,22 @@
-"""Where communication is not overlapped: msprof, torch_npu and Kineto profile analysis."""
+"""Where communication is not overlapped: msprof, torch_npu and Kineto profile analysis.
+
+Public API::
+
+    from profile_analyzer import load, analyze
+    timeline = load("prof_dir")          # any supported format, see loaders.detect
+    report = analyze(timeline, rank=None, step=None)
+    report.to_dict()                     # the versioned JSON schema (report/json_schema.py)
+"""
+
+from __future__ import annotations
 
 __version__ = "0.1.0"
+
+from profile_analyzer.api import analyze
+from profile_analyzer.errors import ProfileError
+from profile_analyzer.loaders import detect, load
+from profile_analyzer.report.model import Report
+from profile_analyzer.timeline import Kind, RankTimeline, Steps, Stream, Timeline
+
+__all__ = ["Kind", "ProfileError", "RankTimeline", "Report", "Steps", "Stream", "Timeline", "analyze", "detect", "load",
+           "__version__"]

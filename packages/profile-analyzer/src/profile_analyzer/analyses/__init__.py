@@ -1,0 +1,1 @@
+"""Analyses: pure functions of a Timeline / RankTimeline (no I/O, no printing)."""

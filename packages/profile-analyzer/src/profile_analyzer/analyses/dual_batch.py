@@ -1,0 +1,133 @@
+"""Dual-batch overlap (DBO) check: is one micro-batch's communication hidden under the other's compute?
+
+Finding the two micro-batches, in this order of preference:
+
+1. ``markers``: names carrying a micro-batch index, ``ubatch0``/``ubatch_1``/``micro_batch0``/``ub1``
+   (regex :data:`UBATCH_MARKER`), on the communication operators themselves or on ranges (Kineto
+   ``record_function`` / annotations) on the same stream that enclose them.
+2. ``two_comm_streams``: the communication operators of the window sit on two streams and alternate
+   between them (at least 80 % of consecutive operators switch stream): one stream per micro-batch.
+3. ``paired_ops``: on one stream, operators of the same kind come in back-to-back pairs
+   (dispatch, dispatch, combine, combine, ...), at least 80 % of them: the first of each pair is
+   micro-batch 0. A single batch gives dispatch, combine, dispatch, combine and is *not* a ping-pong.
+
+With at least 4 communication operators required. If none applies, ``detected`` is false and
+``reason`` says what was looked for. Coverage of an operator of micro-batch *u* is the time of its span
+under compute of the *other* micro-batch: compute tasks carrying a marker are attributed to it; compute
+without markers is counted as the other micro-batch's (in a ping-pong, *u*'s own compute waits for *u*'s
+communication, so concurrent compute is the other's). Layers: the per-micro-batch operator sequence
+repeats with a period (2 for dispatch+combine); layer = operator index // period.
+"""
+
+from __future__ import annotations
+
+import re
+from collections import Counter
+
+import numpy as np
+
+from profile_analyzer import intervals as iv
+from profile_analyzer.analyses.exposed import op_kind
+from profile_analyzer.timeline import Kind, RankTimeline
+
+UBATCH_MARKER = re.compile(r"(?i)(?<![a-z])(?:ubatch|u_batch|micro_?batch|ub)[_\-#]?([01])(?!\d)")
+MIN_OPS = 4
+
+
+def _marker_of_names(names: list[str]) -> np.ndarray:
+    out = np.full(len(names), -1, dtype=np.int8)
+    for i, n in enumerate(names):
+        m = UBATCH_MARKER.search(n)
+        if m:
+            out[i] = int(m.group(1))
+    return out
+
+
+def _period(kinds: list[str]) -> int:
+    n = len(kinds)
+    for p in range(1, max(2, n // 2 + 1)):
+        if n <= p:
+            return p
+        same = sum(kinds[i] == kinds[i + p] for i in range(n - p))
+        if same >= 0.9 * (n - p):
+            return p
+    return 1
+
+
+def dual_batch(rt: RankTimeline, lo: int, hi: int) -> dict[str, object]:
+    ops = np.flatnonzero((rt.kind == int(Kind.COMMUNICATION)) & (rt.start_ns >= lo) & (rt.start_ns < hi))
+    ops = ops[np.argsort(rt.start_ns[ops], kind="stable")]
+    result: dict[str, object] = {"rank": rt.rank, "detected": False, "method": None, "reason": "", "ubatches": [], "layers": []}
+    if ops.size < MIN_OPS:
+        result["reason"] = (f"only {ops.size} communication operator(s) in the window; a ping-pong needs at least "
+                            f"{MIN_OPS} (two per micro-batch)")
+        return result
+    name_marker = _marker_of_names(rt.names)
+    task_marker = name_marker[rt.name_id]
+    # enclosing marker ranges on the same stream
+    ranges = np.flatnonzero((task_marker >= 0) & (rt.kind == int(Kind.HOST)))
+    if ranges.size:
+        for r in ranges:
+            inside = (rt.stream == rt.stream[r]) & (rt.start_ns >= rt.start_ns[r]) & (rt.end_ns <= rt.end_ns[r]) & (task_marker < 0)
+            task_marker[inside] = name_marker[rt.name_id[r]]
+    op_ub = task_marker[ops].astype(np.int64)
+    kinds = [op_kind(rt.names[int(i)]) for i in rt.name_id[ops]]
+    method = None
+    if np.all(op_ub >= 0) and len(set(op_ub.tolist())) == 2:
+        method = "markers"
+    else:
+        streams = rt.stream[ops]
+        uniq = np.unique(streams)
+        if uniq.size == 2 and np.mean(streams[1:] != streams[:-1]) >= 0.8:
+            method = "two_comm_streams"
+            op_ub = (streams == uniq[1]).astype(np.int64)
+        else:
+            pos_ub = np.full(ops.size, -1, np.int64)
+            i = 0
+            paired = 0
+            while i < ops.size - 1:
+                if kinds[i] == kinds[i + 1]:
+                    pos_ub[i], pos_ub[i + 1] = 0, 1
+                    paired += 2
+                    i += 2
+                else:
+                    i += 1
+            if paired >= 0.8 * ops.size and paired >= MIN_OPS:
+                method = "paired_ops"
+                op_ub = pos_ub
+    if method is None:
+        result["reason"] = ("no ping-pong found: no ubatch markers in names, communication operators are not on two "
+                            "alternating streams, and operators of the same kind do not come in back-to-back pairs "
+                            f"(sequence starts {', '.join(kinds[:6])})")
+        return result
+    comp_idx = np.flatnonzero(rt.kind == int(Kind.COMPUTE))
+    comp_ub = task_marker[comp_idx]
+    covers = {}
+    for u in (0, 1):
+        sel = comp_idx[(comp_ub != u)]
+        covers[u] = iv.union(rt.start_ns[sel], rt.end_ns[sel])
+    layers = []
+    ub_rows = []
+    t0 = rt.t0_ns()
+    for u in (0, 1):
+        mine = np.flatnonzero(op_ub == u)
+        if mine.size == 0:
+            continue
+        o = ops[mine]
+        covered = iv.overlap_with_each(rt.start_ns[o], rt.end_ns[o], covers[u])
+        dur = rt.end_ns[o] - rt.start_ns[o]
+        ukinds = [kinds[j] for j in mine]
+        period = _period(ukinds)
+        for k, (j, c, d) in enumerate(zip(o, covered, dur)):
+            layers.append({"rank": rt.rank, "ubatch": u, "layer": k // period, "index": k, "op": ukinds[k],
+                           "start_us": (int(rt.start_ns[j]) - t0) / 1000.0,
+                           "comm_us": int(d) / 1000.0, "covered_us": int(c) / 1000.0,
+                           "covered_pct": 100.0 * int(c) / int(d) if d else 0.0})
+        ub_rows.append({"ubatch": u, "comm_ops": int(o.size), "comm_us": int(dur.sum()) / 1000.0,
+                        "covered_us": int(covered.sum()) / 1000.0,
+                        "covered_pct": 100.0 * int(covered.sum()) / int(dur.sum()) if dur.sum() else 0.0,
+                        "op_kinds": dict(Counter(ukinds))})
+    layers.sort(key=lambda r: (r["layer"], r["index"], r["ubatch"]))
+    result.update(detected=True, method=method, layers=layers, ubatches=ub_rows,
+                  reason=f"{ops.size} communication operators split into two micro-batches by {method}")
+    return result

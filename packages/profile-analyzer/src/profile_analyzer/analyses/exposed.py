@@ -1,0 +1,102 @@
+"""Exposed communication: time when a communication operator runs and no compute does.
+
+The exposed set is ``comm - comp`` (msprof's Communication(Not Overlapped)). Each communication operator
+is charged the exposed time inside its own span; operators are grouped by their *kind* (the op name with
+the per-instance suffix removed: ``hcom_allReduce__275_237_1`` -> ``hcom_allReduce``) and by the compute
+operator that ended last before the operator started (which tells the user which layer exposes it).
+When two communication operators run at once, each is charged the shared exposed time; the total
+``exposed_us`` is the union and never double counts.
+"""
+
+from __future__ import annotations
+
+import re
+from collections import defaultdict
+
+import numpy as np
+
+from profile_analyzer import intervals as iv
+from profile_analyzer.timeline import Kind, RankTimeline
+
+_INSTANCE_SUFFIX = re.compile(r"(__\d+(_\d+)*|_\d+(_\d+)+)$")
+
+
+def op_kind(name: str) -> str:
+    """``hcom_allGather__063_2_1`` -> ``hcom_allGather``; other names unchanged."""
+    return _INSTANCE_SUFFIX.sub("", name) or name
+
+
+def compute_label(rt: RankTimeline, name_id: int) -> str:
+    t = rt.op_types.get(name_id)
+    name = rt.names[name_id]
+    return f"{t} ({name})" if t and t != name else name
+
+
+def exposed_communication(rt: RankTimeline, comp: iv.IntervalSet, comm_not_overlapped: iv.IntervalSet,
+                          lo: int, hi: int, top: int = 20) -> dict[str, object]:
+    exposed = iv.clip(comm_not_overlapped, lo, hi)
+    total_exposed = iv.total(exposed)
+    ops = np.flatnonzero((rt.kind == int(Kind.COMMUNICATION)) & (rt.start_ns >= lo) & (rt.start_ns < hi))
+    os_, oe = rt.start_ns[ops], rt.end_ns[ops]
+    per_op = iv.overlap_with_each(os_, oe, exposed)
+    comp_idx = np.flatnonzero(rt.kind == int(Kind.COMPUTE))
+    comp_end_order = comp_idx[np.argsort(rt.end_ns[comp_idx], kind="stable")]
+    comp_ends = rt.end_ns[comp_end_order]
+    before = np.searchsorted(comp_ends, os_, side="right") - 1
+    by_op: dict[str, list[float]] = defaultdict(lambda: [0, 0.0, 0.0])
+    by_prev: dict[str, list[float]] = defaultdict(lambda: [0, 0.0, 0.0])
+    kinds = [op_kind(rt.names[int(i)]) for i in rt.name_id[ops]]
+    prev_names = [compute_label(rt, int(rt.name_id[comp_end_order[b]])) if b >= 0 else "(start of trace)" for b in before]
+    for k, p, ex, s, e in zip(kinds, prev_names, per_op, os_, oe):
+        for d, key in ((by_op, k), (by_prev, p)):
+            row = d[key]
+            row[0] += 1
+            row[1] += float(ex)
+            row[2] += float(e - s)
+
+    def table(d: dict[str, list[float]], label: str) -> list[dict[str, object]]:
+        rows = [{label: k, "count": int(v[0]), "exposed_us": v[1] / 1000.0, "total_us": v[2] / 1000.0,
+                 "exposed_pct": (100.0 * v[1] / v[2]) if v[2] else 0.0} for k, v in d.items()]
+        rows.sort(key=lambda r: -r["exposed_us"])  # type: ignore[operator]
+        return rows[:top]
+
+    # the worst single exposed intervals, each attributed to the op that covers its start
+    gs, ge = exposed
+    worst = np.argsort(-(ge - gs), kind="stable")[:top]
+    op_order = np.argsort(os_, kind="stable")
+    sorted_os = os_[op_order]
+    occurrence: dict[str, int] = defaultdict(int)
+    occ_of = np.zeros(ops.size, dtype=np.int64)
+    for j in op_order:
+        occ_of[j] = occurrence[kinds[j]]
+        occurrence[kinds[j]] += 1
+    t0 = rt.t0_ns()
+    gaps = []
+    for w in worst:
+        s, e = int(gs[w]), int(ge[w])
+        j = np.searchsorted(sorted_os, s, side="right") - 1
+        op_i = None
+        while j >= 0:
+            cand = op_order[j]
+            if oe[cand] >= e or oe[cand] > s:
+                op_i = cand
+                break
+            j -= 1
+        bprev = np.searchsorted(comp_ends, s, side="right") - 1
+        gaps.append({
+            "rank": rt.rank,
+            "start_us": (s - t0) / 1000.0,
+            "end_us": (e - t0) / 1000.0,
+            "dur_us": (e - s) / 1000.0,
+            "comm_op": rt.names[int(rt.name_id[ops[op_i]])] if op_i is not None else None,
+            "comm_kind": kinds[op_i] if op_i is not None else None,
+            "occurrence": int(occ_of[op_i]) if op_i is not None else None,
+            "stream": rt.streams[int(rt.stream[ops[op_i]])].label if op_i is not None else None,
+            "preceding_compute": compute_label(rt, int(rt.name_id[comp_end_order[bprev]])) if bprev >= 0 else None,
+        })
+    return {
+        "exposed_us": total_exposed / 1000.0,
+        "by_operator": table(by_op, "operator"),
+        "by_preceding_compute": table(by_prev, "preceding_compute"),
+        "worst_gaps": gaps,
+    }

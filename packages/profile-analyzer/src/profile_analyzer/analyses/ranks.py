@@ -1,0 +1,80 @@
+"""Rank-to-rank comparison: the slowest rank, each rank's communication wait, who makes the others wait.
+
+Waiting is measured without comparing clocks across machines: the same collective finishes together on
+every rank, so on each instance (matched by operator name, else by kind and occurrence index) the rank
+with the *shortest* span arrived last, and every other rank waited ``its span - shortest span``. The
+rank that makes the others wait is the one charged with most of that waiting; the slowest rank is the
+one with the most Computing time (its compute is what the collectives wait for).
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+
+import numpy as np
+
+from profile_analyzer.analyses.exposed import op_kind
+from profile_analyzer.timeline import Kind, RankTimeline
+
+
+def _op_instances(rt: RankTimeline, lo: int | None, hi: int | None) -> dict[tuple[str, int], int]:
+    ops = np.flatnonzero(rt.kind == int(Kind.COMMUNICATION))
+    if lo is not None and hi is not None:
+        ops = ops[(rt.start_ns[ops] >= lo) & (rt.start_ns[ops] < hi)]
+    ops = ops[np.argsort(rt.start_ns[ops], kind="stable")]
+    out: dict[tuple[str, int], int] = {}
+    seen: dict[str, int] = defaultdict(int)
+    for i in ops:
+        k = op_kind(rt.names[int(rt.name_id[i])])
+        out[(k, seen[k])] = int(rt.end_ns[i] - rt.start_ns[i])
+        seen[k] += 1
+    return out
+
+
+def rank_comparison(ranks: dict[int, RankTimeline], per_rank: dict[int, dict[str, float]],
+                    windows: dict[int, tuple[int, int]] | None = None) -> dict[str, object]:
+    """``per_rank``: rank -> summed breakdown (µs) from the step breakdown."""
+    inst = {r: _op_instances(rt, *(windows.get(r, (None, None)) if windows else (None, None))) for r, rt in ranks.items()}
+    keys = set()
+    for d in inst.values():
+        keys |= set(d)
+    wait = defaultdict(float)
+    caused = defaultdict(float)
+    last_count = defaultdict(int)
+    matched = 0
+    for k in keys:
+        have = {r: d[k] for r, d in inst.items() if k in d}
+        if len(have) < 2:
+            continue
+        matched += 1
+        shortest = min(have.values())
+        late = min(have, key=lambda r: (have[r], r))
+        last_count[late] += 1
+        for r, d in have.items():
+            w = (d - shortest) / 1000.0
+            wait[r] += w
+            caused[late] += w
+    rows = []
+    for r in ranks:
+        pr = per_rank.get(r, {})
+        rows.append({"rank": r, "computing_us": pr.get("computing", 0.0), "communication_us": pr.get("communication", 0.0),
+                     "exposed_communication_us": pr.get("communication_not_overlapped", 0.0),
+                     "free_us": pr.get("free", 0.0), "comm_wait_us": wait.get(r, 0.0),
+                     "caused_wait_us": caused.get(r, 0.0), "arrived_last": last_count.get(r, 0)})
+    out: dict[str, object] = {"per_rank": rows, "matched_collectives": matched, "slowest_rank": None,
+                              "waited_for_rank": None, "explanation": ""}
+    if len(ranks) < 2:
+        out["explanation"] = "single rank: no rank-to-rank comparison"
+        return out
+    slow = max(rows, key=lambda x: x["computing_us"])
+    out["slowest_rank"] = slow["rank"]
+    if matched and any(caused.values()):
+        w = max(caused, key=lambda r: caused[r])
+        out["waited_for_rank"] = w
+        out["explanation"] = (f"rank {w} arrived last at {last_count[w]} of {matched} matched collectives; the other ranks "
+                              f"waited {caused[w]:.1f} µs in all for it. Rank {slow['rank']} has the most Computing "
+                              f"({slow['computing_us']:.1f} µs).")
+    else:
+        out["explanation"] = (f"no collective instance matched across ranks; rank {slow['rank']} has the most Computing "
+                              f"({slow['computing_us']:.1f} µs)")
+    return out

@@ -1,0 +1,171 @@
+"""``analyze(timeline, rank=None, step=None) -> Report``: every analysis over the selected ranks/steps."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from profile_analyzer import intervals as iv
+from profile_analyzer.analyses.breakdown import BREAKDOWN_ITEMS, overlap_sets, profiler_agreement, step_breakdown
+from profile_analyzer.analyses.dual_batch import dual_batch
+from profile_analyzer.analyses.exposed import exposed_communication
+from profile_analyzer.analyses.ranks import rank_comparison
+from profile_analyzer.analyses.streams import idle_gaps, stream_utilisation
+from profile_analyzer.errors import ProfileError
+from profile_analyzer.report.model import Report
+from profile_analyzer.timeline import KIND_NAMES, Kind, RankTimeline, Timeline
+
+_TIME_KEYS = [k for k, _ in BREAKDOWN_ITEMS]
+MAX_LANE_TASKS = 400
+
+
+def _us(row: dict[str, Any], t0: int) -> dict[str, Any]:
+    out = {"rank": row["rank"], "step": row["step"], "t0_ns": t0,
+           "start_us": (row["start_ns"] - t0) / 1000.0, "end_us": (row["end_ns"] - t0) / 1000.0}
+    for k in _TIME_KEYS:
+        out[k] = row[k] / 1000.0
+    out["overlap_pct"] = (100.0 * row["overlapped"] / row["communication"]) if row["communication"] else None
+    return out
+
+
+def analyze(timeline: Timeline, rank: int | None = None, step: int | None = None, top: int = 20) -> Report:
+    """Run every analysis. ``rank``/``step`` restrict to one rank / one ``ProfilerStep#N``.
+
+    Raises ProfileError for a rank or step that is not in the profile, or a step with no device tasks.
+    """
+    if rank is not None and rank not in timeline.ranks:
+        raise ProfileError(timeline.source, f"rank {rank} not in the profile; ranks present: {sorted(timeline.ranks)}")
+    ranks = {rank: timeline.ranks[rank]} if rank is not None else timeline.ranks
+    breakdown: list[dict[str, Any]] = []
+    agreement: list[dict[str, Any]] = []
+    exposed: list[dict[str, Any]] = []
+    streams: list[dict[str, Any]] = []
+    gaps: list[dict[str, Any]] = []
+    dbo: list[dict[str, Any]] = []
+    per_rank: dict[int, dict[str, float]] = {}
+    windows: dict[int, tuple[int, int]] = {}
+    sets_by_rank = {}
+    for r, rt in ranks.items():
+        sets = overlap_sets(rt)
+        sets_by_rank[r] = sets
+        rows = step_breakdown(rt, sets)
+        if step is not None:
+            present = [x["step"] for x in rows]
+            rows = [x for x in rows if x["step"] == step]
+            if not rows:
+                raise ProfileError(rt.source, f"step {step} not found; steps present: {present}")
+            if not rows[0]["has_tasks"]:
+                raise ProfileError(rt.source, f"step {step} has no device tasks; expected a step that ran kernels")
+            lo, hi = int(rows[0]["start_ns"]), int(rows[0]["end_ns"])
+        else:
+            lo, hi = sets.begin, sets.end + 1
+        windows[r] = (lo, hi)
+        t0 = rt.t0_ns()
+        breakdown.extend(_us(x, t0) for x in rows)
+        agreement.extend(a for a in profiler_agreement(rt, step_breakdown(rt, sets)) if step is None or a["step"] == step)
+        per_rank[r] = {k: sum(x[k] for x in rows) / 1000.0 for k in _TIME_KEYS}
+        ex = exposed_communication(rt, sets.comp, sets.comm_not_overlapped, lo, hi, top)
+        ex["rank"] = r
+        exposed.append(ex)
+        streams.extend(stream_utilisation(rt, lo, hi))
+        g = idle_gaps(rt, lo, hi, top)
+        g["rank"] = r
+        gaps.append(g)
+        dbo.append(dual_batch(rt, lo, hi))
+    rank_cmp = rank_comparison(ranks, per_rank, windows)
+    tot = {k: sum(p[k] for p in per_rank.values()) for k in _TIME_KEYS}
+    wall = sum((x["end_us"] - x["start_us"]) for x in breakdown)
+    summary = {
+        "ranks": len(ranks), "steps": len({x["step"] for x in breakdown}), "wall_us": wall,
+        "computing_us": tot["computing"], "communication_us": tot["communication"],
+        "communication_not_overlapped_us": tot["communication_not_overlapped"], "overlapped_us": tot["overlapped"],
+        "free_us": tot["free"],
+        "overlap_pct": (100.0 * tot["overlapped"] / tot["communication"]) if tot["communication"] else None,
+        "exposed_comm_pct_of_wall": (100.0 * tot["communication_not_overlapped"] / wall) if wall else None,
+    }
+    warnings = [{"file": w.file, "missing": w.missing, "affects": w.affects, "message": w.message()}
+                for w in timeline.warnings + [w for rt in ranks.values() for w in rt.warnings]]
+    report = Report(
+        source={"path": timeline.source, "format": timeline.format, "ranks": sorted(ranks), "events": timeline.n_events},
+        selection={"rank": rank, "step": step}, warnings=warnings, verdict="", summary=summary, breakdown=breakdown,
+        profiler_agreement=agreement, exposed_communication=exposed, streams=streams, idle_gaps=gaps, dual_batch=dbo,
+        ranks=rank_cmp, timeline=_timeline_windows(ranks, exposed, sets_by_rank))
+    report.verdict = verdict(report)
+    return report
+
+
+def _timeline_windows(ranks: dict[int, RankTimeline], exposed: list[dict[str, Any]], sets_by_rank: dict[int, Any],
+                      n: int = 3) -> list[dict[str, Any]]:
+    """Windows around the worst exposed gaps, with the device tasks of each stream (for the SVG timeline)."""
+    cands = []
+    for ex in exposed:
+        for g in ex["worst_gaps"]:
+            cands.append(g)
+    cands.sort(key=lambda g: -g["dur_us"])
+    out = []
+    for g in cands[:n]:
+        rt = ranks[g["rank"]]
+        t0 = rt.t0_ns()
+        pad = max(g["dur_us"], 20.0) * 1.5
+        lo_us, hi_us = g["start_us"] - pad, g["end_us"] + pad
+        lo, hi = t0 + int(lo_us * 1000), t0 + int(hi_us * 1000)
+        sel = (rt.end_ns > lo) & (rt.start_ns < hi) & rt.device_mask
+        lanes = []
+        for s in rt.streams:
+            if s.kind == "host":
+                continue
+            idx = np.flatnonzero(sel & (rt.stream == s.index))
+            if idx.size == 0:
+                continue
+            if idx.size > MAX_LANE_TASKS:
+                idx = idx[np.argsort(-(rt.end_ns[idx] - rt.start_ns[idx]))[:MAX_LANE_TASKS]]
+            lanes.append({"stream": s.label, "kind": s.kind, "tasks": [
+                {"start_us": (int(rt.start_ns[i]) - t0) / 1000.0, "end_us": (int(rt.end_ns[i]) - t0) / 1000.0,
+                 "name": rt.names[int(rt.name_id[i])], "kind": KIND_NAMES[Kind(int(rt.kind[i]))]} for i in idx]})
+        ex_s, ex_e = iv.clip(sets_by_rank[g["rank"]].comm_not_overlapped, lo, hi)
+        out.append({"rank": g["rank"], "t0_ns": t0, "start_us": lo_us, "end_us": hi_us,
+                    "title": f"rank {g['rank']}: {g['dur_us']:.1f} µs exposed in {g['comm_op']}",
+                    "lanes": lanes,
+                    "exposed": [{"start_us": (int(a) - t0) / 1000.0, "end_us": (int(b) - t0) / 1000.0} for a, b in zip(ex_s, ex_e)]})
+    return out
+
+
+def verdict(report: Report) -> str:
+    s = report.summary
+    parts = []
+    nr, ns = s["ranks"], s["steps"]
+    scope = f"{ns} step{'s' if ns != 1 else ''} on {nr} rank{'s' if nr != 1 else ''}"
+    wall = s["wall_us"] or 0.0
+    if s["communication_us"] <= 0:
+        parts.append(f"Over {scope}, no communication operators were found: the device computed for "
+                     f"{s['computing_us']:.1f} µs and was free for {s['free_us']:.1f} µs "
+                     f"({(100 * s['free_us'] / wall) if wall else 0:.1f}% of the step time).")
+    else:
+        parts.append(f"Over {scope}, communication took {s['communication_us']:.1f} µs, of which "
+                     f"{s['communication_not_overlapped_us']:.1f} µs ({100 - (s['overlap_pct'] or 0):.1f}%) ran with no "
+                     f"compute beside it; that exposed time is {s['exposed_comm_pct_of_wall'] or 0:.1f}% of the step time.")
+        worst = max((row for ex in report.exposed_communication for row in ex["by_operator"]),
+                    key=lambda r: r["exposed_us"], default=None)
+        if worst and worst["exposed_us"] > 0:
+            parts.append(f"The largest share is {worst['operator']} ({worst['exposed_us']:.1f} µs exposed over "
+                         f"{worst['count']} calls).")
+        prev = max((row for ex in report.exposed_communication for row in ex["by_preceding_compute"]),
+                   key=lambda r: r["exposed_us"], default=None)
+        if prev and prev["exposed_us"] > 0:
+            parts.append(f"Most exposed communication follows {prev['preceding_compute']}.")
+        if wall:
+            parts.append(f"The device was free (neither computing nor communicating) {100 * s['free_us'] / wall:.1f}% of the time.")
+    det = [d for d in report.dual_batch if d["detected"]]
+    if det:
+        pct = [u["covered_pct"] for d in det for u in d["ubatches"]]
+        parts.append(f"Dual-batch ping-pong found ({det[0]['method']}): each micro-batch's communication is "
+                     f"{min(pct):.0f}–{max(pct):.0f}% covered by the other's compute.")
+    elif s["communication_us"] > 0:
+        parts.append("No dual-batch ping-pong pattern was found.")
+    rk = report.ranks
+    if rk.get("waited_for_rank") is not None:
+        parts.append(f"Rank {rk['waited_for_rank']} makes the others wait ({rk['explanation']})")
+    if report.warnings:
+        parts.append(f"{len(report.warnings)} warning(s) about missing inputs apply.")
+    return " ".join(parts)

@@ -1,0 +1,164 @@
+"""Format detection and loading: any supported path -> :class:`~profile_analyzer.timeline.Timeline`.
+
+``detect(path)`` returns one of:
+
+* ``torch_npu``: a ``*_ascend_pt`` directory, its ``ASCEND_PROFILER_OUTPUT``, or a ``trace_view.json``;
+* ``msprof``: a ``PROF_*`` directory, its ``mindstudio_profiler_output``, or an ``msprof_*.json``;
+* ``kineto``: a PyTorch profiler trace (``{"traceEvents": [...]}``, ``.json`` or ``.json.gz``);
+* ``multi_rank``: a directory whose entries are profiles of one of the formats above (one per rank).
+
+The rank of each entry comes from ``profiler_info_{rank}.json`` (torch_npu), ``distributedInfo.rank``
+(Kineto), the ``NPU <id>`` device label (msprof), else the entry's position in sorted order.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable
+from pathlib import Path
+
+from profile_analyzer.errors import ProfileError
+from profile_analyzer.loaders._trace import peek_kind
+from profile_analyzer.timeline import RankTimeline, Timeline
+
+FORMATS = ("torch_npu", "msprof", "kineto", "multi_rank")
+ACCEPTED = ("expected a torch_npu *_ascend_pt directory (ASCEND_PROFILER_OUTPUT/trace_view.json), a msprof PROF_* "
+            "directory (mindstudio_profiler_output/msprof_*.json), a Kineto trace (.json/.json.gz), or a directory "
+            "of one such profile per rank")
+
+_RANK_FILE = re.compile(r"^profiler_info_(\d+)\.json$")
+
+
+def _single_format(p: Path) -> str | None:
+    """The format of one single-rank entry, or None if it is not a profile."""
+    if p.is_dir():
+        if (p / "ASCEND_PROFILER_OUTPUT").is_dir() or p.name == "ASCEND_PROFILER_OUTPUT" or p.name.endswith(("_ascend_pt", "_ascend_ms")):
+            return "torch_npu"
+        if (p / "mindstudio_profiler_output").is_dir() or p.name == "mindstudio_profiler_output":
+            return "msprof"
+        if p.name.startswith("PROF_"):
+            return "msprof"
+        return None
+    if p.is_file():
+        name = p.name
+        if not (name.endswith(".json") or name.endswith(".json.gz")):
+            return None
+        kind = peek_kind(p)
+        if kind == "object":
+            return "kineto"
+        if kind == "list":
+            return "msprof" if name.startswith("msprof_") else "torch_npu"
+    return None
+
+
+def detect(path: str | Path) -> str:
+    """The format of ``path`` (see module doc); raises ProfileError naming what is accepted."""
+    p = Path(path)
+    if not p.exists():
+        raise ProfileError(p, f"does not exist; {ACCEPTED}")
+    fmt = _single_format(p)
+    if fmt is not None:
+        return fmt
+    if p.is_dir():
+        entries = _rank_entries(p)
+        if entries:
+            return "multi_rank"
+        raise ProfileError(p, f"no profile found in this directory; {ACCEPTED}")
+    if p.is_file() and (p.name.endswith(".json") or p.name.endswith(".json.gz")):
+        raise ProfileError(p, "not JSON (or empty); expected a Chrome/Kineto trace")
+    raise ProfileError(p, f"not a profile; {ACCEPTED}")
+
+
+def _rank_entries(p: Path) -> list[tuple[Path, str]]:
+    out = []
+    for c in sorted(p.iterdir()):
+        if c.name.startswith("."):
+            continue
+        f = _single_format(c)
+        if f is not None:
+            out.append((c, f))
+    return out
+
+
+def _rank_of(entry: Path, fmt: str) -> int | None:
+    if fmt == "torch_npu":
+        root = entry.parent if entry.name == "ASCEND_PROFILER_OUTPUT" else entry
+        if root.is_dir():
+            for f in root.iterdir():
+                m = _RANK_FILE.match(f.name)
+                if m:
+                    return int(m.group(1))
+    return None
+
+
+def _load_single(p: Path, fmt: str, rank: int) -> RankTimeline:
+    from profile_analyzer.loaders import ascend, kineto
+
+    if fmt == "torch_npu":
+        if p.is_file():
+            return ascend.load_torch_npu(p.parent, rank) if p.name == "trace_view.json" else _trace_file(p, rank)
+        return ascend.load_torch_npu(p, rank)
+    if fmt == "msprof":
+        return ascend.load_msprof(p, rank)
+    if fmt == "kineto":
+        return kineto.load_kineto(p, rank)
+    raise ProfileError(p, f"unknown format {fmt}")
+
+
+def _trace_file(p: Path, rank: int) -> RankTimeline:
+    from profile_analyzer.loaders import ascend
+    from profile_analyzer.loaders._trace import columnarise
+
+    cols = columnarise(p)
+    rt = ascend.columns_to_rank(cols, rank=rank, source=str(p), fmt="torch_npu", kernel_details=None, step_trace=None,
+                                warnings=[])
+    ascend._check_tracks(rt, p)
+    return rt
+
+
+def load(path: str | Path, *, ranks: list[int] | None = None,
+         progress: Callable[[int, int, str], None] | None = None) -> Timeline:
+    """Load any supported profile. ``ranks`` restricts a multi-rank directory to those ranks.
+
+    ``progress(done, total, label)`` is called after each rank is loaded (the CLI shows a bar on a terminal).
+    """
+    p = Path(path)
+    fmt = detect(p)
+    if fmt != "multi_rank":
+        r = _rank_of(p, fmt)
+        rt = _load_single(p, fmt, r if r is not None else 0)
+        if fmt == "kineto" and rt.rank != (r or 0):
+            pass
+        tl = Timeline(source=str(p), format=fmt, ranks={rt.rank: rt})
+        if progress:
+            progress(1, 1, p.name)
+        return tl
+    entries = _rank_entries(p)
+    kinds = {"ascend" if f in ("torch_npu", "msprof") else f for _, f in entries}
+    if len(kinds) > 1:
+        listing = ", ".join(f"{e.name} ({f})" for e, f in entries[:4])
+        raise ProfileError(p, f"mixed formats in one directory ({listing}); expected one profile per rank, all of one format")
+    loaded: dict[int, RankTimeline] = {}
+    total = len(entries)
+    for i, (entry, f) in enumerate(entries):
+        r = _rank_of(entry, f)
+        rank = r if r is not None else i
+        if ranks is not None and r is not None and r not in ranks:
+            continue
+        rt = _load_single(entry, f, rank)
+        if rt.rank in loaded:
+            raise ProfileError(entry, f"rank {rt.rank} appears twice (also {loaded[rt.rank].source}); expected one profile per rank")
+        loaded[rt.rank] = rt
+        if progress:
+            progress(i + 1, total, entry.name)
+    if ranks is not None:
+        loaded = {k: v for k, v in loaded.items() if k in ranks}
+        if not loaded:
+            raise ProfileError(p, f"none of ranks {ranks} found; ranks present: {sorted(_all_ranks(entries))}")
+    fmts = {f for _, f in entries}
+    return Timeline(source=str(p), format="multi_rank" if len(loaded) > 1 else next(iter(fmts)),
+                    ranks=dict(sorted(loaded.items())))
+
+
+def _all_ranks(entries: list[tuple[Path, str]]) -> list[int]:
+    return [(_rank_of(e, f) if _rank_of(e, f) is not None else i) for i, (e, f) in enumerate(entries)]  # type: ignore[misc]

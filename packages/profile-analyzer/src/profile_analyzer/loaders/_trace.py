@@ -1,0 +1,338 @@
+"""Fast decoding of Chrome-trace JSON (trace_view.json, msprof_*.json, Kineto) into columnar chunks.
+
+Decoding uses msgspec typed structs that keep only the fields the analyses need; unknown keys are skipped
+by the C decoder. A top-level JSON array (the Ascend files) is decoded in slices of about
+``CHUNK_BYTES`` so that peak memory stays near the size of the file rather than several times it: the
+file is cut after a ``}`` that is followed by ``,`` and ``{``; a cut that lands inside a nested value
+makes the slice fail to decode and the next candidate is tried.
+"""
+
+from __future__ import annotations
+
+import gzip
+import re
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import msgspec
+import numpy as np
+
+from profile_analyzer.errors import ProfileError
+
+CHUNK_BYTES = 24 << 20
+
+
+class Args(msgspec.Struct):
+    name: str | None = None
+    labels: str | None = None
+    task_type: str | None = msgspec.field(default=None, name="Task Type")
+    stream_id: int | str | None = msgspec.field(default=None, name="Stream Id")
+    physic_stream_id: int | str | None = msgspec.field(default=None, name="Physic Stream Id")
+    stream: int | str | None = None
+    correlation: int | str | None = None
+    rank: int | str | None = None
+
+
+class Event(msgspec.Struct):
+    ph: str = ""
+    name: str = ""
+    pid: int | str = 0
+    tid: int | str = 0
+    ts: str | int | float | None = None
+    dur: float | int | str | None = None
+    cat: str | None = None
+    id: int | str | None = None
+    args: Args | None = None
+
+
+class KinetoFile(msgspec.Struct):
+    traceEvents: list[Event] = []
+    distributedInfo: dict[str, object] | None = None
+    deviceProperties: list[object] | None = None
+
+
+_list_decoder = msgspec.json.Decoder(list[Event])
+_kineto_decoder = msgspec.json.Decoder(KinetoFile)
+
+
+@dataclass
+class DecodedFile:
+    """All events of one file, plus file-level metadata (Kineto ``distributedInfo``)."""
+
+    chunks: Iterator[list[Event]]
+    distributed_info: dict[str, object] | None
+    wrapped: bool  # True for {"traceEvents": [...]} files
+
+
+def read_bytes(path: Path) -> bytes:
+    try:
+        if path.suffix == ".gz":
+            with gzip.open(path, "rb") as f:
+                return f.read()
+        return path.read_bytes()
+    except FileNotFoundError:
+        raise ProfileError(path, "file not found") from None
+    except (OSError, EOFError, gzip.BadGzipFile) as exc:
+        raise ProfileError(path, f"cannot be read ({exc.__class__.__name__}: {exc})") from None
+
+
+_CUT = re.compile(rb"\}\s*,\s*\{")
+
+
+def _array_chunks(path: Path, buf: bytes) -> Iterator[list[Event]]:
+    n = len(buf)
+    start = buf.find(b"[") + 1
+    if n <= CHUNK_BYTES:
+        yield _decode_list(path, buf)
+        return
+    while True:
+        target = start + CHUNK_BYTES
+        if target >= n:
+            piece = buf[start:].rstrip()
+            if not piece.endswith(b"]"):
+                raise ProfileError(path, "truncated JSON: the top-level array is not closed; expected a complete Chrome trace (JSON list of events)")
+            yield _decode_list(path, b"[" + piece)
+            return
+        decoded: list[Event] | None = None
+        pos = target
+        for _attempt in range(64):
+            m = _CUT.search(buf, pos)
+            if m is None:
+                break
+            cut = m.start() + 1
+            try:
+                decoded = _list_decoder.decode(b"[" + buf[start:cut] + b"]")
+            except (msgspec.DecodeError, msgspec.ValidationError):
+                pos = m.end()
+                continue
+            start = m.end() - 1  # at the '{' of the next event
+            break
+        if decoded is None:  # no safe cut: decode the rest at once (and report its error if any)
+            yield _decode_list(path, b"[" + buf[start:])
+            return
+        yield decoded
+
+
+def _decode_list(path: Path, data: bytes) -> list[Event]:
+    try:
+        return _list_decoder.decode(data)
+    except msgspec.ValidationError as exc:
+        raise ProfileError(path, f"not a Chrome trace event list ({exc}); expected trace_view.json / msprof_*.json events") from None
+    except msgspec.DecodeError as exc:
+        raise ProfileError(path, f"truncated or invalid JSON ({exc}); expected a complete Chrome trace") from None
+
+
+def decode_trace(path: Path) -> DecodedFile:
+    buf = read_bytes(path)
+    head = buf[:4096].lstrip()
+    if head.startswith(b"["):
+        return DecodedFile(_array_chunks(path, buf), None, False)
+    if head.startswith(b"{"):
+        try:
+            f = _kineto_decoder.decode(buf)
+        except msgspec.ValidationError as exc:
+            raise ProfileError(path, f"not a trace: {exc}; expected a Chrome/Kineto trace with traceEvents") from None
+        except msgspec.DecodeError as exc:
+            raise ProfileError(path, f"truncated or invalid JSON ({exc}); expected a complete Chrome/Kineto trace") from None
+        return DecodedFile(iter([f.traceEvents]), f.distributedInfo, True)
+    raise ProfileError(path, "not JSON; expected a Chrome trace (trace_view.json, msprof_*.json or a Kineto trace)")
+
+
+def peek_kind(path: Path) -> str:
+    """'list' (Ascend style top-level array), 'object' (Kineto style), or 'other', from the first bytes."""
+    try:
+        if path.suffix == ".gz":
+            with gzip.open(path, "rb") as f:
+                head = f.read(4096)
+        else:
+            with open(path, "rb") as f:
+                head = f.read(4096)
+    except (OSError, EOFError):
+        return "other"
+    head = head.lstrip()
+    if head.startswith(b"["):
+        return "list"
+    if head.startswith(b"{"):
+        return "object"
+    return "other"
+
+
+# ---------------------------------------------------------------------------------------------------
+# timestamps
+
+_POW10 = 10 ** np.arange(19, dtype=np.int64)
+
+
+def parse_decimal_us_to_ns(values: np.ndarray) -> np.ndarray:
+    """Exact decimal µs strings (bytes array, dtype S) -> int64 ns, vectorised column by column.
+
+    ``"1704161511422904.204"`` -> 1704161511422904204. Digits beyond the third decimal are rounded;
+    surrounding whitespace/tabs are ignored.
+    """
+    n = values.size
+    if n == 0:
+        return np.zeros(0, dtype=np.int64)
+    width = values.dtype.itemsize
+    u = np.ascontiguousarray(values).view(np.uint8).reshape(n, width)
+    dot = u == 46
+    has_dot = dot.any(axis=1)
+    dotpos = np.where(has_dot, dot.argmax(axis=1), width)
+    neg = (u == 45).any(axis=1)
+    acc = np.zeros(n, dtype=np.int64)
+    frac = np.zeros(n, dtype=np.int64)
+    round_up = np.zeros(n, dtype=bool)
+    for j in range(width):
+        c = u[:, j].astype(np.int64) - 48
+        isd = (c >= 0) & (c <= 9)
+        in_int = isd & (j < dotpos)
+        acc = np.where(in_int, acc * 10 + c, acc)
+        k = j - dotpos
+        in_frac = isd & (k >= 1) & (k <= 3)
+        frac += np.where(in_frac, c * _POW10[np.clip(3 - k, 0, 18)], 0)
+        round_up |= isd & (k == 4) & (c >= 5)
+    ns = acc * 1000 + frac + round_up
+    return np.where(neg, -ns, ns)
+
+
+def to_ns(values: list[object], path: Path | None = None) -> np.ndarray:
+    """A list of ts/dur values in µs (str, int or float, possibly mixed) -> int64 ns."""
+    n = len(values)
+    if n == 0:
+        return np.zeros(0, dtype=np.int64)
+    first = values[0]
+    if isinstance(first, str) and all(type(v) is str for v in values):
+        return parse_decimal_us_to_ns(np.array(values, dtype="S"))
+    out = np.zeros(n, dtype=np.int64)
+    is_str = np.fromiter((type(v) is str for v in values), dtype=bool, count=n)
+    if is_str.any():
+        idx = np.flatnonzero(is_str)
+        out[idx] = parse_decimal_us_to_ns(np.array([values[i] for i in idx], dtype="S"))
+    rest = np.flatnonzero(~is_str)
+    if rest.size:
+        try:
+            nums = np.array([values[i] if values[i] is not None else 0 for i in rest], dtype=np.float64)
+        except (TypeError, ValueError):
+            raise ProfileError(path or "<trace>", "non-numeric ts/dur values; expected µs numbers or decimal strings") from None
+        ints = np.array([type(values[i]) is int for i in rest], dtype=bool)
+        vals = np.where(ints, 0, np.rint(nums * 1000.0)).astype(np.int64)
+        if ints.any():
+            ii = rest[ints]
+            vals[ints] = np.array([values[i] for i in ii], dtype=np.int64) * 1000
+        out[rest] = vals
+    return out
+
+
+# ---------------------------------------------------------------------------------------------------
+# columnar form of complete ('X') events, metadata and flows
+
+
+class _Interner:
+    def __init__(self) -> None:
+        self.index: dict[object, int] = {}
+        self.values: list = []
+
+    def ids(self, items: list) -> np.ndarray:
+        d = self.index
+        vals = self.values
+        out = np.empty(len(items), dtype=np.int32)
+        for i, it in enumerate(items):
+            j = d.get(it)
+            if j is None:
+                j = d[it] = len(vals)
+                vals.append(it)
+            out[i] = j
+        return out
+
+
+@dataclass
+class Columns:
+    """Every 'X' event of a file as parallel arrays; ``track`` indexes ``tracks`` ((pid, tid) pairs)."""
+
+    track: np.ndarray
+    start_ns: np.ndarray
+    dur_ns: np.ndarray
+    name_id: np.ndarray
+    cat_id: np.ndarray
+    task_type_id: np.ndarray
+    stream_arg: np.ndarray  # int64, -1 when absent (Kineto args.stream)
+    correlation: np.ndarray  # int64, -1 when absent
+    tracks: list[tuple[object, object]]
+    names: list[str]
+    cats: list[str | None]
+    task_types: list[str | None]
+    process_name: dict[object, str]
+    process_label: dict[object, str]
+    thread_name: dict[tuple[object, object], str]
+    flows: list[tuple[str, object, str, int, tuple[object, object]]]  # (cat, id, ph, ts_ns, (pid, tid))
+    distributed_info: dict[str, object] | None
+    n_events: int
+
+
+def _int_or(v: object, default: int) -> int:
+    if isinstance(v, int):
+        return v
+    if isinstance(v, str):
+        try:
+            return int(v)
+        except ValueError:
+            return default
+    return default
+
+
+def columnarise(path: Path, flow_cats: frozenset[str] = frozenset({"async_npu", "ac2g"})) -> Columns:
+    decoded = decode_trace(path)
+    tracks = _Interner()
+    names = _Interner()
+    cats = _Interner()
+    ttypes = _Interner()
+    process_name: dict[object, str] = {}
+    process_label: dict[object, str] = {}
+    thread_name: dict[tuple[object, object], str] = {}
+    flows: list[tuple[str, object, str, int, tuple[object, object]]] = []
+    parts: list[tuple[np.ndarray, ...]] = []
+    n_events = 0
+    for chunk in decoded.chunks:
+        n_events += len(chunk)
+        xs = [e for e in chunk if e.ph == "X"]
+        others = [e for e in chunk if e.ph != "X"]
+        del chunk
+        for e in others:
+            ph = e.ph
+            if ph == "M":
+                a = e.args
+                if a is None:
+                    continue
+                if e.name == "process_name" and a.name is not None:
+                    process_name[e.pid] = a.name
+                elif e.name == "thread_name" and a.name is not None:
+                    thread_name[(e.pid, e.tid)] = a.name
+                elif e.name == "process_labels" and a.labels is not None:
+                    process_label[e.pid] = a.labels
+            elif ph in ("s", "f", "t") and e.cat in flow_cats and e.ts is not None:
+                flows.append((e.cat or "", e.id, ph, int(to_ns([e.ts], path)[0]), (e.pid, e.tid)))
+        if not xs:
+            continue
+        track = tracks.ids([(e.pid, e.tid) for e in xs])
+        start = to_ns([e.ts for e in xs], path)
+        dur = to_ns([e.dur if e.dur is not None else 0 for e in xs], path)
+        name_id = names.ids([e.name for e in xs])
+        cat_id = cats.ids([e.cat for e in xs])
+        argl = [e.args for e in xs]
+        ttype = ttypes.ids([a.task_type if a is not None else None for a in argl])
+        stream_arg = np.fromiter(
+            (_int_or(a.stream, -1) if a is not None and a.stream is not None else -1 for a in argl), dtype=np.int64, count=len(xs))
+        corr = np.fromiter(
+            (_int_or(a.correlation, -1) if a is not None and a.correlation is not None else -1 for a in argl),
+            dtype=np.int64, count=len(xs))
+        parts.append((track, start, dur, name_id, cat_id, ttype, stream_arg, corr))
+        del xs, argl
+    if parts:
+        cols = [np.concatenate([p[i] for p in parts]) for i in range(8)]
+    else:
+        cols = [np.zeros(0, dtype=t) for t in (np.int32, np.int64, np.int64, np.int32, np.int32, np.int32, np.int64, np.int64)]
+    return Columns(track=cols[0], start_ns=cols[1], dur_ns=cols[2], name_id=cols[3], cat_id=cols[4],
+                   task_type_id=cols[5], stream_arg=cols[6], correlation=cols[7], tracks=tracks.values,
+                   names=names.values, cats=cats.values, task_types=ttypes.values, process_name=process_name,
+                   process_label=process_label, thread_name=thread_name, flows=flows,
+                   distributed_info=decoded.distributed_info, n_events=n_events)

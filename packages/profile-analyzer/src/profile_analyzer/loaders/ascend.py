@@ -1,0 +1,306 @@
+"""Ascend profiles: torch_npu ``*_ascend_pt`` directories and plain msprof ``PROF_*`` directories.
+
+Both hold the same Chrome-trace content (torch_npu's trace_view.json concatenates msprof_*.json and adds
+host events). Tracks are recognised only by their metadata names:
+
+* ``Ascend Hardware`` process, threads ``Stream <id>`` (tid = physical stream id): device tasks;
+* ``Communication`` (current CANN) or ``HCCL`` (older) process: threads whose name contains
+  ``Communication`` hold whole operator spans (``hcom_allReduce__...``), ``Plane <n>`` threads hold the
+  small tasks;
+* ``Overlap Analysis``: the profiler's own Computing / Communication / Communication(Not Overlapped) /
+  Free answer, kept as a reference;
+* processes labelled ``CPU`` (Python, CANN, ...): host events; ``ProfilerStep#N`` gives the steps.
+
+A device task on an Ascend Hardware stream is *compute* unless its name is a task-type name in capitals
+(EVENT_RECORD, MEMCPY_ASYNC, ...), an HCCL task name (Notify_Wait, Memcpy, Reduce_Inline, ...), an
+``hcom_*`` op, an MC2 ``*AicpuKernel``/``*AivKernel``, its Task Type is HCCL/COMMUNICATION, or
+kernel_details.csv marks it ``Accelerator Core`` = HCCL/COMMUNICATION. This mirrors msprof, whose
+Computing set is the tasks that have compute-task info.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import numpy as np
+
+from profile_analyzer.errors import ProfileError
+from profile_analyzer.loaders._common import STEP_NAME, build_steps, merge_columns, read_csv_rows, to_float
+from profile_analyzer.loaders._trace import Columns, columnarise
+from profile_analyzer.timeline import Kind, RankTimeline, TimelineBuilder, Warning_
+
+HCCL_PROCESS_NAMES = frozenset({"Communication", "HCCL"})
+HARDWARE_PROCESS = "Ascend Hardware"
+OVERLAP_PROCESS = "Overlap Analysis"
+OVERLAP_TRACKS = ("Computing", "Communication", "Communication(Not Overlapped)", "Free")
+_STREAM_RE = re.compile(r"^Stream (\d+)$")
+_TASK_TYPE_NAME = re.compile(r"^[A-Z][A-Z0-9_]*$")
+_HCCL_TASK = re.compile(r"^(Notify_|Memcpy$|Reduce_Inline|Inline_Reduce|RDMA|Write_With|Local_Copy|Send_|Recv_)")
+_COMM_TASK_TYPES = frozenset({"HCCL", "COMMUNICATION", "COMM"})
+_WAIT_NAMES = frozenset({"EVENT_WAIT", "NOTIFY_WAIT", "Notify_Wait"})
+_HOST_PROCESS_PREFIXES = ("Python", "CANN", "Ascend CL", "Thread")
+
+
+def classify_hw_task(name: str, task_type: str | None, comm_names: frozenset[str]) -> Kind:
+    if name in _WAIT_NAMES:
+        return Kind.IDLE_WAIT
+    if (name.startswith("hcom_") or _HCCL_TASK.match(name) or name.endswith(("AicpuKernel", "AivKernel"))
+            or name in comm_names or (task_type or "").upper() in _COMM_TASK_TYPES):
+        return Kind.COMM_TASK
+    if _TASK_TYPE_NAME.match(name):
+        return Kind.OTHER
+    return Kind.COMPUTE
+
+
+def _device_of(label: str | None) -> int | None:
+    if label and label.startswith("NPU "):
+        try:
+            return int(label.split()[1])
+        except (IndexError, ValueError):
+            return None
+    return None
+
+
+def read_kernel_details(path: Path) -> dict[str, object]:
+    """kernel_details.csv (both header generations) -> name->Type, the set of communication op names, count."""
+    header, rows = read_csv_rows(path)
+    col = {h: i for i, h in enumerate(header)}
+    if "Name" not in col or "Start Time(us)" not in col:
+        raise ProfileError(path, "not a kernel_details.csv: expected columns Name, Type, Accelerator Core, Start Time(us)")
+    i_name, i_type = col["Name"], col.get("Type")
+    i_core = col.get("Accelerator Core", col.get("Task Type"))
+    types: dict[str, str] = {}
+    comm: set[str] = set()
+    for r in rows:
+        if len(r) <= i_name:
+            continue
+        name = r[i_name]
+        if i_type is not None and i_type < len(r):
+            types.setdefault(name, r[i_type])
+        if i_core is not None and i_core < len(r) and r[i_core].strip().upper() in ("HCCL", "COMMUNICATION"):
+            comm.add(name)
+    return {"types": types, "comm_names": frozenset(comm), "rows": len(rows)}
+
+
+def read_step_trace_time(path: Path) -> list[dict[str, float | str]]:
+    header, rows = read_csv_rows(path)
+    if "Computing" not in header:
+        raise ProfileError(path, "not a step_trace_time.csv: expected a Computing column")
+    out: list[dict[str, float | str]] = []
+    for r in rows:
+        d: dict[str, float | str] = {}
+        for h, v in zip(header, r):
+            f = to_float(v)
+            d[h] = f if f is not None else v
+        out.append(d)
+    return out
+
+
+def columns_to_rank(cols: Columns, *, rank: int, source: str, fmt: str, kernel_details: dict[str, object] | None,
+                    step_trace: list[dict[str, float | str]] | None, warnings: list[Warning_]) -> RankTimeline:
+    comm_names: frozenset[str] = kernel_details["comm_names"] if kernel_details else frozenset()  # type: ignore[assignment]
+    b = TimelineBuilder()
+    n_tracks = len(cols.tracks)
+    role = np.zeros(n_tracks, dtype=np.int8)  # 0 skip, 1 hw, 2 comm op, 3 plane, 4 host, 5 overlap
+    track_stream = np.full(n_tracks, -1, dtype=np.int32)
+    overlap_track_name: dict[int, str] = {}
+    devices: set[int] = set()
+    for t, (pid, tid) in enumerate(cols.tracks):
+        pname = cols.process_name.get(pid, "")
+        tname = cols.thread_name.get((pid, tid), "")
+        label = cols.process_label.get(pid, "")
+        if pname == HARDWARE_PROCESS:
+            role[t] = 1
+            m = _STREAM_RE.match(tname)
+            sid = int(m.group(1)) if m else (tid if isinstance(tid, int) else None)
+            d = _device_of(label)
+            if d is not None:
+                devices.add(d)
+            track_stream[t] = b.stream_index(("hw", pid, tid), tname or f"Stream {sid}", "compute", sid)
+        elif pname in HCCL_PROCESS_NAMES:
+            if "Communication" in tname or not tname.startswith("Plane"):
+                role[t] = 2
+            else:
+                role[t] = 3
+            track_stream[t] = b.stream_index(("comm", pid, tid), tname or f"{pname} {tid}", "communication")
+        elif pname == OVERLAP_PROCESS:
+            role[t] = 5
+            overlap_track_name[t] = tname
+        elif label.startswith("CPU") or pname.startswith(_HOST_PROCESS_PREFIXES):
+            role[t] = 4
+            track_stream[t] = b.stream_index(("host", pid, tid), f"{pname} {tname}".strip(), "host")
+    ev_role = role[cols.track] if cols.track.size else np.zeros(0, np.int8)
+    names = cols.names
+    ttypes = cols.task_types
+
+    # device tasks: one classification per distinct (name, task type) pair
+    hw = ev_role == 1
+    kind = np.full(cols.track.size, -1, dtype=np.int16)
+    if hw.any():
+        key = cols.name_id[hw].astype(np.int64) * (len(ttypes) + 1) + cols.task_type_id[hw]
+        uniq, inv = np.unique(key, return_inverse=True)
+        table = np.array([int(classify_hw_task(names[k // (len(ttypes) + 1)], ttypes[k % (len(ttypes) + 1)], comm_names))
+                          for k in uniq], dtype=np.int16)
+        kind[hw] = table[inv]
+    kind[ev_role == 2] = int(Kind.COMMUNICATION)
+    plane = ev_role == 3
+    if plane.any():
+        wait_ids = np.array([i for i, n in enumerate(names) if n in _WAIT_NAMES], dtype=np.int32)
+        is_wait = np.isin(cols.name_id[plane], wait_ids)
+        kind[plane] = np.where(is_wait, int(Kind.IDLE_WAIT), int(Kind.COMM_TASK))
+    kind[ev_role == 4] = int(Kind.HOST)
+
+    keep = kind >= 0
+    start = cols.start_ns[keep]
+    end = start + cols.dur_ns[keep]
+    b.names.extend(names)
+    b._name_idx.update({n: i for i, n in enumerate(names)})
+    b.add(start, end, track_stream[cols.track[keep]], kind[keep].astype(np.int8), cols.name_id[keep])
+
+    # streams that mostly carry communication tasks are communication streams
+    st = track_stream[cols.track[keep]]
+    kd = kind[keep]
+    for s in b.streams:
+        if s.kind == "compute":
+            on = st == s.index
+            n_comm = int(np.count_nonzero(on & ((kd == Kind.COMM_TASK) | (kd == Kind.IDLE_WAIT))))
+            n_comp = int(np.count_nonzero(on & (kd == Kind.COMPUTE)))
+            if n_comm > n_comp:
+                b.streams[s.index] = type(s)(s.index, s.label, "communication", s.stream_id)
+
+    # the profiler's Overlap Analysis track
+    profiler_overlap = None
+    if overlap_track_name:
+        profiler_overlap = {}
+        for t, tname in overlap_track_name.items():
+            sel = cols.track == t
+            s = cols.start_ns[sel]
+            o = np.argsort(s, kind="stable")
+            profiler_overlap[tname] = (s[o], (s + cols.dur_ns[sel])[o])
+        for tname in OVERLAP_TRACKS:
+            profiler_overlap.setdefault(tname, (np.zeros(0, np.int64), np.zeros(0, np.int64)))
+
+    # steps
+    host_sel = ev_role == 4
+    step_ids_l, hs_l, he_l = [], [], []
+    if host_sel.any():
+        host_name_ids = np.unique(cols.name_id[host_sel])
+        step_name_ids = {int(i): int(m.group(1)) for i in host_name_ids if (m := STEP_NAME.match(names[int(i)]))}
+        if step_name_ids:
+            sel = host_sel & np.isin(cols.name_id, np.fromiter(step_name_ids, dtype=np.int32))
+            for i in np.flatnonzero(sel):
+                step_ids_l.append(step_name_ids[int(cols.name_id[i])])
+                hs_l.append(int(cols.start_ns[i]))
+                he_l.append(int(cols.start_ns[i] + cols.dur_ns[i]))
+    lh, ld_s, ld_e = _launch_links(cols, ev_role)
+    dev = (kind >= 0) & (kind != int(Kind.HOST))
+    dev_start = int(cols.start_ns[dev].min()) if dev.any() else 0
+    dev_end = int((cols.start_ns + cols.dur_ns)[dev].max()) if dev.any() else 0
+    steps = build_steps(np.array(step_ids_l, np.int64), np.array(hs_l, np.int64), np.array(he_l, np.int64), lh, ld_s, ld_e,
+                        dev_start, dev_end)
+    if kernel_details:
+        type_by_name: dict[str, str] = kernel_details["types"]  # type: ignore[assignment]
+        op_types = {i: type_by_name[n] for i, n in enumerate(names) if n in type_by_name}
+    else:
+        op_types = {}
+    device_id = min(devices) if devices else None
+    if step_trace is not None and device_id is not None and step_trace and "Device_id" in step_trace[0]:
+        step_trace = [r for r in step_trace if r.get("Device_id") in (device_id, float(device_id), -1, -1.0)] or step_trace
+    return b.build(rank, source, fmt, steps=steps, op_types=op_types, profiler_overlap=profiler_overlap,
+                   profiler_step_trace=step_trace, warnings=warnings, device_id=device_id)
+
+
+def _launch_links(cols: Columns, ev_role: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(host launch ts, device task start, device task end) from the ``async_npu`` flows."""
+    starts: dict[object, int] = {}
+    ends: dict[object, int] = {}
+    for cat, fid, ph, ts, _track in cols.flows:
+        if cat != "async_npu":
+            continue
+        if ph == "s":
+            starts[fid] = ts
+        elif ph == "f":
+            ends[fid] = ts
+    common = [k for k in starts if k in ends]
+    if not common:
+        z = np.zeros(0, np.int64)
+        return z, z, z
+    host = np.array([starts[k] for k in common], np.int64)
+    dev = np.array([ends[k] for k in common], np.int64)
+    hw = ev_role == 1
+    hs = cols.start_ns[hw]
+    he = hs + cols.dur_ns[hw]
+    o = np.argsort(hs)
+    hs, he = hs[o], he[o]
+    i = np.clip(np.searchsorted(hs, dev), 0, max(hs.size - 1, 0))
+    dev_end = np.where((hs.size > 0) & (hs[i] == dev), he[i], dev) if hs.size else dev
+    return host, dev, dev_end
+
+
+# ---------------------------------------------------------------------------------------------------
+# directory layouts
+
+
+def msprof_json_files(output_dir: Path) -> list[Path]:
+    files = sorted(output_dir.glob("msprof_*.json"))
+    return [f for f in files if re.match(r"^msprof_(slice_\d+_)?\d+\.json$", f.name)] or files
+
+
+def load_torch_npu(root: Path, rank: int) -> RankTimeline:
+    """``*_ascend_pt`` (or its ASCEND_PROFILER_OUTPUT) -> one rank."""
+    out = root / "ASCEND_PROFILER_OUTPUT" if (root / "ASCEND_PROFILER_OUTPUT").is_dir() else root
+    warnings: list[Warning_] = []
+    trace = out / "trace_view.json"
+    fmt = "torch_npu"
+    if trace.is_file():
+        cols = columnarise(trace)
+        source = str(trace)
+    else:
+        prof_outputs = sorted(out.parent.glob("PROF_*/mindstudio_profiler_output")) if out.name == "ASCEND_PROFILER_OUTPUT" else []
+        files = [f for d in prof_outputs for f in msprof_json_files(d)]
+        if not files:
+            raise ProfileError(out, "no trace_view.json (and no PROF_*/mindstudio_profiler_output/msprof_*.json); "
+                                    "expected a torch_npu ASCEND_PROFILER_OUTPUT directory")
+        cols = merge_columns([columnarise(f) for f in files])
+        source = str(files[0].parent)
+        warnings.append(Warning_(str(trace), "trace_view.json", ["host events and steps (read from msprof_*.json instead)"]))
+    kd_path = out / "kernel_details.csv"
+    kd = None
+    if kd_path.is_file():
+        kd = read_kernel_details(kd_path)
+    else:
+        warnings.append(Warning_(str(kd_path), "kernel_details.csv",
+                                 ["operator types (grouping uses kernel names)",
+                                  "compute/communication classification (falls back to the task-name rule)"]))
+    st_path = out / "step_trace_time.csv"
+    st = read_step_trace_time(st_path) if st_path.is_file() else None
+    rt = columns_to_rank(cols, rank=rank, source=source, fmt=fmt, kernel_details=kd, step_trace=st, warnings=warnings)
+    _check_tracks(rt, Path(source))
+    return rt
+
+
+def load_msprof(prof_dir: Path, rank: int) -> RankTimeline:
+    """A plain ``PROF_*`` directory (or its mindstudio_profiler_output, or one msprof_*.json) -> one rank."""
+    if prof_dir.is_file():
+        files = [prof_dir]
+    else:
+        out = prof_dir / "mindstudio_profiler_output" if (prof_dir / "mindstudio_profiler_output").is_dir() else prof_dir
+        files = msprof_json_files(out)
+        if not files:
+            raise ProfileError(out, "no msprof_*.json; expected a PROF_*/mindstudio_profiler_output directory written by msprof --export=on")
+    cols = merge_columns([columnarise(f) for f in files])
+    warnings = [Warning_(str(files[0].parent), "framework (torch) host events",
+                         ["steps (the whole capture is one step)", "Preparing"])]
+    rt = columns_to_rank(cols, rank=rank, source=str(files[0] if len(files) == 1 else files[0].parent), fmt="msprof",
+                         kernel_details=None, step_trace=None, warnings=warnings)
+    _check_tracks(rt, files[0])
+    return rt
+
+
+def _check_tracks(rt: RankTimeline, path: Path) -> None:
+    if not any(s.kind != "host" for s in rt.streams):
+        raise ProfileError(path, "no 'Ascend Hardware' or 'Communication'/'HCCL' device tracks; expected a trace "
+                                 "captured with NPU activities")
+    if rt.profiler_overlap is None:
+        rt.warnings.append(Warning_(str(path), "the 'Overlap Analysis' track", ["profiler_agreement (no reference to compare with)"]))

@@ -1,0 +1,155 @@
+"""PyTorch profiler (Kineto) traces, CPU and CUDA, ``.json`` or ``.json.gz``.
+
+Communication rule (explicit, used everywhere in this package):
+
+* a **device** event (one with ``args.stream``; cat kernel/gpu_memcpy/gpu_memset) is communication when
+  its name matches :data:`COMM_KERNEL` (NCCL/RCCL/HCCL/gloo kernels, HTA's regex plus gloo); memcpy/memset
+  are neither compute nor communication (HTA's MEMORY class); every other kernel is compute;
+* a trace with **no device events** (a CPU run, e.g. gloo) is analysed on its host threads: a ``cpu_op`` or
+  ``user_annotation`` range whose name matches :data:`COMM_RANGE` (``c10d::``/``gloo:``/``nccl:`` ops,
+  ``record_param_comms``, or a name saying all_gather / reduce_scatter / all_to_all / allreduce /
+  broadcast / barrier / send / recv) is communication; ``aten::*`` ops are compute, except those nested
+  inside a communication range on the same thread (the collective's own copies).
+
+Overlap is then HTA's ``|comm ∩ comp| / |comm|`` (= Overlapped / Communication in the breakdown).
+``ProfilerStep#N`` ranges give the steps; kernels join steps through their launch's ``correlation``.
+``distributedInfo.rank`` gives the rank.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import numpy as np
+
+from profile_analyzer import intervals as iv
+from profile_analyzer.errors import ProfileError
+from profile_analyzer.loaders._common import STEP_NAME, build_steps
+from profile_analyzer.loaders._trace import columnarise
+from profile_analyzer.timeline import Kind, RankTimeline, TimelineBuilder, Warning_
+
+COMM_KERNEL = re.compile(r"(?i)(^nccl|ncclKernel|ncclDevKernel|^rccl|^hccl|^hcom_|^gloo)")
+COMM_RANGE = re.compile(
+    r"(?i)(^c10d::|^gloo:|^nccl:|record_param_comms|all_?reduce|all_?gather|reduce_?scatter|all_?to_?all|"
+    r"broadcast|barrier|^(i?send|i?recv)\b|_send$|_recv$)")
+MEMORY_KERNEL = re.compile(r"(?i)^(memcpy|memset|dma)")
+_GPU_CATS = frozenset({"kernel", "gpu_memcpy", "gpu_memset", "Kernel", "Memcpy", "Memset", "mtia_kernel"})
+_LAUNCH_CATS = frozenset({"cuda_runtime", "cuda_driver", "Runtime", "runtime"})
+_COMPUTE_RANGE_CATS = frozenset({"cpu_op", "user_annotation"})
+
+
+def load_kineto(path: Path, rank_hint: int) -> RankTimeline:
+    cols = columnarise(path)
+    if cols.n_events == 0 or cols.track.size == 0:
+        raise ProfileError(path, "no complete ('X') events; expected a PyTorch profiler trace with traceEvents")
+    rank = rank_hint
+    di = cols.distributed_info
+    if isinstance(di, dict) and isinstance(di.get("rank"), int):
+        rank = int(di["rank"])  # type: ignore[arg-type]
+    names = cols.names
+    cats = cols.cats
+    cat_arr = np.array([c or "" for c in cats], dtype=object)
+    is_gpu_cat = np.array([c in _GPU_CATS for c in cat_arr], dtype=bool)
+    ev_gpu = (cols.stream_arg >= 0) & is_gpu_cat[cols.cat_id] if cols.cat_id.size else np.zeros(0, bool)
+
+    name_comm_kernel = np.array([bool(COMM_KERNEL.search(n)) for n in names], dtype=bool)
+    name_memory = np.array([bool(MEMORY_KERNEL.search(n)) for n in names], dtype=bool)
+    name_comm_range = np.array([bool(COMM_RANGE.search(n)) for n in names], dtype=bool)
+    name_aten = np.array([n.startswith("aten::") for n in names], dtype=bool)
+
+    b = TimelineBuilder()
+    b.names.extend(names)
+    b._name_idx.update({n: i for i, n in enumerate(names)})
+    kind = np.full(cols.track.size, int(Kind.HOST), dtype=np.int8)
+    stream_idx = np.zeros(cols.track.size, dtype=np.int32)
+    warnings: list[Warning_] = []
+    start = cols.start_ns
+    end = cols.start_ns + cols.dur_ns
+    if ev_gpu.any():
+        nid = cols.name_id
+        kind[ev_gpu] = np.where(name_comm_kernel[nid[ev_gpu]], int(Kind.COMMUNICATION),
+                                np.where(name_memory[nid[ev_gpu]], int(Kind.OTHER), int(Kind.COMPUTE)))
+        # one stream per (device pid, stream id)
+        gi = np.flatnonzero(ev_gpu)
+        pairs = {}
+        for i in gi[np.unique([(cols.tracks[cols.track[j]][0], int(cols.stream_arg[j])) for j in gi], axis=0, return_index=True)[1]] if False else gi:
+            key = (cols.tracks[cols.track[i]][0], int(cols.stream_arg[i]))
+            if key not in pairs:
+                pairs[key] = None
+            break
+        keys = [(cols.tracks[t][0], int(s)) for t, s in zip(cols.track[gi], cols.stream_arg[gi])]
+        for j, k in zip(gi, keys):
+            pairs.setdefault(k, None)
+        comm_keys = {k for j, k in zip(gi, keys) if kind[j] == int(Kind.COMMUNICATION)}
+        for k in pairs:
+            pairs[k] = b.stream_index(("gpu",) + k, f"stream {k[1]}", "communication" if k in comm_keys else "compute", k[1])
+        stream_idx[gi] = np.array([pairs[k] for k in keys], dtype=np.int32)
+    else:
+        # CPU-only trace: analyse host threads
+        warnings.append(Warning_(str(path), "device (GPU) kernels",
+                                 ["compute and communication are taken from CPU ops and record_function ranges"]))
+        rng = np.isin(cols.cat_id, np.array([i for i, c in enumerate(cats) if c in _COMPUTE_RANGE_CATS], np.int32))
+        nid = cols.name_id
+        is_comm = rng & name_comm_range[nid]
+        is_comp = rng & name_aten[nid] & ~is_comm
+        # aten ops inside a communication range on the same thread belong to the collective
+        for t in np.unique(cols.track[is_comm]):
+            on = cols.track == t
+            cset = iv.union(start[on & is_comm], end[on & is_comm])
+            cand = np.flatnonzero(on & is_comp)
+            inside = iv.overlap_with_each(start[cand], end[cand], cset) >= (end[cand] - start[cand])
+            is_comp[cand[inside]] = False
+        kind[is_comm] = int(Kind.COMMUNICATION)
+        kind[is_comp] = int(Kind.COMPUTE)
+    host = ~ev_gpu
+    if host.any():
+        hi = np.flatnonzero(host)
+        tmap: dict[int, int] = {}
+        for t in np.unique(cols.track[hi]):
+            pid, tid = cols.tracks[int(t)]
+            tmask_kinds = kind[hi][cols.track[hi] == t]
+            skind = "host"
+            if not ev_gpu.any():
+                if np.any(tmask_kinds == int(Kind.COMPUTE)):
+                    skind = "compute"
+                elif np.any(tmask_kinds == int(Kind.COMMUNICATION)):
+                    skind = "communication"
+            tname = cols.thread_name.get((pid, tid), f"thread {tid}")
+            tmap[int(t)] = b.stream_index(("host", pid, tid), tname, skind, None)
+        lut = np.zeros(len(cols.tracks), dtype=np.int32)
+        for t, s in tmap.items():
+            lut[t] = s
+        stream_idx[hi] = lut[cols.track[hi]]
+    b.add(start, end, stream_idx, kind, cols.name_id)
+
+    # steps
+    step_rows = [(int(m.group(1)), i) for i, n in enumerate(names) if (m := STEP_NAME.match(n))]
+    sid_l, hs_l, he_l = [], [], []
+    if step_rows:
+        step_of_name = dict((i, s) for s, i in step_rows)
+        sel = np.flatnonzero(host & np.isin(cols.name_id, np.array(list(step_of_name), np.int32)))
+        for i in sel:
+            sid_l.append(step_of_name[int(cols.name_id[i])])
+            hs_l.append(int(start[i]))
+            he_l.append(int(end[i]))
+    lh = ld_s = ld_e = np.zeros(0, np.int64)
+    if ev_gpu.any():
+        launch = host & np.isin(cols.cat_id, np.array([i for i, c in enumerate(cats) if c in _LAUNCH_CATS], np.int32)) & (cols.correlation >= 0)
+        kern = ev_gpu & (cols.correlation >= 0)
+        lc, li = np.unique(cols.correlation[launch], return_index=True)
+        kc = cols.correlation[kern]
+        pos = np.searchsorted(lc, kc)
+        ok = (pos < lc.size) & (lc[np.minimum(pos, max(lc.size - 1, 0))] == kc) if lc.size else np.zeros(kc.size, bool)
+        li_all = np.flatnonzero(launch)[li]
+        lh = start[li_all[pos[ok]]]
+        ld_s = start[kern][ok]
+        ld_e = end[kern][ok]
+    dev = kind != int(Kind.HOST)
+    ds = int(start[dev].min()) if dev.any() else 0
+    de = int(end[dev].max()) if dev.any() else 0
+    steps = build_steps(np.array(sid_l, np.int64), np.array(hs_l, np.int64), np.array(he_l, np.int64), lh, ld_s, ld_e, ds, de)
+    if not dev.any():
+        raise ProfileError(path, "no compute or communication events (no GPU kernels, no aten ops or collectives); "
+                                 "expected a PyTorch profiler trace of a model run")
+    return b.build(rank, str(path), "kineto", steps=steps, warnings=warnings)

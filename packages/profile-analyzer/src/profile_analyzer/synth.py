@@ -1,0 +1,223 @@
+"""Synthetic multi-card torch_npu profiles with a ground truth known by construction.
+
+No public multi-card Ascend trace with a populated communication track exists, and no NPU exists here, so
+this module is a *stand-in for an NPU run*: it simulates the device streams of an MoE decoder (see
+``synth_schedule``) on N ranks and writes, per rank, the directory torch_npu would write::
+
+    OUT_DIR/
+      ground_truth.json                       what the analyzer must find (µs, per rank and step)
+      node0_437675_<stamp>_ascend_pt/
+        profiler_info_0.json  profiler_metadata.json
+        ASCEND_PROFILER_OUTPUT/
+          trace_view.json  kernel_details.csv  step_trace_time.csv  communication.json
+
+``trace_view.json`` holds the tracks the Ascend profiler names (Python, CANN, Ascend Hardware with
+``Stream N`` threads, ``Communication``/``HCCL`` with ``Group ... Communication`` and ``Plane N`` threads,
+``Overlap Analysis`` with Computing / Communication / Communication(Not Overlapped) / Free). The
+``Overlap Analysis`` track and ``step_trace_time.csv`` are computed with msprof's and torch_npu's
+definitions from the simulated tasks, so an analyzer that recomputes them from the raw tasks must match
+them, and ``ground_truth.json`` adds what the profiler does not write (exposed communication per layer
+and operator, coverage of each micro-batch's communication by the other's compute, per-stream busy
+time, each rank's wait).
+
+Usage: ``write_profile(tmp_path, ranks=2, steps=2, layers=4, dbo=True)`` or
+``profile-analyzer synth OUT_DIR --ranks 8 --steps 4 --layers 61 --dbo``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import sys
+import tempfile
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+
+from profile_analyzer.synth_schedule import SynthParams
+from profile_analyzer.synth_writer import write_rank
+
+__all__ = ["GroundTruth", "SynthParams", "write_profile", "add_parser"]
+
+GROUND_TRUTH_FILE = "ground_truth.json"
+
+
+@dataclass
+class GroundTruth:
+    """What a correct analysis of the generated profile finds. Times in µs (exact to the ns)."""
+
+    params: dict
+    ranks: dict[int, dict]
+    root: Path
+    profile_dirs: dict[int, Path] = field(default_factory=dict)
+
+    @property
+    def path(self) -> Path:
+        return self.root / GROUND_TRUTH_FILE
+
+    def step(self, rank: int, step: int) -> dict:
+        """The figures of ``step`` (1-based, as in ``ProfilerStep#N``) on ``rank``."""
+        for s in self.ranks[rank]["steps"]:
+            if s["step"] == step:
+                return s
+        raise KeyError(f"rank {rank} has no step {step}")
+
+    def steps(self, rank: int) -> list[dict]:
+        return self.ranks[rank]["steps"]
+
+    @property
+    def slowest_rank(self) -> int | None:
+        """The rank the others wait for: it arrives last at every collective, so it waits least."""
+        if len(self.ranks) < 2:
+            return None
+        return min(self.ranks, key=lambda r: self.ranks[r]["totals"]["comm_wait_us"])
+
+    @property
+    def total_bytes(self) -> int:
+        return sum(r["trace_view_bytes"] for r in self.ranks.values())
+
+    @property
+    def total_events(self) -> int:
+        return sum(r["events"] for r in self.ranks.values())
+
+    def to_dict(self) -> dict:
+        return {
+            "generator": "profile_analyzer.synth",
+            "note": "synthetic stand-in for an Ascend NPU run; figures follow msprof/torch_npu definitions",
+            "units": "microseconds",
+            "params": self.params,
+            "slowest_rank": self.slowest_rank,
+            "total_trace_view_bytes": self.total_bytes,
+            "total_events": self.total_events,
+            "ranks": {str(r): v for r, v in sorted(self.ranks.items())},
+        }
+
+    @classmethod
+    def load(cls, root: str | Path) -> GroundTruth:
+        root = Path(root)
+        d = json.loads((root / GROUND_TRUTH_FILE).read_text())
+        ranks = {int(r): v for r, v in d["ranks"].items()}
+        return cls(d["params"], ranks, root, {r: root / v["profile_dir"] for r, v in ranks.items()})
+
+
+def _rank_job(args: tuple[SynthParams, int, str]) -> dict:
+    p, rank, root = args
+    return write_rank(p, rank, root)
+
+
+def write_profile(out_dir: str | Path, *, ranks: int = 2, steps: int = 2, layers: int = 4, pattern: str = "a2",
+                  dbo: bool = False, comm_fraction: float = 0.3, seed: int = 0, workers: int | None = None,
+                  **options: object) -> GroundTruth:
+    """Write an N-rank torch_npu-format profile under ``out_dir`` and return its ground truth.
+
+    ``options`` are the other :class:`SynthParams` fields: ``exposed_layers`` (DBO layers whose collectives
+    are ``exposed_factor`` times too long to hide), ``cann`` ("new"/"old"), ``comm_process_name``
+    ("Communication"/"HCCL"), ``stream_id_key`` ("Physic Stream Id"/"Stream Id"), ``ts_as_string``,
+    ``large_pids``, ``host_tracks``, ``sync_tasks``, ``planes``, ``slow_rank``, ``slow_factor``,
+    ``layer_compute_us``, ``shared_expert_cover``. ``workers`` > 1 writes ranks in parallel processes.
+
+    Nothing partial is left behind: ranks are written into a temporary folder inside ``out_dir`` and moved
+    into place at the end (existing rank folders of the same name are replaced).
+    """
+    known = {f.name for f in fields(SynthParams)}
+    unknown = set(options) - known
+    if unknown:
+        raise TypeError(f"unknown synth option(s): {', '.join(sorted(unknown))}")
+    if "exposed_layers" in options:
+        options["exposed_layers"] = tuple(options["exposed_layers"])  # type: ignore[arg-type]
+    p = SynthParams(ranks=ranks, steps=steps, layers=layers, pattern=pattern, dbo=dbo, comm_fraction=comm_fraction,
+                    seed=seed, **options)  # type: ignore[arg-type]
+    p.validate()
+    p = p.resolved()
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=".synth-", dir=out))
+    try:
+        if workers is None:
+            work = ranks * steps * layers * (2 if dbo else 1)
+            workers = min(ranks, os.cpu_count() or 1) if work > 2000 else 1
+        jobs = [(p, r, str(tmp)) for r in range(ranks)]
+        if workers > 1:
+            import multiprocessing as mp
+
+            ctx = mp.get_context("fork") if "fork" in mp.get_all_start_methods() else mp.get_context()
+            with ctx.Pool(workers) as pool:
+                results = pool.map(_rank_job, jobs, chunksize=1)
+        else:
+            results = [_rank_job(j) for j in jobs]
+        params = {f.name: getattr(p, f.name) for f in fields(SynthParams)}
+        params["exposed_layers"] = list(p.exposed_layers)
+        truth = GroundTruth(params, {res["rank"]: res for res in results}, out)
+        for res in results:
+            dst = out / res["profile_dir"]
+            if dst.exists():
+                shutil.rmtree(dst)
+            os.replace(tmp / res["profile_dir"], dst)
+            truth.profile_dirs[res["rank"]] = dst
+        gt_tmp = tmp / GROUND_TRUTH_FILE
+        gt_tmp.write_text(json.dumps(truth.to_dict(), indent=1))
+        os.replace(gt_tmp, truth.path)
+        return truth
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+# --------------------------------------------------------------------------------------------------
+# CLI
+
+
+def _layers_list(text: str) -> tuple[int, ...]:
+    try:
+        return tuple(int(x) for x in text.split(",") if x.strip())
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated layer indices like 3,7, got {text!r}") from None
+
+
+def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
+    ap = subparsers.add_parser(
+        "synth", help="write a synthetic multi-rank torch_npu profile with a known ground truth",
+        description="Write a synthetic N-rank torch_npu profile (a stand-in for an NPU run) and ground_truth.json.")
+    ap.add_argument("out_dir", metavar="OUT_DIR")
+    ap.add_argument("--ranks", type=int, default=2)
+    ap.add_argument("--steps", type=int, default=2)
+    ap.add_argument("--layers", type=int, default=4)
+    ap.add_argument("--pattern", choices=("a2", "a3"), default="a2",
+                    help="a2: allGather + reduceScatter around the experts; a3: alltoallv dispatch + combine")
+    ap.add_argument("--dbo", action="store_true", help="two micro-batches ping-pong (dual batch overlap)")
+    ap.add_argument("--comm-fraction", type=float, default=0.3,
+                    help="collective transfer time of a layer relative to its compute time (default 0.3)")
+    ap.add_argument("--exposed-layers", type=_layers_list, default=(),
+                    help="DBO: comma-separated layers whose collectives are too long to hide")
+    ap.add_argument("--exposed-factor", type=float, default=4.0)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--cann", choices=("new", "old"), default="new",
+                    help="CANN generation: new = Communication / Physic Stream Id / NPU <id>; old = HCCL / Stream Id")
+    ap.add_argument("--comm-process-name", choices=("Communication", "HCCL"), default=None)
+    ap.add_argument("--stream-id-key", choices=("Physic Stream Id", "Stream Id"), default=None)
+    ap.add_argument("--numeric-ts", action="store_true", help="write ts as JSON numbers instead of strings")
+    ap.add_argument("--large-pids", action="store_true", help="pids above 2**32")
+    ap.add_argument("--no-host-tracks", action="store_true", help="omit the Python and CANN host tracks")
+    ap.add_argument("--workers", type=int, default=None)
+    ap.set_defaults(func=run_cli)
+    return ap
+
+
+def run_cli(args: argparse.Namespace) -> int:
+    try:
+        truth = write_profile(
+            args.out_dir, ranks=args.ranks, steps=args.steps, layers=args.layers, pattern=args.pattern, dbo=args.dbo,
+            comm_fraction=args.comm_fraction, seed=args.seed, workers=args.workers,
+            exposed_layers=args.exposed_layers, exposed_factor=args.exposed_factor, cann=args.cann,
+            comm_process_name=args.comm_process_name, stream_id_key=args.stream_id_key,
+            ts_as_string=not args.numeric_ts, large_pids=args.large_pids, host_tracks=not args.no_host_tracks)
+    except ValueError as exc:
+        print(f"profile-analyzer synth: {exc}", file=sys.stderr)
+        return 2
+    except OSError as exc:
+        print(f"profile-analyzer synth: {args.out_dir}: cannot write ({exc.strerror or exc})", file=sys.stderr)
+        return 2
+    mb = truth.total_bytes / 1e6
+    print(f"wrote {len(truth.ranks)} rank(s), {truth.total_events} events, {mb:.1f} MB of trace_view.json "
+          f"under {args.out_dir}; ground truth: {truth.path}")
+    return 0
