@@ -189,7 +189,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
                     help="collective transfer time of a layer relative to its compute time (default 0.3)")
     ap.add_argument("--exposed-layers", type=_layers_list, default=(),
                     help="DBO: comma-separated layers whose collectives are too long to hide")
-    ap.add_argument("--exposed-factor", type=float, default=4.0)
+    ap.add_argument("--exposed-factor", type=float, default=6.0)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--cann", choices=("new", "old"), default="new",
                     help="CANN generation: new = Communication / Physic Stream Id / NPU <id>; old = HCCL / Stream Id")

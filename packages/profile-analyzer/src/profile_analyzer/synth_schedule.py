@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import random
 from bisect import bisect_right
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 # --------------------------------------------------------------------------------------------------
@@ -41,7 +42,7 @@ class SynthParams:
     comm_fraction: float = 0.3  # transfer time of a layer's collectives / that layer's compute time
     seed: int = 0
     exposed_layers: tuple[int, ...] = ()  # DBO: layers whose collectives are too long to hide
-    exposed_factor: float = 4.0
+    exposed_factor: float = 6.0
     shared_expert_cover: float = 0.6  # no DBO: shared-expert compute / dispatch transfer time
     slow_rank: int | None = None  # default: the last rank (when ranks > 1)
     slow_factor: float = 1.15
@@ -240,100 +241,115 @@ class _RankState:
         self.last_combine_end: dict[str, int] = {}
 
 
-def simulate(p: SynthParams, t0_ns: int):
+class _StepSim:
+    """Launches blocks of kernels and collectives on every rank, in program order, for one step."""
+
+    def __init__(self, p: SynthParams, states: list[_RankState], out: list[RankStep], step: int,
+                 seq: list[int]) -> None:
+        self.p = p
+        self.states = states
+        self.out = out
+        self.rng = random.Random(p.seed * 1_000_003 + step)
+        self.rank_rngs = [random.Random((p.seed * 1_000_003 + step) * 131 + r) for r in range(p.ranks)]
+        self.seq = seq  # one-element list: the run-wide collective counter
+
+    def compute_block(self, tpls: tuple, total_us: float, stream: int, dep: list[int], layer: int, ub: str,
+                      record: bool) -> list[int]:
+        """Launch a block of kernels on every rank; return each rank's block end (after the record)."""
+        p = self.p
+        ends = []
+        for r, st in enumerate(self.states):
+            rr = self.rank_rngs[r]
+            tasks = self.out[r].kernels
+            fac = _rank_factor(p, r)
+            free = st.stream_free[stream]
+            first = True
+            for tpl in tpls:
+                launch = st.host
+                st.host += HOST_LAUNCH_NS
+                earliest = max(free, launch + LAUNCH_LATENCY_NS)
+                if first:
+                    if dep[r] > earliest and p.sync_tasks:
+                        tasks.append(Kernel(stream, earliest, dep[r], _EVENT_WAIT, layer, ub, launch))
+                    earliest = max(earliest, dep[r])
+                    first = False
+                dur = int(total_us * tpl[3] * fac * rr.uniform(0.95, 1.05) * 1000)
+                k = Kernel(stream, earliest, earliest + max(dur, 1000), tpl, layer, ub, launch)
+                tasks.append(k)
+                free = k.end + rr.randint(*KERNEL_GAP_NS)
+            end = tasks[-1].end
+            if record and p.sync_tasks:
+                tasks.append(Kernel(stream, free, free + EVENT_RECORD_NS, _EVENT_RECORD, layer, ub, st.host))
+                end = free + EVENT_RECORD_NS
+                free = end + rr.randint(*KERNEL_GAP_NS)
+            st.stream_free[stream] = free
+            ends.append(end)
+        return ends
+
+    def collective(self, op: str, role: str, transfer_us: float, dep: list[int], layer: int, ub: str) -> list[int]:
+        self.seq[0] += 1
+        seq = self.seq[0]
+        transfer = int(transfer_us * self.rng.uniform(0.9, 1.1) * 1000)
+        name = f"hcom_{op}__{GROUP_TAG}_{seq}_1"
+        starts, launches = [], []
+        for r, st in enumerate(self.states):
+            launch = st.host
+            st.host += HOST_LAUNCH_NS
+            launches.append(launch)
+            starts.append(max(st.comm_free, dep[r], launch + LAUNCH_LATENCY_NS))
+        arrive = max(starts)
+        ends = []
+        for r, st in enumerate(self.states):
+            c = CommOp(starts[r], arrive, transfer, name, f"hcom_{op}_", layer, ub, role, launches[r],
+                       transfer * LINK_BYTES_PER_NS, seq)
+            self.out[r].comm_ops.append(c)
+            st.comm_free = c.end
+            ends.append(c.end)
+        return ends
+
+
+_EVENT_WAIT = ("EVENT_WAIT", "EVENT_WAIT", "EVENT_WAIT", 0, "", "")
+_EVENT_RECORD = ("EVENT_RECORD", "EVENT_RECORD", "EVENT_RECORD", 0, "", "")
+
+
+def simulate(p: SynthParams, t0_ns: int) -> Iterator[list[RankStep]]:
     """Yield, step by step, the list of :class:`RankStep` of every rank (the same for every caller)."""
     p = p.resolved()
     states = [_RankState(t0_ns + r * 37_000) for r in range(p.ranks)]
     ubatches = ("A", "B") if p.dbo else ("-",)
     per_ub_us = p.layer_compute_us / len(ubatches)
     disp_type, comb_type = COMM_OPS[p.pattern]
-    seq = 0
+    seq = [0]
     for step in range(1, p.steps + 1):
-        rng = random.Random(p.seed * 1_000_003 + step)
-        rank_rngs = [random.Random((p.seed * 1_000_003 + step) * 131 + r) for r in range(p.ranks)]
         out = [RankStep(r, step, st.host, 0) for r, st in enumerate(states)]
         for st in states:
             st.host += HOST_PREP_NS
             st.last_combine_end = {}
-
-        def compute_block(tpls, total_us: float, stream: int, dep: list[int], layer: int, ub: str,
-                          record: bool) -> list[int]:
-            """Launch a block of kernels on every rank; return each rank's block end (after the record)."""
-            ends = []
-            for r, st in enumerate(states):
-                rr = rank_rngs[r]
-                fac = _rank_factor(p, r)
-                free = st.stream_free[stream]
-                first = True
-                for tpl in tpls:
-                    launch = st.host
-                    st.host += HOST_LAUNCH_NS
-                    earliest = max(free, launch + LAUNCH_LATENCY_NS)
-                    if first:
-                        if dep[r] > earliest and p.sync_tasks:
-                            out[r].kernels.append(Kernel(stream, earliest, dep[r], ("EVENT_WAIT", "EVENT_WAIT",
-                                                         "EVENT_WAIT", 0, "", ""), layer, ub, launch))
-                        earliest = max(earliest, dep[r])
-                        first = False
-                    dur = int(total_us * tpl[3] * fac * rr.uniform(0.95, 1.05) * 1000)
-                    k = Kernel(stream, earliest, earliest + max(dur, 1000), tpl, layer, ub, launch)
-                    out[r].kernels.append(k)
-                    free = k.end + rr.randint(*KERNEL_GAP_NS)
-                end = out[r].kernels[-1].end
-                if record and p.sync_tasks:
-                    out[r].kernels.append(Kernel(stream, free, free + EVENT_RECORD_NS, ("EVENT_RECORD", "EVENT_RECORD",
-                                                 "EVENT_RECORD", 0, "", ""), layer, ub, st.host))
-                    end = free + EVENT_RECORD_NS
-                    free = end + rr.randint(*KERNEL_GAP_NS)
-                st.stream_free[stream] = free
-                ends.append(end)
-            return ends
-
-        def collective(op: str, role: str, transfer_us: float, dep: list[int], layer: int, ub: str) -> list[int]:
-            nonlocal seq
-            seq += 1
-            transfer = int(transfer_us * rng.uniform(0.9, 1.1) * 1000)
-            name = f"hcom_{op}__{GROUP_TAG}_{seq}_1"
-            starts, launches = [], []
-            for r, st in enumerate(states):
-                launch = st.host
-                st.host += HOST_LAUNCH_NS
-                launches.append(launch)
-                starts.append(max(st.comm_free, dep[r], launch + LAUNCH_LATENCY_NS))
-            arrive = max(starts)
-            ends = []
-            for r, st in enumerate(states):
-                c = CommOp(starts[r], arrive, transfer, name, f"hcom_{op}_", layer, ub, role, launches[r],
-                           transfer * LINK_BYTES_PER_NS, seq)
-                out[r].comm_ops.append(c)
-                st.comm_free = c.end
-                ends.append(c.end)
-            return ends
-
-        zero = [0] * p.ranks
+        sim = _StepSim(p, states, out, step, seq)
+        block, coll = sim.compute_block, sim.collective
         for layer in range(p.layers):
             factor = p.exposed_factor if layer in p.exposed_layers else 1.0
             transfer_us = p.comm_fraction * per_ub_us / 2 * factor
             attn_us, moe_us = 0.4 * per_ub_us, 0.6 * per_ub_us
             if p.dbo:
-                a_attn = compute_block(ATTN_KERNELS, attn_us, MAIN_STREAM, _prev(states, "A", zero), layer, "A", True)
-                a_disp = collective(disp_type, "dispatch", transfer_us, a_attn, layer, "A")
-                b_attn = compute_block(ATTN_KERNELS, attn_us, MAIN_STREAM, _prev(states, "B", zero), layer, "B", True)
-                b_disp = collective(disp_type, "dispatch", transfer_us, b_attn, layer, "B")
-                a_moe = compute_block(MOE_KERNELS, moe_us, MAIN_STREAM, a_disp, layer, "A", True)
-                a_comb = collective(comb_type, "combine", transfer_us, a_moe, layer, "A")
-                b_moe = compute_block(MOE_KERNELS, moe_us, MAIN_STREAM, b_disp, layer, "B", True)
-                b_comb = collective(comb_type, "combine", transfer_us, b_moe, layer, "B")
+                a_attn = block(ATTN_KERNELS, attn_us, MAIN_STREAM, _prev(states, "A"), layer, "A", True)
+                a_disp = coll(disp_type, "dispatch", transfer_us, a_attn, layer, "A")
+                b_attn = block(ATTN_KERNELS, attn_us, MAIN_STREAM, _prev(states, "B"), layer, "B", True)
+                b_disp = coll(disp_type, "dispatch", transfer_us, b_attn, layer, "B")
+                a_moe = block(MOE_KERNELS, moe_us, MAIN_STREAM, a_disp, layer, "A", True)
+                a_comb = coll(comb_type, "combine", transfer_us, a_moe, layer, "A")
+                b_moe = block(MOE_KERNELS, moe_us, MAIN_STREAM, b_disp, layer, "B", True)
+                b_comb = coll(comb_type, "combine", transfer_us, b_moe, layer, "B")
                 for r, st in enumerate(states):
                     st.last_combine_end = {"A": a_comb[r], "B": b_comb[r]}
             else:
-                attn = compute_block(ATTN_KERNELS, attn_us, MAIN_STREAM, _prev(states, "-", zero), layer, "-", True)
-                disp = collective(disp_type, "dispatch", transfer_us, attn, layer, "-")
+                attn = block(ATTN_KERNELS, attn_us, MAIN_STREAM, _prev(states, "-"), layer, "-", True)
+                disp = coll(disp_type, "dispatch", transfer_us, attn, layer, "-")
                 shared_us = p.shared_expert_cover * transfer_us
-                shared = compute_block(SHARED_KERNELS, shared_us, SHARED_STREAM, attn, layer, "-", False)
-                moe = compute_block(MOE_KERNELS, moe_us, MAIN_STREAM, disp, layer, "-", True)
-                comb = collective(comb_type, "combine", transfer_us, [max(a, b) for a, b in zip(moe, shared)],
-                                  layer, "-")
+                shared = block(SHARED_KERNELS, shared_us, SHARED_STREAM, attn, layer, "-", False)
+                moe = block(MOE_KERNELS, moe_us, MAIN_STREAM, disp, layer, "-", True)
+                comb = coll(comb_type, "combine", transfer_us, [max(a, b) for a, b in zip(moe, shared, strict=True)],
+                            layer, "-")
                 for r, st in enumerate(states):
                     st.last_combine_end = {"-": comb[r]}
         for r, st in enumerate(states):
@@ -346,8 +362,8 @@ def simulate(p: SynthParams, t0_ns: int):
         yield out
 
 
-def _prev(states: list[_RankState], ub: str, zero: list[int]) -> list[int]:
-    return [st.last_combine_end.get(ub, 0) for st in states] if states else zero
+def _prev(states: list[_RankState], ub: str) -> list[int]:
+    return [st.last_combine_end.get(ub, 0) for st in states]
 
 
 # --------------------------------------------------------------------------------------------------

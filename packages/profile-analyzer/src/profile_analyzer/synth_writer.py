@@ -14,7 +14,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 
 from profile_analyzer.synth_schedule import (
@@ -85,7 +85,7 @@ class RankWriter:
     def __init__(self, p: SynthParams, rank: int, root: Path) -> None:
         self.p = p
         self.ids = RankIds(p, rank)
-        stamp = datetime.fromtimestamp(T0_NS / 1e9, tz=timezone.utc).strftime("%Y%m%d%H%M%S%f")[:-3]
+        stamp = datetime.fromtimestamp(T0_NS / 1e9, tz=UTC).strftime("%Y%m%d%H%M%S%f")[:-3]
         self.dir = root / f"{self.ids.host}_{self.ids.host_pid}_{stamp}_ascend_pt"
         self.out = self.dir / "ASCEND_PROFILER_OUTPUT"
         self.out.mkdir(parents=True, exist_ok=True)
