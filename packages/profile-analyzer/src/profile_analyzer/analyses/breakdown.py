@@ -38,6 +38,15 @@ BREAKDOWN_ITEMS: tuple[tuple[str, str], ...] = (
 )
 
 
+def derived_columns(computing: float, communication: float, communication_not_overlapped: float,
+                    bubble: float) -> dict[str, float]:
+    """The step_trace_time columns that torch_npu derives from the summed ones."""
+    return {
+        "overlapped": communication - communication_not_overlapped,
+        "communication_not_overlapped_exclude_receive": max(communication_not_overlapped - bubble, 0),
+    }
+
+
 @dataclass
 class OverlapSets:
     comp: iv.IntervalSet
@@ -126,12 +135,13 @@ def _breakdown_from_sets(rt: RankTimeline, comp: iv.IntervalSet, comm: iv.Interv
             "has_tasks": bool(has),
             "computing": comp_i,
             "communication_not_overlapped": cno_i,
-            "overlapped": comm_i - cno_i,
+            "overlapped": derived_columns(comp_i, comm_i, cno_i, bubble)["overlapped"],
             "communication": comm_i,
             "free": int(sums["free"][i]),
             "stage": int(last[i] - first[i]) - bubble if has else 0,
             "bubble": bubble,
-            "communication_not_overlapped_exclude_receive": max(cno_i - bubble, 0),
+            "communication_not_overlapped_exclude_receive":
+                derived_columns(comp_i, comm_i, cno_i, bubble)["communication_not_overlapped_exclude_receive"],
             "preparing": (ft - int(steps.host_start_ns[i])) if ft != np.iinfo(np.int64).max else 0,
         }
         rows.append(row)

@@ -31,6 +31,40 @@ def _op_instances(rt: RankTimeline, lo: int | None, hi: int | None) -> dict[tupl
     return out
 
 
+def sync_wait_ns(rt: RankTimeline, lo: int | None = None, hi: int | None = None) -> int:
+    """msprof's Synchronization time summed over the communication operators in ``[lo, hi)``: on each plane,
+    the Notify_Wait time inside the operator before the plane's first transit task (not Notify_*); per operator the plane
+    with the least such wait counts (msprof-analyze's choice). 0 without plane tasks (Level0)."""
+    planes = [s.index for s in rt.streams if s.kind == "communication" and s.label.startswith("Plane")]
+    if not planes:
+        return 0
+    ops = np.flatnonzero(rt.kind == int(Kind.COMMUNICATION))
+    if lo is not None and hi is not None:
+        ops = ops[(rt.start_ns[ops] >= lo) & (rt.start_ns[ops] < hi)]
+    notify_ids = np.array([i for i, n in enumerate(rt.names) if n.startswith("Notify")], dtype=np.int32)
+    per_plane = []
+    for p in planes:
+        idx = np.flatnonzero(rt.stream == p)
+        wait = rt.kind[idx] == int(Kind.IDLE_WAIT)
+        transit = ~wait & ~np.isin(rt.name_id[idx], notify_ids)
+        per_plane.append((rt.start_ns[idx], rt.end_ns[idx], wait, transit))
+    total = 0
+    for i in ops:
+        s, e = rt.start_ns[i], rt.end_ns[i]
+        best = None
+        for ps, pe, pw, pt in per_plane:
+            a, b = np.searchsorted(ps, s, side="left"), np.searchsorted(ps, e, side="right")
+            if a == b:
+                continue
+            w, ts, te = pw[a:b], ps[a:b], pe[a:b]
+            first_transfer = np.flatnonzero(pt[a:b])
+            cut = first_transfer[0] if first_transfer.size else w.size
+            val = int((te[:cut] - ts[:cut])[w[:cut]].sum())
+            best = val if best is None else min(best, val)
+        total += best or 0
+    return total
+
+
 def rank_comparison(ranks: dict[int, RankTimeline], per_rank: dict[int, dict[str, float]],
                     windows: dict[int, tuple[int, int]] | None = None) -> dict[str, object]:
     """``per_rank``: rank -> summed breakdown (µs) from the step breakdown."""
@@ -60,7 +94,8 @@ def rank_comparison(ranks: dict[int, RankTimeline], per_rank: dict[int, dict[str
         rows.append({"rank": r, "computing_us": pr.get("computing", 0.0), "communication_us": pr.get("communication", 0.0),
                      "exposed_communication_us": pr.get("communication_not_overlapped", 0.0),
                      "free_us": pr.get("free", 0.0), "comm_wait_us": wait.get(r, 0.0),
-                     "caused_wait_us": caused.get(r, 0.0), "arrived_last": last_count.get(r, 0)})
+                     "caused_wait_us": caused.get(r, 0.0), "arrived_last": last_count.get(r, 0),
+                     "sync_wait_us": sync_wait_ns(ranks[r], *(windows.get(r, (None, None)) if windows else (None, None))) / 1000.0})
     out: dict[str, object] = {"per_rank": rows, "matched_collectives": matched, "slowest_rank": None,
                               "waited_for_rank": None, "explanation": ""}
     if len(ranks) < 2:

@@ -23,9 +23,11 @@ def stream_utilisation(rt: RankTimeline, lo: int, hi: int) -> list[dict[str, obj
         waiting = on & (rt.kind == int(Kind.IDLE_WAIT))
         busy = iv.clip(iv.union(*rt.select(on & ~waiting)), lo, hi)
         wait = iv.difference(iv.clip(iv.union(*rt.select(waiting)), lo, hi), busy)
+        compute = iv.clip(iv.union(*rt.select(on & (rt.kind == int(Kind.COMPUTE)))), lo, hi)
         out.append({
             "rank": rt.rank, "stream": s.label, "kind": s.kind, "tasks": int(np.count_nonzero(on)),
             "busy_us": iv.total(busy) / 1000.0, "wait_us": iv.total(wait) / 1000.0,
+            "compute_us": iv.total(compute) / 1000.0,
             "window_us": window / 1000.0, "utilisation": iv.total(busy) / window,
         })
     out.sort(key=lambda r: (r["kind"] != "compute", -r["busy_us"]))  # type: ignore[operator]

@@ -144,17 +144,17 @@ def peek_kind(path: Path) -> str:
     try:
         if path.suffix == ".gz":
             with gzip.open(path, "rb") as f:
-                head = f.read(4096)
+                head = f.read(1 << 16)
         else:
             with open(path, "rb") as f:
-                head = f.read(4096)
+                head = f.read(1 << 16)
     except (OSError, EOFError):
         return "other"
     head = head.lstrip()
     if head.startswith(b"["):
         return "list"
     if head.startswith(b"{"):
-        return "object"
+        return "object" if b'"traceEvents"' in head else "other"
     return "other"
 
 

@@ -35,7 +35,7 @@ within a schema version, never renamed or removed.
             "worst_gaps": [{"rank", "start_us", "end_us", "dur_us", "comm_op", "comm_kind", "occurrence",
                             "stream", "preceding_compute"}]} ],
       "streams": [ {"rank", "stream", "kind": "compute"|"communication", "tasks", "busy_us", "wait_us",
-                    "window_us", "utilisation"} ],
+                    "compute_us", "window_us", "utilisation"} ],
       "idle_gaps": [ {"rank": int, "per_stream": [{"rank", "stream", "gaps", "idle_us", "max_gap_us",
                       "median_gap_us"}], "largest": [{"rank", "stream", "start_us", "end_us", "dur_us",
                       "before", "after"}]} ],
@@ -45,7 +45,8 @@ within a schema version, never renamed or removed.
                        "layers": [{"rank", "ubatch", "layer", "index", "op", "start_us", "comm_us",
                                    "covered_us", "covered_pct"}]} ],
       "ranks": {"per_rank": [{"rank", "computing_us", "communication_us", "exposed_communication_us",
-                              "free_us", "comm_wait_us", "caused_wait_us", "arrived_last"}],
+                              "free_us", "comm_wait_us", "caused_wait_us", "arrived_last",
+                              "sync_wait_us"}],
                 "matched_collectives": int, "slowest_rank": int|null, "waited_for_rank": int|null,
                 "explanation": str},
       "timeline": [ {"rank", "t0_ns", "start_us", "end_us", "title",         # windows around the worst gaps

@@ -1,0 +1,62 @@
+"""Exact timestamp parsing and chunked decoding of Chrome-trace JSON."""
+
+from __future__ import annotations
+
+import json
+from decimal import Decimal
+
+import numpy as np
+import pytest
+
+from profile_analyzer.errors import ProfileError
+from profile_analyzer.loaders import _trace
+from profile_analyzer.loaders._trace import columnarise, parse_decimal_us_to_ns, to_ns
+
+
+def test_decimal_strings_to_exact_ns():
+    vals = ["1704161511422904.204", "1704161511422904.2", "17", "1736413971558972.912\t", "0.0005", "-3.5", "12.3456"]
+    got = parse_decimal_us_to_ns(np.array(vals, dtype="S"))
+    expect = [int((Decimal(v.strip()) * 1000).quantize(Decimal(1), rounding="ROUND_HALF_UP")) for v in vals]
+    assert got.tolist() == expect
+
+
+def test_float64_would_be_wrong_but_we_are_not():
+    s = "1704161511422904.204"
+    assert int(round(float(s) * 1000)) != 1704161511422904204  # why strings are parsed as decimals
+    assert to_ns([s]).tolist() == [1704161511422904204]
+
+
+def test_mixed_numbers_and_strings():
+    assert to_ns(["1.5", 2, 2.25, None]).tolist() == [1500, 2000, 2250, 0]
+
+
+def _events(n):
+    ev = [{"ph": "M", "name": "process_name", "pid": 5_000_000_001, "tid": 0, "args": {"name": "Ascend Hardware"}},
+          {"ph": "M", "name": "thread_name", "pid": 5_000_000_001, "tid": 7, "args": {"name": "Stream 7"}}]
+    for i in range(n):
+        ev.append({"ph": "X", "name": f"op{i % 7}", "pid": 5_000_000_001, "tid": 7, "ts": f"{1000 + i}.{i % 1000:03d}",
+                   "dur": 0.5, "args": {"Task Type": "AI_CORE", "Physic Stream Id": 7, "nested": [{"a": {"b": [1, {"c": 2}]}}]}})
+    return ev
+
+
+def test_chunked_decode_equals_whole_decode(tmp_path, monkeypatch):
+    p = tmp_path / "trace_view.json"
+    p.write_text(json.dumps(_events(3000)))
+    whole = columnarise(p)
+    monkeypatch.setattr(_trace, "CHUNK_BYTES", 4096)
+    chunked = columnarise(p)
+    assert chunked.n_events == whole.n_events == 3002
+    assert chunked.start_ns.tolist() == whole.start_ns.tolist()
+    assert [chunked.names[i] for i in chunked.name_id] == [whole.names[i] for i in whole.name_id]
+    assert chunked.process_name == {5_000_000_001: "Ascend Hardware"}  # pid above 2**32 kept exactly
+
+
+def test_truncated_json_is_reported(tmp_path, monkeypatch):
+    p = tmp_path / "trace_view.json"
+    text = json.dumps(_events(2000))
+    p.write_text(text[: len(text) // 2])
+    with pytest.raises(ProfileError, match="truncated"):
+        columnarise(p)
+    monkeypatch.setattr(_trace, "CHUNK_BYTES", 4096)
+    with pytest.raises(ProfileError, match="truncated|invalid"):
+        columnarise(p)
