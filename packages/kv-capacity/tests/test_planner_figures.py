@@ -9,7 +9,6 @@ the estimated maximum length a little below the v0.27.1 figures quoted in §5.
 from __future__ import annotations
 
 import pytest
-
 from kv_capacity import load_model, parse_size, plan
 
 GiB = 1 << 30
@@ -20,7 +19,9 @@ def cdiv(a: int, b: int) -> int:
     return -(-a // b)
 
 
-def full_attention_expectation(layers: int, kv_heads: int, head: int, dtype: int, block: int, budget: int, max_len: int):
+def full_attention_expectation(
+    layers: int, kv_heads: int, head: int, dtype: int, block: int, budget: int, max_len: int
+):
     page = block * kv_heads * 2 * head * dtype
     num_blocks = budget // (page * layers)
     per_request = cdiv(max_len, block)
@@ -40,15 +41,39 @@ def full_attention_expectation(layers: int, kv_heads: int, head: int, dtype: int
         ("qwen2.5-7b", 28, 4, 128, 16, 1, 32768, 9362, 149792),  # §5: 9362 blocks, 149,792 tokens, 4.57x
         ("qwen2.5-7b", 28, 4, 128, 128, 1, 32768, 1170, 149760),
         ("qwen2.5-7b", 28, 4, 128, 16, 2, 32768, 18724, 299584),
-        ("qwen2.5-7b", 28, 4, 128, 16, 4, 32768, 37449, 599184),  # §5 quotes these for TP8; vLLM needs TP | 28 heads
-        ("qwen3-30b-a3b", 48, 4, 128, 16, 8, 32768, 21845, 349520),  # TP8 > 4 KV heads: one replicated head per rank
+        (
+            "qwen2.5-7b",
+            28,
+            4,
+            128,
+            16,
+            4,
+            32768,
+            37449,
+            599184,
+        ),  # §5 quotes these for TP8; vLLM needs TP | 28 heads
+        (
+            "qwen3-30b-a3b",
+            48,
+            4,
+            128,
+            16,
+            8,
+            32768,
+            21845,
+            349520,
+        ),  # TP8 > 4 KV heads: one replicated head per rank
     ],
 )
 def test_full_attention_figures(model, layers, kv_heads, head, block, tp, max_len, blocks, tokens):
     spec = load_model(model)
     heads_per_rank = max(1, kv_heads // tp)
-    exp_blocks, exp_tokens, exp_conc = full_attention_expectation(layers, heads_per_rank, head, 2, block, BUDGET, max_len)
-    result = plan(spec, kv_cache_memory_bytes=BUDGET, max_model_len=max_len, block_size=block, tensor_parallel_size=tp)
+    exp_blocks, exp_tokens, exp_conc = full_attention_expectation(
+        layers, heads_per_rank, head, 2, block, BUDGET, max_len
+    )
+    result = plan(
+        spec, kv_cache_memory_bytes=BUDGET, max_model_len=max_len, block_size=block, tensor_parallel_size=tp
+    )
     assert (result.num_blocks, result.kv_cache_tokens) == (exp_blocks, exp_tokens) == (blocks, tokens)
     assert result.max_concurrency == pytest.approx(exp_conc)
     assert result.page_size_bytes == [block * heads_per_rank * 2 * head * 2]
@@ -57,14 +82,22 @@ def test_full_attention_figures(model, layers, kv_heads, head, block, tp, max_le
 
 
 def test_qwen3_8b_parse_size_and_concurrency():
-    result = plan(load_model("qwen3-8b"), kv_cache_memory_bytes=parse_size("8G"), max_model_len=40960, block_size=16)
+    result = plan(
+        load_model("qwen3-8b"), kv_cache_memory_bytes=parse_size("8G"), max_model_len=40960, block_size=16
+    )
     assert f"{result.max_concurrency:.2f}" == "1.42"
     assert result.bytes_per_token == 36 * 2 * 8 * 128 * 2 == 147456
 
 
 def test_fp8_halves_the_page():
     bf16 = plan(load_model("qwen3-8b"), kv_cache_memory_bytes=BUDGET, max_model_len=40960, block_size=16)
-    fp8 = plan(load_model("qwen3-8b"), kv_cache_memory_bytes=BUDGET, max_model_len=40960, block_size=16, kv_cache_dtype="fp8")
+    fp8 = plan(
+        load_model("qwen3-8b"),
+        kv_cache_memory_bytes=BUDGET,
+        max_model_len=40960,
+        block_size=16,
+        kv_cache_dtype="fp8",
+    )
     assert fp8.page_size_bytes == [bf16.page_size_bytes[0] // 2] == [32768]
     assert (fp8.num_blocks, fp8.kv_cache_tokens) == (BUDGET // (32768 * 36), 7281 * 16) == (7281, 116496)
 
@@ -80,7 +113,9 @@ def test_deepseek_v2_lite_mla():
         assert result.kv_cache_tokens == int(blocks / cdiv(163840, block) * 163840) == tokens
         assert f"{result.max_concurrency:.2f}" == "1.69"
     # TP does not add MLA capacity: the latent cache is replicated on every rank.
-    tp2 = plan(spec, kv_cache_memory_bytes=BUDGET, max_model_len=163840, block_size=16, tensor_parallel_size=2)
+    tp2 = plan(
+        spec, kv_cache_memory_bytes=BUDGET, max_model_len=163840, block_size=16, tensor_parallel_size=2
+    )
     assert tp2.kv_cache_tokens == 276160
     fp8 = plan(spec, kv_cache_memory_bytes=BUDGET, max_model_len=163840, block_size=64, kv_cache_dtype="fp8")
     assert (fp8.num_blocks, fp8.kv_cache_tokens) == (8630, 552320)  # §5: fp8 MLA bs64
@@ -94,7 +129,9 @@ def test_llama_at_128k_does_not_fit():
     assert not result.fits
     # The check plans against the budget minus the null block; the longest length that then fits:
     usable_blocks = (BUDGET - page_all_layers) // page_all_layers
-    assert result.estimated_max_model_len == usable_blocks * 16 == 65520  # §5 (v0.27.1, no null block): 65,536
+    assert (
+        result.estimated_max_model_len == usable_blocks * 16 == 65520
+    )  # §5 (v0.27.1, no null block): 65,536
     message = result.vllm_error_message
     assert message is not None
     assert "max seq len (131072), (16.0 GiB KV cache is needed" in message
@@ -105,10 +142,18 @@ def test_llama_at_128k_does_not_fit():
 
 def test_hybrid_sliding_window_figures():
     # Mistral-7B-v0.1: all 32 layers SW 4096, in-flight 2 x 2048 -> cdiv(min(4095+4096, 32768), 16) + 1 = 513.
-    mistral = plan(load_model("mistral-7b-v0.1"), kv_cache_memory_bytes=BUDGET, max_model_len=32768, block_size=16)
+    mistral = plan(
+        load_model("mistral-7b-v0.1"), kv_cache_memory_bytes=BUDGET, max_model_len=32768, block_size=16
+    )
     assert mistral.num_blocks == 4096 and mistral.blocks_per_request == cdiv(4095 + 4096, 16) + 1 == 513
     assert mistral.kv_cache_tokens == int(4096 / 513 * 32768) == 261632
-    h100 = plan(load_model("mistral-7b-v0.1"), kv_cache_memory_bytes=BUDGET, max_model_len=32768, block_size=16, max_num_batched_tokens=8192)
+    h100 = plan(
+        load_model("mistral-7b-v0.1"),
+        kv_cache_memory_bytes=BUDGET,
+        max_model_len=32768,
+        block_size=16,
+        max_num_batched_tokens=8192,
+    )
     assert h100.kv_cache_tokens == int(4096 / (cdiv(4095 + 16384, 16) + 1) * 32768) == 104775
     # Gemma-2-9B: 21 SW + 21 full -> 2 groups of 21, page 16*8*512*2.
     gemma2 = plan(load_model("gemma-2-9b"), kv_cache_memory_bytes=BUDGET, max_model_len=8192, block_size=16)
@@ -121,5 +166,7 @@ def test_hybrid_sliding_window_figures():
     assert gemma3.num_groups == 6 and gemma3.num_blocks == BUDGET // (131072 * 8) == 8192
     assert gemma3.blocks_per_request == 2048 + 5 * (cdiv(1023 + 4096, 16) + 1) == 3653
     assert gemma3.kv_cache_tokens == int(8192 / 3653 * 32768) == 73483
-    at_128k = plan(load_model("gemma-3-12b"), kv_cache_memory_bytes=BUDGET, max_model_len=131072, block_size=16)
+    at_128k = plan(
+        load_model("gemma-3-12b"), kv_cache_memory_bytes=BUDGET, max_model_len=131072, block_size=16
+    )
     assert not at_128k.fits

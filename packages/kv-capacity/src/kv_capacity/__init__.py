@@ -13,7 +13,14 @@ Public API:
 from kv_capacity.check import check
 from kv_capacity.errors import InsufficientKVCacheError, KVCapacityError, KVCapacityInputError
 from kv_capacity.model_spec import ModelSpec, load_model, preset_names
-from kv_capacity.planner import DEFAULT_BLOCK_SIZE, CapacityPlan, KVCacheGroup, bytes_per_token, plan, required_bytes
+from kv_capacity.planner import (
+    DEFAULT_BLOCK_SIZE,
+    CapacityPlan,
+    KVCacheGroup,
+    bytes_per_token,
+    plan,
+    required_bytes,
+)
 from kv_capacity.sizes import format_gib, parse_size
 
 __version__ = "0.1.0"

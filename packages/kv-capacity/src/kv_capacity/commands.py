@@ -43,7 +43,9 @@ def _positive_int(name: str) -> Callable[[str], int]:
         try:
             value = int(text.strip().replace("_", ""))
         except ValueError:
-            raise argparse.ArgumentTypeError(f"{name} {text!r} is not an integer; expected a positive integer") from None
+            raise argparse.ArgumentTypeError(
+                f"{name} {text!r} is not an integer; expected a positive integer"
+            ) from None
         if value <= 0:
             raise argparse.ArgumentTypeError(f"{name} {text!r} must be positive; expected a positive integer")
         return value
@@ -61,7 +63,9 @@ def _size(text: str) -> int:
 
 def _kv_dtype(text: str) -> str:
     if text not in KV_CACHE_DTYPE_BYTES:
-        raise argparse.ArgumentTypeError(f"kv cache dtype {text!r} is not supported; expected one of {ACCEPTED_KV_CACHE_DTYPES}")
+        raise argparse.ArgumentTypeError(
+            f"kv cache dtype {text!r} is not supported; expected one of {ACCEPTED_KV_CACHE_DTYPES}"
+        )
     return text
 
 
@@ -77,7 +81,9 @@ def _one_line_errors(parser: argparse.ArgumentParser) -> argparse.ArgumentParser
 
 
 def _add_sizing_args(parser: argparse.ArgumentParser, *, budget: bool) -> None:
-    parser.add_argument("--model", required=True, help="bundled preset name, config.json path, or model directory")
+    parser.add_argument(
+        "--model", required=True, help="bundled preset name, config.json path, or model directory"
+    )
     if budget:
         parser.add_argument(
             "--kv-cache-memory-bytes",
@@ -96,8 +102,16 @@ def _add_sizing_args(parser: argparse.ArgumentParser, *, budget: bool) -> None:
         metavar="N",
         help=f"tokens per KV block (default {DEFAULT_BLOCK_SIZE}, as vLLM-Ascend forces; CUDA backends use 16/64/128)",
     )
-    parser.add_argument("--tensor-parallel-size", "-tp", type=_positive_int("tensor parallel size"), default=1, metavar="N")
-    parser.add_argument("--kv-cache-dtype", type=_kv_dtype, default="auto", metavar="D", help=f"one of {ACCEPTED_KV_CACHE_DTYPES}")
+    parser.add_argument(
+        "--tensor-parallel-size", "-tp", type=_positive_int("tensor parallel size"), default=1, metavar="N"
+    )
+    parser.add_argument(
+        "--kv-cache-dtype",
+        type=_kv_dtype,
+        default="auto",
+        metavar="D",
+        help=f"one of {ACCEPTED_KV_CACHE_DTYPES}",
+    )
     parser.add_argument(
         "--max-num-batched-tokens",
         type=_positive_int("max num batched tokens"),
@@ -116,17 +130,23 @@ def _add_sizing_args(parser: argparse.ArgumentParser, *, budget: bool) -> None:
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
     """Register plan / required / check / presets on the kv-capacity command line."""
-    p = _one_line_errors(subparsers.add_parser("plan", help="KV cache blocks, tokens and concurrency for a budget"))
+    p = _one_line_errors(
+        subparsers.add_parser("plan", help="KV cache blocks, tokens and concurrency for a budget")
+    )
     _add_sizing_args(p, budget=True)
     p.add_argument("--format", choices=("text", "json"), default="text")
     p.set_defaults(func=_run_plan)
 
-    c = _one_line_errors(subparsers.add_parser("check", help="exit 1 with vLLM's start-up error when the budget does not fit"))
+    c = _one_line_errors(
+        subparsers.add_parser("check", help="exit 1 with vLLM's start-up error when the budget does not fit")
+    )
     _add_sizing_args(c, budget=True)
     c.add_argument("--format", choices=("text", "json"), default="text")
     c.set_defaults(func=_run_check)
 
-    r = _one_line_errors(subparsers.add_parser("required", help="smallest budget for C concurrent requests of L tokens"))
+    r = _one_line_errors(
+        subparsers.add_parser("required", help="smallest budget for C concurrent requests of L tokens")
+    )
     _add_sizing_args(r, budget=False)
     r.add_argument("--concurrency", type=_positive_int("concurrency"), default=1, metavar="C")
     r.add_argument("--format", choices=("text", "json"), default="text")
@@ -164,18 +184,30 @@ def _plan_from_args(args: argparse.Namespace) -> tuple[ModelSpec, CapacityPlan]:
 
 
 def _console(stderr: bool = False) -> Console:
-    return Console(stderr=stderr, highlight=False, soft_wrap=False, width=None if sys.stdout.isatty() else 110)
+    return Console(
+        stderr=stderr, highlight=False, soft_wrap=False, width=None if sys.stdout.isatty() else 110
+    )
 
 
 def _plan_table(spec: ModelSpec, result: CapacityPlan) -> Table:
-    table = Table(title=f"KV cache plan: {spec.name} ({spec.attention_summary})", show_header=True, title_justify="left")
+    table = Table(
+        title=f"KV cache plan: {spec.name} ({spec.attention_summary})", show_header=True, title_justify="left"
+    )
     table.add_column("quantity")
     table.add_column("value", justify="right")
     table.add_column("how", style="dim")
     rows: list[tuple[str, str, str]] = [
-        ("kv_cache_memory_bytes", f"{result.kv_cache_memory_bytes:,}", format_size(result.kv_cache_memory_bytes) + " per device"),
+        (
+            "kv_cache_memory_bytes",
+            f"{result.kv_cache_memory_bytes:,}",
+            format_size(result.kv_cache_memory_bytes) + " per device",
+        ),
         ("max_model_len", f"{result.max_model_len:,}", ""),
-        ("block_size", str(result.block_size), f"TP {result.tensor_parallel_size}, {result.num_kv_heads_per_rank} KV head(s)/rank"),
+        (
+            "block_size",
+            str(result.block_size),
+            f"TP {result.tensor_parallel_size}, {result.num_kv_heads_per_rank} KV head(s)/rank",
+        ),
         ("kv dtype", f"{result.kv_cache_dtype} ({result.kv_dtype_bytes} B)", ""),
         ("bytes_per_token", f"{result.bytes_per_token:,}", f"all {spec.num_hidden_layers} layers, one rank"),
     ]
@@ -198,7 +230,13 @@ def _plan_table(spec: ModelSpec, result: CapacityPlan) -> Table:
         ("fits", "yes" if result.fits else "NO", "vLLM starts" if result.fits else "vLLM refuses to start"),
     ]
     if not result.fits:
-        rows.append(("estimated_max_model_len", f"{result.estimated_max_model_len:,}", "longest that fits this budget"))
+        rows.append(
+            (
+                "estimated_max_model_len",
+                f"{result.estimated_max_model_len:,}",
+                "longest that fits this budget",
+            )
+        )
     rows.append(
         (
             "min_kv_cache_memory_bytes",
@@ -283,7 +321,10 @@ def _run_required(args: argparse.Namespace) -> int:
         }
         print(json.dumps(data, indent=2))
         return 0
-    table = Table(title=f"KV cache needed: {spec.name}, {args.concurrency} x {args.max_model_len:,} tokens", title_justify="left")
+    table = Table(
+        title=f"KV cache needed: {spec.name}, {args.concurrency} x {args.max_model_len:,} tokens",
+        title_justify="left",
+    )
     table.add_column("quantity")
     table.add_column("value", justify="right")
     table.add_row("required_bytes", f"{needed:,}")
@@ -316,11 +357,25 @@ def _run_presets(args: argparse.Namespace) -> int:
         print(json.dumps(rows, indent=2))
         return 0
     table = Table(title="Bundled model presets (KV bytes/token at TP 1, model dtype)", title_justify="left")
-    for column, justify in (("name", "left"), ("architecture", "left"), ("layers", "right"), ("attention", "left"),
-                            ("dtype", "left"), ("max pos", "right"), ("KV B/token", "right")):
+    for column, justify in (
+        ("name", "left"),
+        ("architecture", "left"),
+        ("layers", "right"),
+        ("attention", "left"),
+        ("dtype", "left"),
+        ("max pos", "right"),
+        ("KV B/token", "right"),
+    ):
         table.add_column(column, justify=justify)  # type: ignore[arg-type]
     for row in rows:
-        table.add_row(row["name"], row["architecture"], str(row["layers"]), row["attention"], row["dtype"],
-                      f"{row['max_position_embeddings']:,}", f"{row['bytes_per_token']:,}")
+        table.add_row(
+            row["name"],
+            row["architecture"],
+            str(row["layers"]),
+            row["attention"],
+            row["dtype"],
+            f"{row['max_position_embeddings']:,}",
+            f"{row['bytes_per_token']:,}",
+        )
     _console().print(table)
     return 0

@@ -29,7 +29,15 @@ MLA = "mla"
 # Model types whose vLLM implementation is MLA when the config has a kv_lora_rank (vLLM's
 # ModelConfig.is_deepseek_mla). DeepSeek-V3.2 (deepseek_v32) also needs an indexer cache: not sized here.
 _MLA_MODEL_TYPES = frozenset(
-    {"deepseek_v2", "deepseek_v3", "deepseek_mtp", "kimi_k2", "longcat_flash", "pangu_ultra_moe", "glm4_moe_lite"}
+    {
+        "deepseek_v2",
+        "deepseek_v3",
+        "deepseek_mtp",
+        "kimi_k2",
+        "longcat_flash",
+        "pangu_ultra_moe",
+        "glm4_moe_lite",
+    }
 )
 _UNSUPPORTED_MODEL_TYPES = {
     "deepseek_v32": "DeepSeek-V3.2 adds a sparse-attention indexer cache",
@@ -40,7 +48,9 @@ _QWEN_MODEL_TYPES = frozenset({"qwen2", "qwen2_moe", "qwen3", "qwen3_moe"})
 
 _DTYPE_BYTES = {"bfloat16": 2, "float16": 2, "half": 2, "float32": 4, "float": 4}
 
-ACCEPTED_MODELS = "a bundled preset name (see `kv-capacity presets`), a config.json file, or a model directory holding one"
+ACCEPTED_MODELS = (
+    "a bundled preset name (see `kv-capacity presets`), a config.json file, or a model directory holding one"
+)
 
 
 @dataclass(frozen=True)
@@ -84,7 +94,9 @@ class ModelSpec:
             return f"{kind} {heads}"
         if sliding == self.num_hidden_layers:
             return f"{kind} {heads}, all SW({self.sliding_window})"
-        return f"{kind} {heads}, {sliding} SW({self.sliding_window}) + {self.num_hidden_layers - sliding} full"
+        return (
+            f"{kind} {heads}, {sliding} SW({self.sliding_window}) + {self.num_hidden_layers - sliding} full"
+        )
 
     def to_dict(self) -> dict[str, Any]:
         data = asdict(self)
@@ -130,7 +142,9 @@ def load_model(name_or_path: str) -> ModelSpec:
     if path.is_dir():
         path = path / "config.json"
         if not path.is_file():
-            raise KVCapacityInputError(f"model directory {text!r} has no config.json; expected {ACCEPTED_MODELS}")
+            raise KVCapacityInputError(
+                f"model directory {text!r} has no config.json; expected {ACCEPTED_MODELS}"
+            )
     elif not path.exists():
         raise KVCapacityInputError(
             f"model {text!r} is neither a bundled preset ({', '.join(preset_names())}) nor an existing path; "
@@ -139,9 +153,13 @@ def load_model(name_or_path: str) -> ModelSpec:
     try:
         raw = path.read_text(encoding="utf-8")
     except OSError as exc:
-        raise KVCapacityInputError(f"config {str(path)!r} cannot be read ({exc.strerror}); expected {ACCEPTED_MODELS}") from None
+        raise KVCapacityInputError(
+            f"config {str(path)!r} cannot be read ({exc.strerror}); expected {ACCEPTED_MODELS}"
+        ) from None
     except UnicodeDecodeError:
-        raise KVCapacityInputError(f"config {str(path)!r} is not UTF-8 text; expected a model's config.json") from None
+        raise KVCapacityInputError(
+            f"config {str(path)!r} is not UTF-8 text; expected a model's config.json"
+        ) from None
     try:
         config = json.loads(raw)
     except json.JSONDecodeError as exc:
@@ -149,16 +167,22 @@ def load_model(name_or_path: str) -> ModelSpec:
             f"config {str(path)!r} is not valid JSON (line {exc.lineno}: {exc.msg}); expected a model's config.json"
         ) from None
     if not isinstance(config, dict):
-        raise KVCapacityInputError(f"config {str(path)!r} is not a JSON object; expected a model's config.json")
+        raise KVCapacityInputError(
+            f"config {str(path)!r} is not a JSON object; expected a model's config.json"
+        )
     name = path.parent.name if path.name == "config.json" else path.stem
     return spec_from_config(config, name=name or str(path), source=str(path))
 
 
-def _int_field(config: dict[str, Any], key: str, where: str, *, required: bool = True, default: int | None = None) -> int | None:
+def _int_field(
+    config: dict[str, Any], key: str, where: str, *, required: bool = True, default: int | None = None
+) -> int | None:
     value = config.get(key, default)
     if value is None:
         if required:
-            raise KVCapacityInputError(f"{where}: field {key!r} is missing; a positive integer is needed to size the KV cache")
+            raise KVCapacityInputError(
+                f"{where}: field {key!r} is missing; a positive integer is needed to size the KV cache"
+            )
         return None
     if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
         raise KVCapacityInputError(f"{where}: field {key!r} is {value!r}; expected a positive integer")
@@ -191,9 +215,17 @@ def spec_from_config(config: dict[str, Any], *, name: str, source: str = "") -> 
     assert num_layers is not None and num_heads is not None
     num_kv_heads = _int_field(text, "num_key_value_heads", where, required=False) or num_heads
 
-    dtype = text.get("torch_dtype") or text.get("dtype") or config.get("torch_dtype") or config.get("dtype") or "bfloat16"
+    dtype = (
+        text.get("torch_dtype")
+        or text.get("dtype")
+        or config.get("torch_dtype")
+        or config.get("dtype")
+        or "bfloat16"
+    )
     if not isinstance(dtype, str) or dtype not in _DTYPE_BYTES:
-        raise KVCapacityInputError(f"{where}: dtype {dtype!r} is not supported; expected one of {', '.join(sorted(_DTYPE_BYTES))}")
+        raise KVCapacityInputError(
+            f"{where}: dtype {dtype!r} is not supported; expected one of {', '.join(sorted(_DTYPE_BYTES))}"
+        )
     if dtype in ("float32", "float"):
         # vLLM's _resolve_auto_dtype downcasts float32 checkpoints to the platform's preferred dtype,
         # which is bfloat16 on CUDA GPUs and Ascend NPUs.
@@ -246,7 +278,9 @@ def spec_from_config(config: dict[str, Any], *, name: str, source: str = "") -> 
         sliding_window = None
     if sliding_window is not None:
         if isinstance(sliding_window, bool) or not isinstance(sliding_window, int) or sliding_window < 0:
-            raise KVCapacityInputError(f"{where}: field 'sliding_window' is {sliding_window!r}; expected a positive integer or null")
+            raise KVCapacityInputError(
+                f"{where}: field 'sliding_window' is {sliding_window!r}; expected a positive integer or null"
+            )
         if sliding_window == 0:  # vLLM: a window of 0 means no sliding window
             sliding_window = None
 
@@ -254,7 +288,10 @@ def spec_from_config(config: dict[str, Any], *, name: str, source: str = "") -> 
     if layer_types is None:
         kinds = (SLIDING if sliding_window is not None else FULL,) * num_layers
     else:
-        kinds = tuple(SLIDING if (t == "sliding_attention" and sliding_window is not None) else FULL for t in layer_types)
+        kinds = tuple(
+            SLIDING if (t == "sliding_attention" and sliding_window is not None) else FULL
+            for t in layer_types
+        )
 
     return ModelSpec(
         name=name,

@@ -100,7 +100,11 @@ class KVCacheGroup:
     @property
     def bytes_per_block(self) -> int:
         """Bytes one block id takes in this group's share of the pool (all its layers)."""
-        return sum(s.page_size_bytes for s in self.specs) if self.uniform_type else self.specs[0].page_size_bytes * len(self.layers)
+        return (
+            sum(s.page_size_bytes for s in self.specs)
+            if self.uniform_type
+            else self.specs[0].page_size_bytes * len(self.layers)
+        )
 
     def blocks_per_request(self, max_model_len: int, max_in_flight_tokens: int) -> int:
         return max(s.blocks_per_request(max_model_len, max_in_flight_tokens) for s in self.specs)
@@ -202,7 +206,9 @@ class CapacityPlan:
         )
 
 
-def vllm_failure_message(*, check_memory: int, needed: int, max_model_len: int, estimated_max_model_len: int) -> str:
+def vllm_failure_message(
+    *, check_memory: int, needed: int, max_model_len: int, estimated_max_model_len: int
+) -> str:
     """vLLM's `_check_enough_kv_cache_memory` message (vllm/v1/core/kv_cache_utils.py, 0.32)."""
     if check_memory <= 0:
         return (
@@ -257,7 +263,9 @@ def kv_heads_per_rank(spec: ModelSpec, tensor_parallel_size: int) -> int:
     return max(1, heads // tp)
 
 
-def layer_specs(spec: ModelSpec, *, block_size: int, tensor_parallel_size: int, kv_cache_dtype: str) -> list[LayerKV]:
+def layer_specs(
+    spec: ModelSpec, *, block_size: int, tensor_parallel_size: int, kv_cache_dtype: str
+) -> list[LayerKV]:
     """Per-layer KV cache specs on one rank, as the model's attention layers would report them."""
     block = _positive_int(block_size, "block size")
     heads = kv_heads_per_rank(spec, tensor_parallel_size)
@@ -269,7 +277,9 @@ def layer_specs(spec: ModelSpec, *, block_size: int, tensor_parallel_size: int, 
         elif kind == SLIDING:
             # vLLM 0.32 gives sliding layers the primary block size when the backend can run it unsplit
             # (Attention.get_kv_cache_spec -> _largest_kernel_block_within), true of the common backends.
-            out.append(LayerKV(SLIDING, block, heads, spec.head_size, spec.head_size_v, nbytes, spec.sliding_window))
+            out.append(
+                LayerKV(SLIDING, block, heads, spec.head_size, spec.head_size_v, nbytes, spec.sliding_window)
+            )
         else:
             out.append(LayerKV(FULL, block, heads, spec.head_size, spec.head_size_v, nbytes))
     return out
@@ -312,12 +322,11 @@ def kv_cache_groups(specs: list[LayerKV]) -> list[KVCacheGroup]:
     for i, s in enumerate(unified):
         buckets.setdefault(s, []).append(i)
     layer_lists = list(buckets.values())
-    bucket_specs = list(buckets.keys())
     min_layers = min(len(v) for v in layer_lists)
     max_layers = max(len(v) for v in layer_lists)
     group_size = max_layers if max_layers < min_layers * 1.5 else min_layers
     groups = []
-    for spec, layers in zip(bucket_specs, layer_lists):
+    for spec, layers in buckets.items():
         # layers[i::num_groups] rather than consecutive slices, as vLLM does (keeps PP stages balanced).
         num_groups = cdiv(len(layers), group_size)
         for i in range(num_groups):
@@ -336,7 +345,9 @@ def _blocks_per_request(groups: list[KVCacheGroup], max_model_len: int, in_fligh
     return sum(g.blocks_per_request(max_model_len, in_flight) for g in groups)
 
 
-def _estimate_max_model_len(groups: list[KVCacheGroup], bytes_per_block: int, upper: int, memory: int, in_flight: int) -> int:
+def _estimate_max_model_len(
+    groups: list[KVCacheGroup], bytes_per_block: int, upper: int, memory: int, in_flight: int
+) -> int:
     """vLLM's `_estimate_max_model_len_from_groups`: binary search over [1, max_model_len]."""
 
     def fits(length: int) -> bool:
@@ -375,7 +386,9 @@ def plan(
     in_flight = _positive_int(max_num_batched_tokens, "max num batched tokens") * _positive_int(
         max_concurrent_batches, "max concurrent batches"
     )
-    specs = layer_specs(spec, block_size=block_size, tensor_parallel_size=tensor_parallel_size, kv_cache_dtype=kv_cache_dtype)
+    specs = layer_specs(
+        spec, block_size=block_size, tensor_parallel_size=tensor_parallel_size, kv_cache_dtype=kv_cache_dtype
+    )
     groups, bytes_per_block = _groups_and_block_bytes(specs)
 
     num_blocks = budget // bytes_per_block
@@ -385,8 +398,14 @@ def plan(
     needed = bytes_per_block * per_request
     check_memory = budget - bytes_per_block  # the null block is held back (get_kv_cache_configs)
     fits = check_memory > 0 and needed <= check_memory
-    estimated = length if fits else (
-        _estimate_max_model_len(groups, bytes_per_block, length, check_memory, in_flight) if check_memory > 0 else 0
+    estimated = (
+        length
+        if fits
+        else (
+            _estimate_max_model_len(groups, bytes_per_block, length, check_memory, in_flight)
+            if check_memory > 0
+            else 0
+        )
     )
     notes = list(spec.notes)
     heads = kv_heads_per_rank(spec, tensor_parallel_size)
@@ -397,6 +416,11 @@ def plan(
         )
     if spec.is_mla and tensor_parallel_size > 1:
         notes.append("MLA latent cache is replicated on every TP rank: TP does not add token capacity")
+    if spec.max_position_embeddings and length > spec.max_position_embeddings:
+        notes.append(
+            f"max_model_len {length} exceeds the model's max_position_embeddings {spec.max_position_embeddings}: "
+            "vLLM refuses it unless VLLM_ALLOW_LONG_MAX_MODEL_LEN=1 (or rope scaling raises the limit)"
+        )
     if any(g.kind == SLIDING for g in groups):
         notes.append(
             f"sliding-window blocks per request assume {in_flight} in-flight tokens "
@@ -450,14 +474,18 @@ def required_bytes(
     in_flight = _positive_int(max_num_batched_tokens, "max num batched tokens") * _positive_int(
         max_concurrent_batches, "max concurrent batches"
     )
-    specs = layer_specs(spec, block_size=block_size, tensor_parallel_size=tensor_parallel_size, kv_cache_dtype=kv_cache_dtype)
+    specs = layer_specs(
+        spec, block_size=block_size, tensor_parallel_size=tensor_parallel_size, kv_cache_dtype=kv_cache_dtype
+    )
     groups, bytes_per_block = _groups_and_block_bytes(specs)
     return bytes_per_block * (count * _blocks_per_request(groups, length, in_flight) + 1)
 
 
 def bytes_per_token(spec: ModelSpec, *, tensor_parallel_size: int = 1, kv_cache_dtype: str = "auto") -> int:
     """KV bytes one token takes on one rank across all layers (before block rounding)."""
-    specs = layer_specs(spec, block_size=1, tensor_parallel_size=tensor_parallel_size, kv_cache_dtype=kv_cache_dtype)
+    specs = layer_specs(
+        spec, block_size=1, tensor_parallel_size=tensor_parallel_size, kv_cache_dtype=kv_cache_dtype
+    )
     return sum(s.page_size_bytes for s in specs)
 
 

@@ -24,9 +24,18 @@ _VLLM_DECIMAL = {"k": 10**3, "m": 10**6, "g": 10**9, "t": 10**12}
 _VLLM_BINARY = {"K": KiB, "M": MiB, "G": GiB, "T": TiB}
 _UNIT_MULTIPLIER = {
     "b": 1,
-    "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
-    "kib": KiB, "mib": MiB, "gib": GiB, "tib": TiB,
-    "ki": KiB, "mi": MiB, "gi": GiB, "ti": TiB,
+    "kb": 10**3,
+    "mb": 10**6,
+    "gb": 10**9,
+    "tb": 10**12,
+    "kib": KiB,
+    "mib": MiB,
+    "gib": GiB,
+    "tib": TiB,
+    "ki": KiB,
+    "mi": MiB,
+    "gi": GiB,
+    "ti": TiB,
 }
 
 ACCEPTED_SIZES = (
