@@ -1,0 +1,505 @@
+"""The ping-pong runtime: two micro-batches, one thread each, exactly one running at a time.
+
+Modelled on vLLM's ``vllm/v1/worker/ubatching.py``: every micro-batch runs the whole model in its own thread, and
+the threads hand a baton to each other through a ring of ``threading.Event`` objects at the communication
+boundaries the model code marks with the hook functions below. While one micro-batch waits for its collective,
+the other computes. Each micro-batch has a compute stream and a communication stream (shared by all micro-batches,
+as upstream); events recorded on one and waited on by the other order the device work. On CPU there are no
+streams (see :mod:`dbo_runtime.devices.cpu`) and those calls do nothing.
+
+What this module adds to the upstream mechanism:
+
+- every wait is bounded: a handoff that does not arrive within ``timeout_s`` raises :class:`DBOTimeoutError`
+  naming the micro-batch that waits, the hook site it waits at, and the micro-batch that holds the baton;
+- an exception in any micro-batch stops the others at their next hook and reaches the caller of
+  :func:`run_ubatches` as :class:`DBOWorkerError` (the original exception is its ``__cause__``);
+- the "exactly one runs" invariant is checked at every handoff, not just assumed;
+- a micro-batch that finished no longer takes part: a yield with nobody left to hand to returns at once, and a
+  receive hook registered on a finished micro-batch runs in place.
+
+The module-level hook functions are no-ops outside a micro-batch thread, so model code calls them unconditionally.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Sequence
+from typing import Any, TypeVar
+
+from dbo_runtime.devices.base import DeviceBackend
+from dbo_runtime.errors import DBOConfigError, DBOError, DBOTimeoutError, DBOWorkerError
+
+__all__ = [
+    "NUM_UBATCHES",
+    "UBatchContext",
+    "run_ubatches",
+    "dbo_enabled",
+    "dbo_current_ubatch_id",
+    "dbo_num_ubatches",
+    "dbo_current_site",
+    "dbo_yield",
+    "dbo_switch_to_comm",
+    "dbo_switch_to_compute",
+    "dbo_switch_to_comm_sync",
+    "dbo_switch_to_compute_sync",
+    "dbo_yield_and_switch_from_compute_to_comm",
+    "dbo_yield_and_switch_from_comm_to_compute",
+    "dbo_register_recv_hook",
+    "dbo_maybe_run_recv_hook",
+    "dbo_record_current_stream",
+    "dbo_wait_current_stream_and_yield",
+    "handoff_count",
+]
+
+T = TypeVar("T")
+
+NUM_UBATCHES = 2
+"""The runtime supports exactly two micro-batches (dual batch overlap), as vLLM's ``--enable-dbo``."""
+
+_START_SITE = "<start>"
+_EXIT_SITE = "<exit>"
+# How often the caller's watchdog looks at the run; short enough to report a stuck micro-batch promptly.
+_WATCHDOG_PERIOD_S = 0.05
+
+_THREAD_CONTEXTS: dict[int, UBatchContext] = {}
+_HANDOFFS = 0  # process-wide count of baton handoffs, for benchmarks and tests
+
+
+class _Aborted(BaseException):
+    """Raised inside a micro-batch whose run was aborted because another micro-batch failed.
+
+    A BaseException so that model code's ``except Exception`` does not swallow it.
+    """
+
+
+class _Run:
+    """State shared by the micro-batches of one :func:`run_ubatches` call."""
+
+    def __init__(self, num_ubatches: int, timeout_s: float) -> None:
+        self.timeout_s = timeout_s
+        self.contexts: list[UBatchContext] = []
+        self.holder: int | None = None
+        self.finished = [False] * num_ubatches
+        self.results: list[Any] = [None] * num_ubatches
+        self.error: tuple[int, BaseException] | None = None
+        self.aborted = False
+        self.last_progress = time.monotonic()
+        self.cond = threading.Condition()
+        self.exited = 0
+
+    def fail(self, ubatch_id: int, exc: BaseException) -> None:
+        """Record the first failure and wake every waiting micro-batch so that it stops."""
+        with self.cond:
+            if self.error is None:
+                self.error = (ubatch_id, exc)
+            self.aborted = True
+            self.cond.notify_all()
+        for ctx in self.contexts:
+            ctx.cpu_wait_event.set()
+
+
+class UBatchContext:
+    """One micro-batch's view of the run: its baton event, its streams and events, its pending receive hook."""
+
+    def __init__(
+        self,
+        ubatch_id: int,
+        run: _Run,
+        backend: DeviceBackend,
+        compute_stream: Any,
+        comm_stream: Any,
+    ) -> None:
+        self.id = ubatch_id
+        self._run = run
+        self.backend = backend
+        self.compute_stream = compute_stream
+        self.comm_stream = comm_stream
+        self.current_stream = compute_stream
+        self.cpu_wait_event = threading.Event()
+        self.gpu_compute_done_event = backend.new_event()
+        self.gpu_comm_done_event = backend.new_event()
+        self._keyed_events: dict[str, Any] = {}
+        self.recv_hook: Callable[[], None] | None = None
+        self.site = _START_SITE
+
+    # -- baton -----------------------------------------------------------------------------------------------
+    def _others_alive(self) -> bool:
+        return any(not done for i, done in enumerate(self._run.finished) if i != self.id)
+
+    def _next_alive(self) -> UBatchContext | None:
+        n = len(self._run.contexts)
+        for step in range(1, n):
+            ctx = self._run.contexts[(self.id + step) % n]
+            if not self._run.finished[ctx.id]:
+                return ctx
+        return None
+
+    def _give_baton(self) -> None:
+        global _HANDOFFS
+        run = self._run
+        if run.holder != self.id:
+            raise DBOError(
+                f"micro-batch {self.id} hands over at hook site {self.site!r} but micro-batch {run.holder} holds the "
+                "baton: the one-thread-at-a-time invariant is broken"
+            )
+        run.holder = None
+        run.last_progress = time.monotonic()
+        nxt = self._next_alive()
+        if nxt is not None:
+            _HANDOFFS += 1
+            nxt.cpu_wait_event.set()
+
+    def _take_baton(self, site: str) -> None:
+        run = self._run
+        if not self.cpu_wait_event.wait(run.timeout_s) and not run.aborted:
+            holder = run.holder
+            holder_site = run.contexts[holder].site if holder is not None else "?"
+            who = f"micro-batch {holder}" if holder is not None else "no micro-batch"
+            raise DBOTimeoutError(
+                f"micro-batch {self.id} waited {run.timeout_s:g} s at hook site {site!r} for its turn, but {who} did "
+                f"not hand control back (last seen at hook site {holder_site!r})",
+                ubatch_id=self.id,
+                site=site,
+            )
+        if run.aborted:
+            raise _Aborted
+        self.cpu_wait_event.clear()
+        if run.holder is not None:
+            raise DBOError(
+                f"micro-batch {self.id} resumed at hook site {site!r} while micro-batch {run.holder} still runs: the "
+                "one-thread-at-a-time invariant is broken"
+            )
+        run.holder = self.id
+        run.last_progress = time.monotonic()
+        self.site = site
+
+    def _check_running(self, site: str) -> None:
+        if self._run.aborted:
+            raise _Aborted
+        if self._run.holder != self.id:
+            raise DBOError(
+                f"micro-batch {self.id} called a hook at site {site!r} without holding the baton (holder: "
+                f"{self._run.holder}); hooks must be called from the micro-batch's own thread"
+            )
+
+    def cpu_yield(self, site: str = "") -> None:
+        """Hand the baton to the next micro-batch and wait until it comes back."""
+        site = site or "<yield>"
+        self._check_running(site)
+        self.site = site
+        self._run.last_progress = time.monotonic()
+        if not self._others_alive():
+            return
+        self._give_baton()
+        self._take_baton(site)
+
+    # -- streams ---------------------------------------------------------------------------------------------
+    def _update_stream(self, stream: Any) -> None:
+        self.current_stream = stream
+        self.backend.set_stream(stream)
+
+    def yield_(self, site: str = "") -> None:
+        stream = self.current_stream
+        self.cpu_yield(site)
+        self._update_stream(stream)
+
+    def switch_to_comm(self) -> None:
+        self._update_stream(self.comm_stream)
+
+    def switch_to_compute(self) -> None:
+        self._update_stream(self.compute_stream)
+
+    def _signal_compute_done(self) -> None:
+        self.backend.record_event(self.gpu_compute_done_event, self.compute_stream)
+
+    def _wait_compute_done(self) -> None:
+        self.backend.wait_event(self.comm_stream, self.gpu_compute_done_event)
+
+    def _signal_comm_done(self) -> None:
+        self.backend.record_event(self.gpu_comm_done_event, self.comm_stream)
+
+    def _wait_comm_done(self) -> None:
+        self.backend.wait_event(self.compute_stream, self.gpu_comm_done_event)
+
+    def switch_to_comm_sync(self) -> None:
+        self._signal_compute_done()
+        self._update_stream(self.comm_stream)
+        self._wait_compute_done()
+
+    def switch_to_compute_sync(self) -> None:
+        self._signal_comm_done()
+        self._update_stream(self.compute_stream)
+        self._wait_comm_done()
+
+    def yield_and_switch_from_compute_to_comm(self, site: str = "") -> None:
+        self._signal_compute_done()
+        self.cpu_yield(site)
+        self._update_stream(self.comm_stream)
+        self._wait_compute_done()
+
+    def yield_and_switch_from_comm_to_compute(self, site: str = "") -> None:
+        self._signal_comm_done()
+        self.cpu_yield(site)
+        self._update_stream(self.compute_stream)
+        self._wait_comm_done()
+
+    def record_current_stream(self, key: str = "default") -> None:
+        """Record this micro-batch's keyed event on its current stream (vLLM-Ascend's ``record_current_stream``)."""
+        event = self._keyed_events.get(key)
+        if event is None:
+            event = self._keyed_events[key] = self.backend.new_event()
+        self.backend.record_event(event, self.current_stream)
+
+    def wait_current_stream_and_yield(self, key: str = "default", *, wait: bool = True, site: str = "") -> None:
+        """Make the other micro-batch's stream wait for the keyed event, then yield (vLLM-Ascend's primitive)."""
+        if wait:
+            event = self._keyed_events.get(key)
+            nxt = self._next_alive()
+            if event is not None and nxt is not None:
+                self.backend.wait_event(nxt.current_stream, event)
+        self.yield_(site or key)
+
+    # -- deferred receive --------------------------------------------------------------------------------------
+    def maybe_run_recv_hook(self) -> None:
+        if self._run.aborted:
+            raise _Aborted
+        hook, self.recv_hook = self.recv_hook, None
+        if hook is not None:
+            hook()
+
+    def register_recv_hook_on_next(self, hook: Callable[[], None]) -> None:
+        nxt = self._next_alive()
+        if nxt is None:
+            hook()  # nobody left to run it later
+            return
+        previous = nxt.recv_hook
+        if previous is None:
+            nxt.recv_hook = hook
+        else:
+
+            def both() -> None:
+                previous()
+                hook()
+
+            nxt.recv_hook = both
+
+
+def _current() -> UBatchContext | None:
+    return _THREAD_CONTEXTS.get(threading.get_ident())
+
+
+# -- module-level hook API (no-ops outside a micro-batch thread) -------------------------------------------------
+def dbo_enabled() -> bool:
+    """True inside a micro-batch thread of a running :func:`run_ubatches`."""
+    return _current() is not None
+
+
+def dbo_current_ubatch_id() -> int:
+    """The calling micro-batch's index (0 outside micro-batching, as upstream)."""
+    ctx = _current()
+    return 0 if ctx is None else ctx.id
+
+
+def dbo_num_ubatches() -> int:
+    """Number of micro-batches in the current run (1 outside micro-batching)."""
+    ctx = _current()
+    return 1 if ctx is None else len(ctx._run.contexts)
+
+
+def dbo_current_site() -> str | None:
+    """The hook site the calling micro-batch passed last (None outside micro-batching)."""
+    ctx = _current()
+    return None if ctx is None else ctx.site
+
+
+def dbo_yield(site: str = "") -> None:
+    """Let the other micro-batch run until it yields back; keeps the current stream."""
+    ctx = _current()
+    if ctx is not None:
+        ctx.yield_(site)
+
+
+def dbo_switch_to_comm() -> None:
+    ctx = _current()
+    if ctx is not None:
+        ctx.switch_to_comm()
+
+
+def dbo_switch_to_compute() -> None:
+    ctx = _current()
+    if ctx is not None:
+        ctx.switch_to_compute()
+
+
+def dbo_switch_to_comm_sync() -> None:
+    """Switch to the comm stream, which first waits for the compute enqueued so far."""
+    ctx = _current()
+    if ctx is not None:
+        ctx.switch_to_comm_sync()
+
+
+def dbo_switch_to_compute_sync() -> None:
+    """Switch to the compute stream, which first waits for the communication enqueued so far."""
+    ctx = _current()
+    if ctx is not None:
+        ctx.switch_to_compute_sync()
+
+
+def dbo_yield_and_switch_from_compute_to_comm(site: str = "") -> None:
+    ctx = _current()
+    if ctx is not None:
+        ctx.yield_and_switch_from_compute_to_comm(site)
+
+
+def dbo_yield_and_switch_from_comm_to_compute(site: str = "") -> None:
+    ctx = _current()
+    if ctx is not None:
+        ctx.yield_and_switch_from_comm_to_compute(site)
+
+
+def dbo_register_recv_hook(hook: Callable[[], None]) -> None:
+    """Park ``hook`` on the NEXT micro-batch, which runs it at its next :func:`dbo_maybe_run_recv_hook`.
+
+    Outside micro-batching the hook runs at once.
+    """
+    ctx = _current()
+    if ctx is None:
+        hook()
+    else:
+        ctx.register_recv_hook_on_next(hook)
+
+
+def dbo_maybe_run_recv_hook() -> None:
+    """Run the receive hook another micro-batch parked on this one, if any."""
+    ctx = _current()
+    if ctx is not None:
+        ctx.maybe_run_recv_hook()
+
+
+def dbo_record_current_stream(key: str = "default") -> None:
+    ctx = _current()
+    if ctx is not None:
+        ctx.record_current_stream(key)
+
+
+def dbo_wait_current_stream_and_yield(key: str = "default", *, wait: bool = True, site: str = "") -> None:
+    ctx = _current()
+    if ctx is not None:
+        ctx.wait_current_stream_and_yield(key, wait=wait, site=site)
+
+
+def handoff_count() -> int:
+    """How many baton handoffs this process has made so far (all runs together)."""
+    return _HANDOFFS
+
+
+# -- running the micro-batches ---------------------------------------------------------------------------------
+def _ubatch_main(ctx: UBatchContext, fn: Callable[[], Any], barrier: threading.Barrier) -> None:
+    run = ctx._run
+    _THREAD_CONTEXTS[threading.get_ident()] = ctx
+    try:
+        barrier.wait()
+        ctx._take_baton(_START_SITE)
+        ctx._update_stream(ctx.compute_stream)
+        result = fn()
+        ctx.site = _EXIT_SITE
+        ctx.maybe_run_recv_hook()
+        run.results[ctx.id] = result
+        run.finished[ctx.id] = True
+        ctx._give_baton()
+    except _Aborted:
+        pass
+    except threading.BrokenBarrierError:
+        run.fail(ctx.id, DBOTimeoutError(f"micro-batch {ctx.id} did not start: the start barrier broke", ubatch_id=ctx.id))
+    except BaseException as exc:  # noqa: BLE001 - every failure must reach the caller
+        run.fail(ctx.id, exc)
+    finally:
+        _THREAD_CONTEXTS.pop(threading.get_ident(), None)
+        with run.cond:
+            run.exited += 1
+            run.cond.notify_all()
+
+
+def _raise_failure(run: _Run) -> None:
+    assert run.error is not None
+    ubatch_id, exc = run.error
+    if isinstance(exc, DBOTimeoutError):
+        raise exc
+    site = run.contexts[ubatch_id].site
+    raise DBOWorkerError(
+        f"micro-batch {ubatch_id} raised {type(exc).__name__} after hook site {site!r}: {exc}", ubatch_id=ubatch_id
+    ) from exc
+
+
+def run_ubatches(
+    fns: Sequence[Callable[[], T]],
+    *,
+    backend: DeviceBackend | None = None,
+    timeout_s: float = 60.0,
+) -> list[T]:
+    """Run ``fns[i]`` as micro-batch ``i`` in its own thread, ping-ponging at the hook calls; return their results.
+
+    Exactly two micro-batches. Micro-batch 0 starts; each hands over at its yields. Raises
+    :class:`DBOWorkerError` for an exception inside a micro-batch (``__cause__`` is the original) and
+    :class:`DBOTimeoutError` when no handoff happens within ``timeout_s`` (naming the micro-batch and hook site).
+    A micro-batch stuck outside the hooks cannot be killed; its thread is a daemon and stops at its next hook.
+    """
+    if len(fns) != NUM_UBATCHES:
+        raise DBOConfigError(f"run_ubatches got {len(fns)} micro-batches; accepted: exactly {NUM_UBATCHES}")
+    if not (isinstance(timeout_s, int | float) and timeout_s > 0):
+        raise DBOConfigError(f"timeout_s={timeout_s!r} is invalid; accepted: a number of seconds > 0")
+    if _current() is not None:
+        raise DBOConfigError("run_ubatches was called from inside a micro-batch; accepted: a call from outside")
+    if backend is None:
+        from dbo_runtime.devices import get_backend
+
+        backend = get_backend("auto")
+
+    run = _Run(len(fns), float(timeout_s))
+    compute_stream = backend.current_stream()
+    comm_stream = backend.new_stream()
+    run.contexts = [UBatchContext(i, run, backend, compute_stream, comm_stream) for i in range(len(fns))]
+    barrier = threading.Barrier(len(fns) + 1, timeout=timeout_s)
+    threads = [
+        threading.Thread(target=_ubatch_main, args=(ctx, fn, barrier), name=f"dbo-ubatch{ctx.id}", daemon=True)
+        for ctx, fn in zip(run.contexts, fns, strict=True)
+    ]
+    for thread in threads:
+        thread.start()
+    try:
+        barrier.wait()
+    except threading.BrokenBarrierError as exc:
+        run.fail(-1, exc)
+        raise DBOTimeoutError(f"the micro-batch threads did not start within {timeout_s:g} s") from exc
+    run.last_progress = time.monotonic()
+    run.contexts[0].cpu_wait_event.set()
+
+    with run.cond:
+        while run.exited < len(threads) and run.error is None:
+            run.cond.wait(_WATCHDOG_PERIOD_S)
+            if run.error is None and time.monotonic() - run.last_progress > timeout_s:
+                holder = run.holder
+                site = run.contexts[holder].site if holder is not None else "?"
+                run.cond.release()
+                try:
+                    run.fail(
+                        holder if holder is not None else -1,
+                        DBOTimeoutError(
+                            f"micro-batch {holder} made no handoff for {timeout_s:g} s after hook site {site!r} "
+                            "(stuck in compute or in a collective)",
+                            ubatch_id=holder,
+                            site=site,
+                        ),
+                    )
+                finally:
+                    run.cond.acquire()
+    if run.error is not None:
+        # Give the other threads a moment to stop at their hooks; a thread stuck outside them stays behind (daemon).
+        deadline = time.monotonic() + min(1.0, timeout_s)
+        for thread in threads:
+            thread.join(max(0.0, deadline - time.monotonic()))
+        _raise_failure(run)
+    for thread in threads:
+        thread.join(timeout_s)
+    return list(run.results)

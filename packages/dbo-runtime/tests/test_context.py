@@ -1,0 +1,286 @@
+"""The ping-pong runtime: ordering, the one-at-a-time invariant, and that no fault ever hangs it."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+
+from dbo_runtime import context as ctxmod
+from dbo_runtime.context import (
+    dbo_current_ubatch_id,
+    dbo_enabled,
+    dbo_maybe_run_recv_hook,
+    dbo_register_recv_hook,
+    dbo_switch_to_comm,
+    dbo_switch_to_comm_sync,
+    dbo_switch_to_compute,
+    dbo_switch_to_compute_sync,
+    dbo_yield,
+    dbo_yield_and_switch_from_comm_to_compute,
+    dbo_yield_and_switch_from_compute_to_comm,
+    run_ubatches,
+)
+from dbo_runtime.devices.cpu import CPUBackend
+from dbo_runtime.errors import DBOConfigError, DBOTimeoutError, DBOWorkerError
+from dbo_runtime.hooks import dbo_async_site
+
+CPU = CPUBackend()
+
+
+def _no_ubatch_threads_left(wait_s: float = 2.0) -> bool:
+    deadline = time.monotonic() + wait_s
+    while time.monotonic() < deadline:
+        if not any(t.name.startswith("dbo-ubatch") and t.is_alive() for t in threading.enumerate()):
+            return True
+        time.sleep(0.01)
+    return False
+
+
+def test_hooks_are_noops_outside_a_micro_batch():
+    assert not dbo_enabled()
+    assert dbo_current_ubatch_id() == 0
+    dbo_yield("x")
+    dbo_switch_to_comm()
+    dbo_switch_to_compute_sync()
+    dbo_maybe_run_recv_hook()
+    ran = []
+    dbo_register_recv_hook(lambda: ran.append(1))
+    assert ran == [1]
+
+
+def test_ping_pong_alternates_and_returns_results_in_order():
+    trace: list[tuple[int, int]] = []
+
+    def body(tag: str):
+        def fn():
+            assert dbo_enabled()
+            for step in range(4):
+                trace.append((dbo_current_ubatch_id(), step))
+                dbo_yield(f"step{step}")
+            return tag
+
+        return fn
+
+    assert run_ubatches([body("a"), body("b")], backend=CPU, timeout_s=5) == ["a", "b"]
+    assert trace == [(u, s) for s in range(4) for u in (0, 1)]
+
+
+def test_exactly_one_micro_batch_runs_at_a_time():
+    running = []
+    overlaps = []
+    lock = threading.Lock()
+
+    def fn():
+        for _ in range(20):
+            with lock:
+                running.append(dbo_current_ubatch_id())
+                if len(running) > 1:
+                    overlaps.append(tuple(running))
+            time.sleep(0.001)  # give a misbehaving runtime the chance to run the other thread now
+            with lock:
+                running.remove(dbo_current_ubatch_id())
+            dbo_yield("loop")
+
+    run_ubatches([fn, fn], backend=CPU, timeout_s=5)
+    assert overlaps == []
+
+
+def test_recv_hook_runs_in_the_next_micro_batch():
+    seen = []
+
+    def ub0():
+        dbo_register_recv_hook(lambda: seen.append(("hook of 0 ran in", dbo_current_ubatch_id())))
+        dbo_yield("dispatch")
+        seen.append(("0 resumed",))
+
+    def ub1():
+        dbo_maybe_run_recv_hook()
+        seen.append(("1 ran",))
+
+    run_ubatches([ub0, ub1], backend=CPU, timeout_s=5)
+    assert seen == [("hook of 0 ran in", 1), ("1 ran",), ("0 resumed",)]
+
+
+def test_uneven_number_of_yields_finishes():
+    def short():
+        dbo_yield("a")
+
+    def long():
+        for i in range(5):
+            dbo_yield(f"b{i}")
+        ran = []
+        dbo_register_recv_hook(lambda: ran.append(1))  # micro-batch 0 is gone: runs in place
+        return ran
+
+    assert run_ubatches([short, long], backend=CPU, timeout_s=5) == [None, [1]]
+
+
+@pytest.mark.parametrize("n", [0, 1, 3])
+def test_number_of_micro_batches_other_than_two_is_refused(n):
+    with pytest.raises(DBOConfigError, match="exactly 2"):
+        run_ubatches([lambda: None] * n, backend=CPU)
+
+
+def test_bad_timeout_is_refused():
+    with pytest.raises(DBOConfigError, match="timeout_s"):
+        run_ubatches([lambda: None] * 2, backend=CPU, timeout_s=0)
+
+
+class InjectedFault(RuntimeError):
+    pass
+
+
+# Every hook the model code can call, and the async site's three callables: a fault right after each.
+FAULT_SITES = [
+    "start",
+    "yield",
+    "switch_to_comm",
+    "switch_to_compute",
+    "switch_to_comm_sync",
+    "switch_to_compute_sync",
+    "yield_and_switch_from_compute_to_comm",
+    "yield_and_switch_from_comm_to_compute",
+    "register_recv_hook",
+    "maybe_run_recv_hook",
+    "launch",
+    "recv_hook",
+    "receiver",
+    "end",
+]
+
+
+def _model(fault_ubatch: int, fault_site: str, layers: int = 3):
+    def check(site: str) -> None:
+        if dbo_current_ubatch_id() == fault_ubatch and site == fault_site:
+            raise InjectedFault(f"injected at {site} in micro-batch {fault_ubatch}")
+
+    def fn():
+        check("start")
+        for layer in range(layers):
+            dbo_switch_to_comm()
+            check("switch_to_comm")
+            dbo_switch_to_compute()
+            check("switch_to_compute")
+            dbo_switch_to_comm_sync()
+            check("switch_to_comm_sync")
+            dbo_switch_to_compute_sync()
+            check("switch_to_compute_sync")
+            dbo_yield(f"layer{layer}.yield")
+            check("yield")
+            dbo_yield_and_switch_from_compute_to_comm(f"layer{layer}.to_comm")
+            check("yield_and_switch_from_compute_to_comm")
+            dbo_yield_and_switch_from_comm_to_compute(f"layer{layer}.to_compute")
+            check("yield_and_switch_from_comm_to_compute")
+
+            def launch():
+                check("launch")
+                return (lambda: check("recv_hook")), (lambda: check("receiver") or layer)
+
+            assert dbo_async_site(f"layer{layer}.moe", launch) == layer
+            dbo_register_recv_hook(lambda: None)
+            check("register_recv_hook")
+            dbo_maybe_run_recv_hook()
+            check("maybe_run_recv_hook")
+        check("end")
+        return "done"
+
+    return fn
+
+
+def test_fault_free_model_runs():
+    assert run_ubatches([_model(-1, ""), _model(-1, "")], backend=CPU, timeout_s=5) == ["done", "done"]
+
+
+@pytest.mark.parametrize("site", FAULT_SITES)
+@pytest.mark.parametrize("ubatch", [0, 1])
+def test_fault_at_every_hook_reaches_the_caller(ubatch, site):
+    fns = [_model(ubatch, site), _model(ubatch, site)]
+    t0 = time.monotonic()
+    with pytest.raises(DBOWorkerError) as info:
+        run_ubatches(fns, backend=CPU, timeout_s=3)
+    assert time.monotonic() - t0 < 3.0
+    err = info.value
+    # The fault fires in the thread of micro-batch `ubatch` (for "recv_hook": a hook the other one parked on it).
+    expected = ubatch
+    assert err.ubatch_id == expected
+    assert f"micro-batch {expected}" in str(err)
+    assert isinstance(err.__cause__, InjectedFault)
+    assert _no_ubatch_threads_left()
+
+
+def test_micro_batch_that_never_yields_back_is_a_timeout_naming_it():
+    release = threading.Event()
+
+    def stuck():
+        dbo_yield("layer0.moe.prepare")
+        release.wait(30)  # never yields again until the test lets it go
+
+    def fine():
+        for i in range(3):
+            dbo_yield(f"layer{i}.moe.prepare")
+
+    t0 = time.monotonic()
+    try:
+        with pytest.raises(DBOTimeoutError) as info:
+            run_ubatches([stuck, fine], backend=CPU, timeout_s=0.5)
+        assert time.monotonic() - t0 < 3.0
+        msg = str(info.value)
+        assert "micro-batch 0" in msg and "layer0.moe.prepare" in msg
+        assert info.value.site is not None
+    finally:
+        release.set()
+    assert _no_ubatch_threads_left()
+
+
+def test_stuck_collective_is_a_timeout_naming_the_site():
+    release = threading.Event()
+
+    def fn():
+        for layer in range(2):
+
+            def launch():
+                return (lambda: release.wait(30)), (lambda: None)  # a receive that never completes
+
+            dbo_async_site(f"layer{layer}.moe.dispatch", launch)
+
+    t0 = time.monotonic()
+    try:
+        with pytest.raises(DBOTimeoutError) as info:
+            run_ubatches([fn, fn], backend=CPU, timeout_s=0.5)
+        assert time.monotonic() - t0 < 3.0
+        assert "layer0.moe.dispatch" in str(info.value)
+    finally:
+        release.set()
+    assert _no_ubatch_threads_left()
+
+
+def test_lone_micro_batch_stuck_after_the_other_finished_is_caught_by_the_watchdog():
+    release = threading.Event()
+
+    def quick():
+        return 1
+
+    def stuck():
+        dbo_yield("layer0.attn")
+        release.wait(30)
+
+    try:
+        with pytest.raises(DBOTimeoutError, match="micro-batch 1"):
+            run_ubatches([quick, stuck], backend=CPU, timeout_s=0.5)
+    finally:
+        release.set()
+    assert _no_ubatch_threads_left()
+
+
+def test_handoff_counter_counts_handoffs():
+    before = ctxmod.handoff_count()
+
+    def fn():
+        for i in range(3):
+            dbo_yield(str(i))
+
+    run_ubatches([fn, fn], backend=CPU, timeout_s=5)
+    # 3 yields each, plus the final handovers at exit (the last one has nobody left to hand to).
+    assert ctxmod.handoff_count() - before == 7
