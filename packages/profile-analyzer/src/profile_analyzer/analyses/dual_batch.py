@@ -11,7 +11,7 @@ Finding the two micro-batches, in this order of preference:
    (dispatch, dispatch, combine, combine, ...), at least 80 % of them: the first of each pair is
    micro-batch 0. A single batch gives dispatch, combine, dispatch, combine and is *not* a ping-pong.
 
-With at least 4 communication operators required. If none applies, ``detected`` is false and
+Markers need one operator per micro-batch; the two heuristics need at least 4 operators. If none applies, ``detected`` is false and
 ``reason`` says what was looked for. Coverage of an operator of micro-batch *u* is the time of its span
 under compute of the *other* micro-batch: compute tasks carrying a marker are attributed to it; compute
 without markers is counted as the other micro-batch's (in a ping-pong, *u*'s own compute waits for *u*'s
@@ -58,9 +58,8 @@ def dual_batch(rt: RankTimeline, lo: int, hi: int) -> dict[str, object]:
     ops = np.flatnonzero((rt.kind == int(Kind.COMMUNICATION)) & (rt.start_ns >= lo) & (rt.start_ns < hi))
     ops = ops[np.argsort(rt.start_ns[ops], kind="stable")]
     result: dict[str, object] = {"rank": rt.rank, "detected": False, "method": None, "reason": "", "ubatches": [], "layers": []}
-    if ops.size < MIN_OPS:
-        result["reason"] = (f"only {ops.size} communication operator(s) in the window; a ping-pong needs at least "
-                            f"{MIN_OPS} (two per micro-batch)")
+    if ops.size < 2:
+        result["reason"] = f"no ping-pong found: only {ops.size} communication operator(s) in the window"
         return result
     name_marker = _marker_of_names(rt.names)
     task_marker = name_marker[rt.name_id]
@@ -75,6 +74,10 @@ def dual_batch(rt: RankTimeline, lo: int, hi: int) -> dict[str, object]:
     method = None
     if np.all(op_ub >= 0) and len(set(op_ub.tolist())) == 2:
         method = "markers"
+    elif ops.size < MIN_OPS:
+        result["reason"] = (f"no ping-pong found: {ops.size} communication operators without ubatch markers; the "
+                            f"stream/pairing heuristics need at least {MIN_OPS} (two per micro-batch)")
+        return result
     else:
         streams = rt.stream[ops]
         uniq = np.unique(streams)

@@ -290,10 +290,11 @@ def load_msprof(prof_dir: Path, rank: int) -> RankTimeline:
         if not files:
             raise ProfileError(out, "no msprof_*.json; expected a PROF_*/mindstudio_profiler_output directory written by msprof --export=on")
     cols = merge_columns([columnarise(f) for f in files])
-    warnings = [Warning_(str(files[0].parent), "framework (torch) host events",
-                         ["steps (the whole capture is one step)", "Preparing"])]
     rt = columns_to_rank(cols, rank=rank, source=str(files[0] if len(files) == 1 else files[0].parent), fmt="msprof",
-                         kernel_details=None, step_trace=None, warnings=warnings)
+                         kernel_details=None, step_trace=None, warnings=[])
+    if rt.steps.ids.tolist() == [-1]:
+        rt.warnings.append(Warning_(str(files[0].parent), "framework ProfilerStep#N ranges",
+                                    ["steps (the whole capture is one step)", "Preparing"]))
     _check_tracks(rt, files[0])
     return rt
 

@@ -1,0 +1,112 @@
+"""Multi-rank profiles from the repo's generator (profile_analyzer.synth, a stand-in for an NPU run) whose
+ground truth is known by construction; the analyzer recomputes everything from raw tasks."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import pytest
+
+import profile_analyzer as pa
+
+synth = pytest.importorskip("profile_analyzer.synth")
+
+ITEMS = ("computing", "communication", "communication_not_overlapped", "overlapped", "free", "stage", "bubble",
+         "communication_not_overlapped_exclude_receive", "preparing")
+
+
+@pytest.fixture(scope="module")
+def dbo_profile(tmp_path_factory):
+    out = tmp_path_factory.mktemp("dbo")
+    gt = synth.write_profile(out, ranks=2, steps=2, layers=4, dbo=True, exposed_layers=(3,))
+    return out, json.loads(gt.path.read_text())
+
+
+@pytest.mark.parametrize("cann", ["new", "old"])
+def test_breakdown_matches_ground_truth_and_profiler(tmp_path, cann):
+    gt = synth.write_profile(tmp_path, ranks=2, steps=2, layers=3, dbo=False, cann=cann, large_pids=True)
+    truth = json.loads(gt.path.read_text())
+    tl = pa.load(tmp_path)
+    assert tl.format == "multi_rank" and sorted(tl.ranks) == [0, 1]
+    rep = pa.analyze(tl).to_dict()
+    for row in rep["breakdown"]:
+        t = next(s for s in truth["ranks"][str(row["rank"])]["steps"] if s["step"] == row["step"])
+        for k in ITEMS:
+            assert row[k] == pytest.approx(t[f"{k}_us"], abs=1e-3), (cann, row["rank"], row["step"], k)
+    # both profiler-written references agree to 1 µs per step and item
+    sources = {a["source"] for a in rep["profiler_agreement"]}
+    assert sources == {"overlap_analysis_track", "step_trace_time.csv"}
+    assert max(abs(a["delta_us"]) for a in rep["profiler_agreement"]) < 1.0
+    assert all(d["detected"] is False and "no ping-pong" in d["reason"] for d in rep["dual_batch"])
+
+
+def test_dual_batch_per_layer_coverage(dbo_profile):
+    root, truth = dbo_profile
+    rep = pa.analyze(pa.load(root), step=1).to_dict()
+    for db in rep["dual_batch"]:
+        assert db["detected"], db["reason"]
+        t_layers = next(s for s in truth["ranks"][str(db["rank"])]["steps"] if s["step"] == 1)["layers"]
+        for tl in t_layers:
+            for u, name in ((0, "A"), (1, "B")):
+                ours = [x for x in db["layers"] if x["layer"] == tl["layer"] and x["ubatch"] == u]
+                assert sum(x["comm_us"] for x in ours) == pytest.approx(tl["ubatches"][name]["comm_us"], abs=1e-3)
+                assert sum(x["covered_us"] for x in ours) == pytest.approx(tl["ubatches"][name]["covered_by_other_us"], abs=1e-3)
+    # the deliberately exposed layer is the worst-covered one on the slow-to-hide rank
+    db0 = rep["dual_batch"][0]
+    per_layer = {}
+    for x in db0["layers"]:
+        per_layer.setdefault(x["layer"], []).append(x["covered_pct"])
+    assert min(per_layer, key=lambda k: min(per_layer[k])) == 3
+
+
+def test_rank_wait_and_slow_rank(dbo_profile):
+    root, truth = dbo_profile
+    rep = pa.analyze(pa.load(root)).to_dict()
+    rk = rep["ranks"]
+    slow = truth["params"]["slow_rank"]
+    assert rk["slowest_rank"] == slow and rk["waited_for_rank"] == slow
+    for r in rk["per_rank"]:
+        t = sum(s["comm_wait_us"] for s in truth["ranks"][str(r["rank"])]["steps"])
+        assert r["sync_wait_us"] == pytest.approx(t, abs=1e-3)
+
+
+def test_exposed_communication_and_streams(dbo_profile):
+    root, truth = dbo_profile
+    rep = pa.analyze(pa.load(root), rank=0, step=2).to_dict()
+    t = next(s for s in truth["ranks"]["0"]["steps"] if s["step"] == 2)
+    ex = rep["exposed_communication"][0]
+    assert ex["exposed_us"] == pytest.approx(t["communication_not_overlapped_us"], abs=1e-3)
+    assert sum(r["exposed_us"] for r in ex["by_operator"]) >= ex["exposed_us"] - 1e-3
+    assert ex["worst_gaps"] and ex["worst_gaps"][0]["comm_op"].startswith("hcom_")
+    for name, st in t["streams"].items():
+        ours = next(s for s in rep["streams"] if s["stream"] == name)
+        assert ours["compute_us"] == pytest.approx(st["busy_us"], abs=1e-3)
+    assert rep["timeline"] and rep["timeline"][0]["lanes"]
+
+
+def test_plain_msprof_sliced_files(dbo_profile, tmp_path):
+    """The same rank's events as a PROF_* directory with two sliced msprof files: same device figures."""
+    root, truth = dbo_profile
+    rank_dir = next(p for p in root.iterdir() if p.is_dir() and (p / "profiler_info_0.json").exists())
+    events = json.loads((rank_dir / "ASCEND_PROFILER_OUTPUT" / "trace_view.json").read_text())
+    out = tmp_path / "PROF_000001_20251130000000_ABC" / "mindstudio_profiler_output"
+    out.mkdir(parents=True)
+    half = len(events) // 2
+    (out / "msprof_slice_0_20251130000000.json").write_text(json.dumps(events[:half]))
+    (out / "msprof_slice_1_20251130000000.json").write_text(json.dumps(events[half:]))
+    tl = pa.load(out.parent)
+    assert tl.format == "msprof"
+    rep = pa.analyze(tl).to_dict()
+    assert sum(r["computing"] for r in rep["breakdown"]) == pytest.approx(
+        sum(s["computing_us"] for s in truth["ranks"]["0"]["steps"]), abs=1e-3)
+
+
+def test_mixed_formats_refused(dbo_profile, tmp_path):
+    root, _ = dbo_profile
+    mixed = tmp_path / "mixed"
+    shutil.copytree(root, mixed)
+    (mixed / "rank9.json").write_text(json.dumps({"traceEvents": [{"ph": "X", "name": "k", "ts": 1, "dur": 1, "pid": 0, "tid": 7,
+                                                                    "cat": "kernel", "args": {"stream": 7}}]}))
+    with pytest.raises(pa.ProfileError, match="mixed formats"):
+        pa.load(mixed)
