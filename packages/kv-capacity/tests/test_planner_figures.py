@@ -170,3 +170,23 @@ def test_hybrid_sliding_window_figures():
         load_model("gemma-3-12b"), kv_cache_memory_bytes=BUDGET, max_model_len=131072, block_size=16
     )
     assert not at_128k.fits
+
+
+def test_hybrid_manager_disabled_caches_sliding_layers_in_full():
+    # §5: Gemma-3-12B with --disable-hybrid-kv-cache-manager: one group of 48 full-size layers.
+    spec = load_model("gemma-3-12b")
+    result = plan(
+        spec,
+        kv_cache_memory_bytes=BUDGET,
+        max_model_len=32768,
+        block_size=16,
+        disable_hybrid_kv_cache_manager=True,
+    )
+    page = 16 * 8 * 2 * 256 * 2
+    assert result.num_groups == 1 and result.num_blocks == BUDGET // (page * 48) == 1365
+    assert result.kv_cache_tokens == 1365 * 16 == 21840
+    assert result.needed_bytes == 48 * page * cdiv(32768, 16) == 12 * GiB and not result.fits
+    # An all-sliding model has nothing to unify: unchanged.
+    mistral = load_model("mistral-7b-v0.1")
+    kw = dict(kv_cache_memory_bytes=BUDGET, max_model_len=32768, block_size=16)
+    assert plan(mistral, disable_hybrid_kv_cache_manager=True, **kw) == plan(mistral, **kw)

@@ -11,14 +11,14 @@ from kv_capacity.planner import (
     CapacityPlan,
     plan,
 )
-from kv_capacity.sizes import format_size, to_vllm_flag_value
+from kv_capacity.sizes import GiB, to_vllm_flag_value
 
 
 def fix_hint(result: CapacityPlan) -> str:
     """What to change so the engine starts: the smallest budget, or the longest max_model_len."""
     smallest = result.min_kv_cache_memory_bytes
     hint = (
-        f"The smallest sufficient budget is {smallest:,} bytes ({format_size(smallest)}): "
+        f"The smallest sufficient budget is {smallest:,} bytes ({smallest / GiB:.3f} GiB): "
         f"--kv-cache-memory-bytes {to_vllm_flag_value(smallest)}"
     )
     if smallest % (1 << 20):
@@ -39,6 +39,7 @@ def check(
     kv_cache_dtype: str = "auto",
     max_num_batched_tokens: int = DEFAULT_MAX_NUM_BATCHED_TOKENS,
     max_concurrent_batches: int = DEFAULT_MAX_CONCURRENT_BATCHES,
+    disable_hybrid_kv_cache_manager: bool = False,
 ) -> CapacityPlan:
     """Return the plan when vLLM would start; raise InsufficientKVCacheError (vLLM's text + the fix) when not."""
     result = plan(
@@ -50,6 +51,7 @@ def check(
         kv_cache_dtype=kv_cache_dtype,
         max_num_batched_tokens=max_num_batched_tokens,
         max_concurrent_batches=max_concurrent_batches,
+        disable_hybrid_kv_cache_manager=disable_hybrid_kv_cache_manager,
     )
     if result.fits:
         return result

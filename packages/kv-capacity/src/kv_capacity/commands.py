@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from collections.abc import Callable
 from typing import Any
@@ -126,6 +127,11 @@ def _add_sizing_args(parser: argparse.ArgumentParser, *, budget: bool) -> None:
         metavar="N",
         help="batches in flight: 2 with async scheduling (vLLM default), 1 without; only sizes sliding-window layers",
     )
+    parser.add_argument(
+        "--disable-hybrid-kv-cache-manager",
+        action="store_true",
+        help="as vLLM's flag: cache sliding-window layers of hybrid models like full attention",
+    )
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
@@ -164,6 +170,9 @@ def _guard(func: Callable[[argparse.Namespace], int]) -> Callable[[argparse.Name
         except KVCapacityInputError as exc:
             print(f"{PROG}: error: {exc}", file=sys.stderr)
             return 2
+        except BrokenPipeError:  # e.g. `kv-capacity plan ... | head`: stop quietly
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+            return 1
 
     return run
 
@@ -179,6 +188,7 @@ def _plan_from_args(args: argparse.Namespace) -> tuple[ModelSpec, CapacityPlan]:
         kv_cache_dtype=args.kv_cache_dtype,
         max_num_batched_tokens=args.max_num_batched_tokens,
         max_concurrent_batches=args.max_concurrent_batches,
+        disable_hybrid_kv_cache_manager=args.disable_hybrid_kv_cache_manager,
     )
     return spec, result
 
@@ -304,6 +314,7 @@ def _run_required(args: argparse.Namespace) -> int:
         kv_cache_dtype=args.kv_cache_dtype,
         max_num_batched_tokens=args.max_num_batched_tokens,
         max_concurrent_batches=args.max_concurrent_batches,
+        disable_hybrid_kv_cache_manager=args.disable_hybrid_kv_cache_manager,
     )
     needed = required_bytes(spec, concurrency=args.concurrency, **kwargs)
     result = plan(spec, kv_cache_memory_bytes=needed, **kwargs)

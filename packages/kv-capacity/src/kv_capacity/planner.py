@@ -163,7 +163,6 @@ class CapacityPlan:
                 {
                     "kind": g.kind,
                     "num_layers": len(g.layers),
-                    "layers": list(g.layers),
                     "block_size": g.block_size,
                     "page_size_bytes": g.page_size_bytes,
                     "blocks_per_request": g.blocks_per_request(self.max_model_len, self.max_in_flight_tokens),
@@ -334,9 +333,15 @@ def kv_cache_groups(specs: list[LayerKV]) -> list[KVCacheGroup]:
     return groups
 
 
-def _groups_and_block_bytes(specs: list[LayerKV]) -> tuple[list[KVCacheGroup], int]:
+def _groups_and_block_bytes(
+    specs: list[LayerKV], disable_hybrid_kv_cache_manager: bool = False
+) -> tuple[list[KVCacheGroup], int]:
     """The groups and the pool's bytes per block: the largest group's pages (vLLM's
     _get_kv_cache_bytes_per_block; a group short of group_size layers is thereby padded)."""
+    kinds = {s.kind for s in specs}
+    if disable_hybrid_kv_cache_manager and SLIDING in kinds and len(kinds) > 1:
+        # unify_hybrid_kv_cache_specs: sliding layers keep their compute but get full-attention caches.
+        specs = [replace(s, kind=FULL, sliding_window=None) if s.kind == SLIDING else s for s in specs]
     groups = kv_cache_groups(specs)
     return groups, max(g.bytes_per_block for g in groups)
 
@@ -375,11 +380,13 @@ def plan(
     kv_cache_dtype: str = "auto",
     max_num_batched_tokens: int = DEFAULT_MAX_NUM_BATCHED_TOKENS,
     max_concurrent_batches: int = DEFAULT_MAX_CONCURRENT_BATCHES,
+    disable_hybrid_kv_cache_manager: bool = False,
 ) -> CapacityPlan:
     """The KV cache vLLM would allocate on each rank for this budget, and whether it starts.
 
     `max_num_batched_tokens` and `max_concurrent_batches` only matter for sliding-window layers
-    (vLLM's `max_in_flight_tokens` is their product).
+    (vLLM's `max_in_flight_tokens` is their product). `disable_hybrid_kv_cache_manager` mirrors vLLM's
+    flag: a model mixing sliding and full layers then caches every layer in full.
     """
     budget = _positive_int(kv_cache_memory_bytes, "kv cache memory bytes")
     length = _positive_int(max_model_len, "max model len")
@@ -389,7 +396,7 @@ def plan(
     specs = layer_specs(
         spec, block_size=block_size, tensor_parallel_size=tensor_parallel_size, kv_cache_dtype=kv_cache_dtype
     )
-    groups, bytes_per_block = _groups_and_block_bytes(specs)
+    groups, bytes_per_block = _groups_and_block_bytes(specs, disable_hybrid_kv_cache_manager)
 
     num_blocks = budget // bytes_per_block
     per_request = _blocks_per_request(groups, length, in_flight)
@@ -421,6 +428,12 @@ def plan(
             f"max_model_len {length} exceeds the model's max_position_embeddings {spec.max_position_embeddings}: "
             "vLLM refuses it unless VLLM_ALLOW_LONG_MAX_MODEL_LEN=1 (or rope scaling raises the limit)"
         )
+    if (
+        disable_hybrid_kv_cache_manager
+        and spec.num_sliding_layers
+        and not any(g.kind == SLIDING for g in groups)
+    ):
+        notes.append("hybrid KV cache manager disabled: sliding-window layers are cached like full attention")
     if any(g.kind == SLIDING for g in groups):
         notes.append(
             f"sliding-window blocks per request assume {in_flight} in-flight tokens "
@@ -462,6 +475,7 @@ def required_bytes(
     kv_cache_dtype: str = "auto",
     max_num_batched_tokens: int = DEFAULT_MAX_NUM_BATCHED_TOKENS,
     max_concurrent_batches: int = DEFAULT_MAX_CONCURRENT_BATCHES,
+    disable_hybrid_kv_cache_manager: bool = False,
 ) -> int:
     """The smallest `--kv-cache-memory-bytes` whose pool holds `concurrency` requests of `max_model_len`.
 
@@ -477,7 +491,7 @@ def required_bytes(
     specs = layer_specs(
         spec, block_size=block_size, tensor_parallel_size=tensor_parallel_size, kv_cache_dtype=kv_cache_dtype
     )
-    groups, bytes_per_block = _groups_and_block_bytes(specs)
+    groups, bytes_per_block = _groups_and_block_bytes(specs, disable_hybrid_kv_cache_manager)
     return bytes_per_block * (count * _blocks_per_request(groups, length, in_flight) + 1)
 
 
