@@ -1,17 +1,288 @@
-"""Benchmarks of this package, run by `make bench`."""
+"""Benchmark of profile-analyzer against msprof-analyze on one large generated profile (``make bench``).
+
+1. A synthetic 8-rank torch_npu profile of at least 1 GiB of trace_view.json in all (``profile_analyzer.synth``,
+   a stand-in for a real NPU run) is generated once and cached under ``<repo>/.cache/``.
+2. ``profile-analyzer report <profile> --format json`` runs in a child process: wall time, events per second
+   (JSON events in the input / wall time) and peak RSS (the child's ``ru_maxrss`` from ``wait4``).
+3. The same files go through msprof-analyze (PyPI ``msprof-analyze``, installed by this script into its own
+   virtualenv under ``.cache/``): its ``compare`` command is the code path that parses trace_view.json (its
+   NPU parser reads every event, the Overlap Analysis track and the Communication planes). ``compare`` takes
+   two profiles, so the 8 ranks run as 4 pairs (0 vs 1, 2 vs 3, ...): every file is parsed exactly once.
+4. A table on the terminal, and ``OUT/profile_analyzer.json``.
+
+Targets (issue 4): at least 20x msprof-analyze's speed, and peak memory under twice the largest file.
+"""
 
 from __future__ import annotations
 
 import argparse
+import json
+import math
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from profile_analyzer.synth import GROUND_TRUTH_FILE, GroundTruth, write_profile
+
+MSPROF_ANALYZE_VERSION = "26.2.0"
+GIB = 1 << 30
+BENCH_PROFILE: dict = dict(pattern="a3", dbo=True, layers=61, exposed_layers=(3, 30), seed=2026)
+SPEED_TARGET = 20.0
+MEMORY_TARGET = 2.0
+
+
+@dataclass
+class Run:
+    """One measured child process."""
+
+    command: list[str]
+    wall_s: float
+    peak_rss_bytes: int
+    returncode: int
+    output_tail: str
+
+
+def repo_root(start: Path | None = None) -> Path:
+    """The checkout this runs in (the folder with the Makefile and .git), else the current folder."""
+    here = (start or Path.cwd()).resolve()
+    for d in (here, *here.parents):
+        if (d / ".git").exists() and (d / "Makefile").exists():
+            return d
+    return here
+
+
+def measure(cmd: list[str], timeout_s: float, log: Path, env: dict[str, str] | None = None) -> Run:
+    """Run ``cmd``; wall time and peak RSS of the child (and the children it waited for), bounded by timeout."""
+    log.parent.mkdir(parents=True, exist_ok=True)
+    with open(log, "wb") as out:
+        t0 = time.perf_counter()
+        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env)
+        deadline = t0 + timeout_s
+        while True:
+            pid, status, ru = os.wait4(proc.pid, os.WNOHANG)
+            if pid:
+                break
+            if time.perf_counter() > deadline:
+                proc.kill()
+                pid, status, ru = os.wait4(proc.pid, 0)
+                proc.returncode = -9
+                raise TimeoutError(f"{' '.join(cmd[:4])} ... did not finish within {timeout_s:.0f} s (log: {log})")
+            time.sleep(0.02)
+        wall = time.perf_counter() - t0
+    proc.returncode = os.waitstatus_to_exitcode(status)
+    tail = log.read_bytes()[-4000:].decode("utf-8", "replace")
+    return Run(cmd, wall, ru.ru_maxrss * 1024, proc.returncode, tail)
+
+
+# --------------------------------------------------------------------------------------------------
+# the input
+
+
+def _probe_bytes_per_step(params: dict) -> int:
+    with tempfile.TemporaryDirectory() as tmp:
+        t1 = write_profile(tmp, ranks=1, steps=1, **params)
+        t2 = write_profile(Path(tmp) / "b", ranks=1, steps=2, **params)
+        return max(1, t2.total_bytes - t1.total_bytes)
+
+
+def ensure_profile(cache: Path, ranks: int, target_bytes: int, log=print, layers: int | None = None) -> GroundTruth:
+    """The cached bench profile (regenerated when missing or made with other parameters)."""
+    params = {**BENCH_PROFILE, **({"layers": layers} if layers else {})}
+    params["exposed_layers"] = tuple(i for i in params["exposed_layers"] if i < params["layers"])
+    key = f"synth-r{ranks}-{target_bytes}-{params['pattern']}-l{params['layers']}-s{params['seed']}"
+    root = cache / "profile-analyzer-bench" / key
+    if (root / GROUND_TRUTH_FILE).is_file():
+        truth = GroundTruth.load(root)
+        if all(d.is_dir() for d in truth.profile_dirs.values()) and truth.total_bytes >= target_bytes:
+            log(f"bench profile: cached at {root} ({truth.total_bytes / 1e6:.0f} MB)")
+            return truth
+    if root.exists():
+        shutil.rmtree(root)
+    per_step = _probe_bytes_per_step(params)
+    steps = max(1, math.ceil(target_bytes / (ranks * per_step))) + 1
+    log(f"bench profile: generating {ranks} ranks x {steps} steps (~{per_step * steps * ranks / 1e6:.0f} MB) "
+        f"under {root} ...")
+    t0 = time.perf_counter()
+    truth = write_profile(root, ranks=ranks, steps=steps, workers=min(ranks, os.cpu_count() or 1), **params)
+    log(f"bench profile: {truth.total_bytes / 1e6:.0f} MB, {truth.total_events} events in "
+        f"{time.perf_counter() - t0:.1f} s")
+    return truth
+
+
+def trace_files(truth: GroundTruth) -> dict[int, Path]:
+    return {r: d / "ASCEND_PROFILER_OUTPUT" / "trace_view.json" for r, d in sorted(truth.profile_dirs.items())}
+
+
+# --------------------------------------------------------------------------------------------------
+# the two tools
+
+
+def run_ours(truth: GroundTruth, work: Path, timeout_s: float, cprofile: bool = False) -> tuple[Run, dict]:
+    out = work / "report.json"
+    cmd = [sys.executable, "-m", "profile_analyzer", "report", str(truth.root), "--format", "json", "--output",
+           str(out)]
+    if cprofile:  # where the time goes: the top of a cProfile of the same command
+        cmd = [sys.executable, "-m", "cProfile", "-o", str(work / "ours.pstats"), *cmd[1:]]
+    run = measure(cmd, timeout_s, work / "ours.log")
+    if run.returncode != 0:
+        raise RuntimeError(f"profile-analyzer report failed (exit {run.returncode}): {run.output_tail[-800:]}")
+    return run, json.loads(out.read_text())
+
+
+def ensure_msprof_analyze(cache: Path, log=print) -> Path:
+    """msprof-analyze in its own virtualenv under .cache (its pandas/numpy pins stay out of ours)."""
+    venv = cache / f"msprof-analyze-{MSPROF_ANALYZE_VERSION}-venv"
+    exe = venv / "bin" / "msprof-analyze"
+    if exe.exists():
+        return exe
+    log(f"msprof-analyze: installing {MSPROF_ANALYZE_VERSION} into {venv} ...")
+    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, timeout=300)
+    pip = subprocess.run([str(venv / "bin" / "python"), "-m", "pip", "install", "-q",
+                          f"msprof-analyze=={MSPROF_ANALYZE_VERSION}"], capture_output=True, text=True, timeout=1200)
+    if pip.returncode != 0 or not exe.exists():
+        shutil.rmtree(venv, ignore_errors=True)
+        raise RuntimeError(f"pip install msprof-analyze=={MSPROF_ANALYZE_VERSION} failed: {pip.stderr[-800:]}")
+    return exe
+
+
+def run_msprof_compare(exe: Path, truth: GroundTruth, work: Path, timeout_s: float) -> list[Run]:
+    """``msprof-analyze compare -d rank(2i) -bp rank(2i+1)`` for every pair: each file parsed once."""
+    ranks = sorted(truth.profile_dirs)
+    pairs = [(ranks[i], ranks[i + 1]) for i in range(0, len(ranks) - 1, 2)]
+    if len(ranks) % 2:
+        pairs.append((ranks[-1], ranks[0]))
+    runs = []
+    env = {**os.environ, "PYTHONWARNINGS": "ignore"}
+    for a, b in pairs:
+        out = work / f"msprof-compare-{a}-{b}"
+        shutil.rmtree(out, ignore_errors=True)
+        out.mkdir(parents=True)
+        cmd = [str(exe), "compare", "-d", str(truth.profile_dirs[a]), "-bp", str(truth.profile_dirs[b]), "-o",
+               str(out)]
+        run = measure(cmd, timeout_s, work / f"msprof-compare-{a}-{b}.log", env=env)
+        if run.returncode != 0 or not list(out.glob("performance_comparison_result_*.xlsx")):
+            raise RuntimeError(f"msprof-analyze compare {a} vs {b} produced no result: {run.output_tail[-800:]}")
+        runs.append(run)
+    return runs
+
+
+# --------------------------------------------------------------------------------------------------
+
+
+def run_bench(out_dir: Path, *, cache: Path, ranks: int = 8, target_bytes: int = GIB, with_msprof: bool = True,
+              timeout_s: float = 3600, cprofile: bool = False, log=print, layers: int | None = None) -> dict:
+    out_dir.mkdir(parents=True, exist_ok=True)
+    truth = ensure_profile(cache, ranks, target_bytes, log, layers=layers)
+    files = trace_files(truth)
+    sizes = {r: f.stat().st_size for r, f in files.items()}
+    total_bytes, largest = sum(sizes.values()), max(sizes.values())
+    work = out_dir / "profile_analyzer_work"
+    work.mkdir(parents=True, exist_ok=True)
+    log("profile-analyzer report: running ...")
+    ours, report = run_ours(truth, work, timeout_s)
+    result: dict = {
+        "input": {"ranks": len(files), "trace_view_bytes": total_bytes, "largest_file_bytes": largest,
+                  "events": truth.total_events, "profile": str(truth.root), "generator_params": truth.params},
+        "ours": {"wall_s": round(ours.wall_s, 3), "events_per_s": round(truth.total_events / ours.wall_s),
+                 "mb_per_s": round(total_bytes / 1e6 / ours.wall_s, 1), "peak_rss_bytes": ours.peak_rss_bytes,
+                 "peak_rss_vs_largest_file": round(ours.peak_rss_bytes / largest, 3),
+                 "command": " ".join(ours.command)},
+        "targets": {"speed_ratio_min": SPEED_TARGET, "peak_rss_vs_largest_file_max": MEMORY_TARGET},
+    }
+    # the analysis itself must be right on the bench input, or the speed means nothing
+    summary = report.get("summary", {})
+    gt_comp = sum(r["totals"]["computing_us"] for r in truth.ranks.values())
+    result["ours"]["check_computing_us"] = {"report": summary.get("computing_us"), "ground_truth": round(gt_comp, 3)}
+    if cprofile:
+        prof_work = work / "cprofile"
+        prof_work.mkdir(exist_ok=True)
+        run_ours(truth, prof_work, timeout_s, cprofile=True)
+        import pstats
+
+        with open(out_dir / "profile_analyzer_cprofile.txt", "w") as f:
+            pstats.Stats(str(prof_work / "ours.pstats"), stream=f).sort_stats("cumulative").print_stats(40)
+        result["ours"]["cprofile"] = str(out_dir / "profile_analyzer_cprofile.txt")
+    if with_msprof:
+        exe = ensure_msprof_analyze(cache, log)
+        log(f"msprof-analyze compare: {math.ceil(len(files) / 2)} pairs ...")
+        runs = run_msprof_compare(exe, truth, work, timeout_s)
+        m_wall = sum(r.wall_s for r in runs)
+        m_rss = max(r.peak_rss_bytes for r in runs)
+        result["msprof_analyze"] = {
+            "version": MSPROF_ANALYZE_VERSION, "command": "msprof-analyze compare -d RANK_A -bp RANK_B (per pair)",
+            "wall_s": round(m_wall, 3), "peak_rss_bytes": m_rss,
+            "runs": [{"command": " ".join(r.command), "wall_s": round(r.wall_s, 3),
+                      "peak_rss_bytes": r.peak_rss_bytes} for r in runs],
+        }
+        result["speed_ratio"] = round(m_wall / ours.wall_s, 2)
+        result["memory_ratio_msprof_over_ours"] = round(m_rss / ours.peak_rss_bytes, 2)
+        result["meets_speed_target"] = result["speed_ratio"] >= SPEED_TARGET
+    result["meets_memory_target"] = result["ours"]["peak_rss_vs_largest_file"] < MEMORY_TARGET
+    tmp = out_dir / ".profile_analyzer.json.tmp"
+    tmp.write_text(json.dumps(result, indent=1))
+    os.replace(tmp, out_dir / "profile_analyzer.json")
+    return result
+
+
+def format_table(res: dict) -> str:
+    mb = 1e6
+    inp, ours = res["input"], res["ours"]
+    rows = [
+        ("input", f"{inp['ranks']} ranks, {inp['trace_view_bytes'] / mb:,.0f} MB trace_view.json, "
+                  f"{inp['events']:,} events (largest file {inp['largest_file_bytes'] / mb:,.0f} MB)"),
+        ("profile-analyzer report: time", f"{ours['wall_s']:.1f} s"),
+        ("profile-analyzer report: events/s", f"{ours['events_per_s']:,} ({ours['mb_per_s']} MB/s)"),
+        ("profile-analyzer report: peak RSS", f"{ours['peak_rss_bytes'] / mb:,.0f} MB "
+                                              f"({ours['peak_rss_vs_largest_file']:.2f}x the largest file; "
+                                              f"target < {MEMORY_TARGET:g}x: "
+                                              f"{'met' if res['meets_memory_target'] else 'NOT met'})"),
+    ]
+    if "msprof_analyze" in res:
+        m = res["msprof_analyze"]
+        rows += [
+            (f"msprof-analyze {m['version']} compare: time", f"{m['wall_s']:.1f} s ({len(m['runs'])} pairs)"),
+            (f"msprof-analyze {m['version']} compare: peak RSS", f"{m['peak_rss_bytes'] / mb:,.0f} MB"),
+            ("speed ratio (msprof-analyze / ours)", f"{res['speed_ratio']:.1f}x (target >= {SPEED_TARGET:g}x: "
+                                                    f"{'met' if res['meets_speed_target'] else 'NOT met'})"),
+        ]
+    else:
+        rows.append(("msprof-analyze", "skipped (--no-msprof)"))
+    w = max(len(k) for k, _ in rows)
+    return "\n".join(f"{k.ljust(w)}  {v}" for k, v in rows)
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m profile_analyzer.bench")
-    parser.add_argument("--out", default="bench-results")
-    parser.parse_args(argv)
-    print("profile_analyzer: no benchmarks yet")
+    parser = argparse.ArgumentParser(prog="python -m profile_analyzer.bench",
+                                     description="profile-analyzer vs msprof-analyze on a generated 8-rank profile")
+    parser.add_argument("--out", default="bench-results", help="where profile_analyzer.json goes")
+    parser.add_argument("--cache", default=None, help="cache folder (default: <repo>/.cache)")
+    parser.add_argument("--ranks", type=int, default=8)
+    parser.add_argument("--target-bytes", type=int, default=GIB, help="total trace_view.json size (default 1 GiB)")
+    parser.add_argument("--no-msprof", action="store_true", help="measure profile-analyzer only")
+    parser.add_argument("--cprofile", action="store_true", help="also write a cProfile of our run")
+    parser.add_argument("--timeout", type=float, default=3600, help="seconds allowed per measured command")
+    args = parser.parse_args(argv)
+    if args.ranks < 1 or args.target_bytes < 1:
+        print("profile_analyzer.bench: --ranks and --target-bytes must be positive", file=sys.stderr)
+        return 2
+    cache = Path(args.cache) if args.cache else repo_root() / ".cache"
+    try:
+        res = run_bench(Path(args.out), cache=cache, ranks=args.ranks, target_bytes=args.target_bytes,
+                        with_msprof=not args.no_msprof, timeout_s=args.timeout, cprofile=args.cprofile)
+    except (RuntimeError, TimeoutError, OSError, subprocess.SubprocessError) as exc:
+        print(f"profile_analyzer.bench: {exc}", file=sys.stderr)
+        return 1
+    print("\nprofile-analyzer benchmark")
+    print(format_table(res))
+    print(f"written: {Path(args.out) / 'profile_analyzer.json'}")
     return 0
 
 
 if __name__ == "__main__":
     raise SystemExit(main())
+

@@ -1,0 +1,50 @@
+"""The benchmark's code path on a tiny generated profile (seconds; msprof-analyze is not run here)."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+from profile_analyzer import bench
+
+
+def test_bench_measures_report_on_a_cached_profile(tmp_path: Path) -> None:
+    cache, out = tmp_path / "cache", tmp_path / "out"
+    lines: list[str] = []
+    res = bench.run_bench(out, cache=cache, ranks=2, target_bytes=400_000, with_msprof=False, timeout_s=300,
+                          log=lines.append, layers=4)
+    written = json.loads((out / "profile_analyzer.json").read_text())
+    assert written == res
+    inp, ours = res["input"], res["ours"]
+    assert inp["ranks"] == 2 and inp["trace_view_bytes"] >= 400_000
+    assert inp["largest_file_bytes"] <= inp["trace_view_bytes"]
+    assert ours["wall_s"] > 0
+    assert ours["events_per_s"] == pytest.approx(inp["events"] / ours["wall_s"], rel=0.01)
+    # a real child process of a Python interpreter has a peak RSS of megabytes, not zero
+    assert 5e6 < ours["peak_rss_bytes"] < 4e9
+    # the report it timed is right: its Computing equals the generator's ground truth
+    check = ours["check_computing_us"]
+    assert check["report"] == pytest.approx(check["ground_truth"], abs=0.01)
+    assert "msprof_analyze" not in res and isinstance(res["meets_memory_target"], bool)
+    table = bench.format_table(res)
+    assert "events/s" in table and "skipped" in table
+    # second run: the profile comes from the cache
+    lines.clear()
+    bench.run_bench(out, cache=cache, ranks=2, target_bytes=400_000, with_msprof=False, timeout_s=300,
+                    log=lines.append, layers=4)
+    assert any("cached" in line for line in lines)
+
+
+def test_measure_reports_peak_rss_of_the_child(tmp_path: Path) -> None:
+    grab = "x = bytearray(200 * 1024 * 1024); x[::4096] = b'1' * len(x[::4096])"
+    run = bench.measure([sys.executable, "-c", grab], timeout_s=60, log=tmp_path / "m.log")
+    assert run.returncode == 0 and run.peak_rss_bytes > 200 * 1024 * 1024
+    with pytest.raises(TimeoutError):
+        bench.measure([sys.executable, "-c", "import time; time.sleep(30)"], timeout_s=0.5, log=tmp_path / "t.log")
+
+
+def test_bench_cli_rejects_bad_arguments(capsys: pytest.CaptureFixture[str]) -> None:
+    assert bench.main(["--ranks", "0"]) == 2
+    assert "--ranks" in capsys.readouterr().err
