@@ -98,6 +98,29 @@ def test_config_file_and_directory(tmp_path):
             ),
             "Mamba",
         ),
+        (
+            json.dumps(
+                {
+                    "model_type": "glm_moe_dsa",
+                    "num_hidden_layers": 2,
+                    "num_attention_heads": 8,
+                    "kv_lora_rank": 512,
+                }
+            ),
+            "indexer",
+        ),
+        (
+            json.dumps(
+                {
+                    "model_type": "mystery_mla",
+                    "num_hidden_layers": 2,
+                    "num_attention_heads": 8,
+                    "head_dim": 64,
+                    "kv_lora_rank": 512,
+                }
+            ),
+            "MLA variant",
+        ),
         (json.dumps({"num_hidden_layers": -2, "num_attention_heads": 8, "head_dim": 64}), "positive integer"),
     ],
 )

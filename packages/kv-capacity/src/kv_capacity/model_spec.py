@@ -26,8 +26,8 @@ FULL = "full_attention"
 SLIDING = "sliding_window"
 MLA = "mla"
 
-# Model types whose vLLM implementation is MLA when the config has a kv_lora_rank (vLLM's
-# ModelConfig.is_deepseek_mla). DeepSeek-V3.2 (deepseek_v32) also needs an indexer cache: not sized here.
+# Model types vLLM 0.32 runs as plain MLA when the config has a kv_lora_rank (ModelArchConfigConvertor.
+# is_deepseek_mla): one latent cache of kv_lora_rank + qk_rope_head_dim per layer.
 _MLA_MODEL_TYPES = frozenset(
     {
         "deepseek_v2",
@@ -37,11 +37,19 @@ _MLA_MODEL_TYPES = frozenset(
         "longcat_flash",
         "pangu_ultra_moe",
         "glm4_moe_lite",
+        "axk1",
     }
 )
+# MLA relatives with extra caches (sparse-attention indexers, compressed or linear-attention state).
 _UNSUPPORTED_MODEL_TYPES = {
     "deepseek_v32": "DeepSeek-V3.2 adds a sparse-attention indexer cache",
+    "glm_moe_dsa": "it adds a sparse-attention indexer cache",
+    "glm5_next": "it adds a sparse-attention indexer cache",
+    "glm5_next_text": "it adds a sparse-attention indexer cache",
     "deepseek_v4": "DeepSeek-V4 uses compressed sparse MLA caches",
+    "deepseek_v41": "DeepSeek-V4 uses compressed sparse MLA caches",
+    "kimi_linear": "it mixes MLA with linear-attention state",
+    "bailing_hybrid": "it mixes MLA with linear-attention state",
 }
 # transformers' Qwen2/Qwen3 configs drop `sliding_window` unless `use_sliding_window` is true.
 _QWEN_MODEL_TYPES = frozenset({"qwen2", "qwen2_moe", "qwen3", "qwen3_moe"})
@@ -237,6 +245,11 @@ def spec_from_config(config: dict[str, Any], *, name: str, source: str = "") -> 
     max_pos = _int_field(text, "max_position_embeddings", where, required=False)
 
     kv_lora_rank = text.get("kv_lora_rank")
+    if kv_lora_rank is not None and (model_type not in _MLA_MODEL_TYPES or "compress_ratios" in text):
+        raise KVCapacityInputError(
+            f"{where}: model_type {model_type!r} has an MLA variant (kv_lora_rank) this planner does not know; "
+            f"supported MLA model types: {', '.join(sorted(_MLA_MODEL_TYPES))}"
+        )
     if model_type in _MLA_MODEL_TYPES and kv_lora_rank is not None:
         kv_lora_rank = _int_field(text, "kv_lora_rank", where)
         rope = _int_field(text, "qk_rope_head_dim", where)
