@@ -3,6 +3,7 @@
 Public API:
     parse_size(text) -> int
     load_model(name_or_path) -> ModelSpec
+    spec_from_config(config_dict, name=...) -> ModelSpec   (a config.json already in memory)
     plan(spec, *, kv_cache_memory_bytes, max_model_len, block_size=128, tensor_parallel_size=1,
          kv_cache_dtype="auto") -> CapacityPlan
     required_bytes(spec, *, max_model_len, concurrency, block_size=128, tensor_parallel_size=1,
@@ -12,7 +13,7 @@ Public API:
 
 from kv_capacity.check import check
 from kv_capacity.errors import InsufficientKVCacheError, KVCapacityError, KVCapacityInputError
-from kv_capacity.model_spec import ModelSpec, load_model, preset_names
+from kv_capacity.model_spec import ModelSpec, load_model, preset_names, spec_from_config
 from kv_capacity.planner import (
     DEFAULT_BLOCK_SIZE,
     CapacityPlan,
@@ -41,4 +42,5 @@ __all__ = [
     "plan",
     "preset_names",
     "required_bytes",
+    "spec_from_config",
 ]

@@ -20,6 +20,7 @@ the engine unchanged):
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
+from functools import lru_cache
 from typing import Any
 
 from kv_capacity.errors import KVCapacityInputError
@@ -187,8 +188,13 @@ class CapacityPlan:
     @property
     def vllm_log_line(self) -> str:
         """The capacity line vLLM 0.32 logs at start-up for these settings (CUDA spelling: "GPU")."""
+        return self.log_line("GPU")
+
+    def log_line(self, device: str = "GPU") -> str:
+        """vLLM 0.32's capacity log line; `device` is "GPU" on CUDA, else the device type upper-cased
+        ("NPU" on Ascend, "CPU" on the CPU backend)."""
         return (
-            f"GPU KV cache size: {self.kv_cache_tokens:,} tokens, Maximum concurrency for "
+            f"{device} KV cache size: {self.kv_cache_tokens:,} tokens, Maximum concurrency for "
             f"{self.max_model_len:,} tokens per request: {self.max_concurrency:.2f}x"
         )
 
@@ -346,6 +352,32 @@ def _groups_and_block_bytes(
     return groups, max(g.bytes_per_block for g in groups)
 
 
+@dataclass(frozen=True)
+class _Layout:
+    """Everything about a (model, block, TP, dtype) that does not depend on the budget or the length."""
+
+    groups: tuple[KVCacheGroup, ...]
+    bytes_per_block: int
+    dtype_bytes: int
+    bytes_per_token: int
+
+
+@lru_cache(maxsize=256)
+def _layout(
+    spec: ModelSpec, block_size: int, tensor_parallel_size: int, kv_cache_dtype: str, disable_hybrid: bool
+) -> _Layout:
+    specs = layer_specs(
+        spec, block_size=block_size, tensor_parallel_size=tensor_parallel_size, kv_cache_dtype=kv_cache_dtype
+    )
+    groups, bytes_per_block = _groups_and_block_bytes(specs, disable_hybrid)
+    return _Layout(
+        tuple(groups),
+        bytes_per_block,
+        specs[0].dtype_bytes,
+        sum(s.page_size_bytes for s in specs) // block_size,
+    )
+
+
 def _blocks_per_request(groups: list[KVCacheGroup], max_model_len: int, in_flight: int) -> int:
     return sum(g.blocks_per_request(max_model_len, in_flight) for g in groups)
 
@@ -393,10 +425,10 @@ def plan(
     in_flight = _positive_int(max_num_batched_tokens, "max num batched tokens") * _positive_int(
         max_concurrent_batches, "max concurrent batches"
     )
-    specs = layer_specs(
-        spec, block_size=block_size, tensor_parallel_size=tensor_parallel_size, kv_cache_dtype=kv_cache_dtype
+    layout = _layout(
+        spec, block_size, tensor_parallel_size, kv_cache_dtype, bool(disable_hybrid_kv_cache_manager)
     )
-    groups, bytes_per_block = _groups_and_block_bytes(specs, disable_hybrid_kv_cache_manager)
+    groups, bytes_per_block = layout.groups, layout.bytes_per_block
 
     num_blocks = budget // bytes_per_block
     per_request = _blocks_per_request(groups, length, in_flight)
@@ -447,7 +479,7 @@ def plan(
         block_size=block_size,
         tensor_parallel_size=tensor_parallel_size,
         kv_cache_dtype=kv_cache_dtype,
-        kv_dtype_bytes=specs[0].dtype_bytes,
+        kv_dtype_bytes=layout.dtype_bytes,
         num_kv_heads_per_rank=heads,
         max_in_flight_tokens=in_flight,
         groups=tuple(groups),
@@ -456,7 +488,7 @@ def plan(
         blocks_per_request=per_request,
         max_concurrency=max_concurrency,
         kv_cache_tokens=kv_cache_tokens,
-        bytes_per_token=sum(s.page_size_bytes for s in specs) // specs[0].block_size,
+        bytes_per_token=layout.bytes_per_token,
         needed_bytes=needed,
         fits=fits,
         estimated_max_model_len=estimated,
@@ -488,10 +520,10 @@ def required_bytes(
     in_flight = _positive_int(max_num_batched_tokens, "max num batched tokens") * _positive_int(
         max_concurrent_batches, "max concurrent batches"
     )
-    specs = layer_specs(
-        spec, block_size=block_size, tensor_parallel_size=tensor_parallel_size, kv_cache_dtype=kv_cache_dtype
+    layout = _layout(
+        spec, block_size, tensor_parallel_size, kv_cache_dtype, bool(disable_hybrid_kv_cache_manager)
     )
-    groups, bytes_per_block = _groups_and_block_bytes(specs, disable_hybrid_kv_cache_manager)
+    groups, bytes_per_block = layout.groups, layout.bytes_per_block
     return bytes_per_block * (count * _blocks_per_request(groups, length, in_flight) + 1)
 
 
