@@ -190,3 +190,12 @@ def test_hybrid_manager_disabled_caches_sliding_layers_in_full():
     mistral = load_model("mistral-7b-v0.1")
     kw = dict(kv_cache_memory_bytes=BUDGET, max_model_len=32768, block_size=16)
     assert plan(mistral, disable_hybrid_kv_cache_manager=True, **kw) == plan(mistral, **kw)
+
+
+def test_log_line_spelling():
+    result = plan(load_model("qwen3-8b"), kv_cache_memory_bytes=BUDGET, max_model_len=40960, block_size=16)
+    assert (
+        result.vllm_log_line
+        == "GPU KV cache size: 58,240 tokens, Maximum concurrency for 40,960 tokens per request: 1.42x"
+    )
+    assert result.log_line("NPU").startswith("NPU KV cache size: 58,240 tokens")
