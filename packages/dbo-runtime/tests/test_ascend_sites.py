@@ -1,0 +1,344 @@
+"""Installing the hook-site wrappers, on a STAND-IN module tree.
+
+No NPU and no vllm_ascend here: the test writes a package ``standin_vllm_ascend`` whose modules, classes and
+functions carry exactly the qualified names and parameter names of the site table (generated from
+``dbo_runtime.ascend.sites.SITES``; the doctor test checks the same table against the real sdist). Each stand-in
+body records its call and hands it to a per-site behaviour the test chooses. The wrappers installed are the real
+``dbo_runtime.hooks.wrap_stream_site`` and the real ``run_ubatches`` ping-pong (CPU backend: no streams).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+import sys
+import textwrap
+import threading
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from dbo_runtime.ascend import custom_op
+from dbo_runtime.ascend.custom_op import CompiledReentryGuard, OpaqueAdapter
+from dbo_runtime.ascend.patching import install_sites
+from dbo_runtime.ascend.runner import ForwardContextSwitch, PerUBatchState, ascend_site_wrapper
+from dbo_runtime.ascend.sites import SITES, site_by_name
+from dbo_runtime.context import run_ubatches
+from dbo_runtime.devices import get_backend
+from dbo_runtime.errors import DBOConfigError
+
+STANDIN = "standin_vllm_ascend"
+PREFIX = {"vllm_ascend": STANDIN}
+OP_NS = "standin_vllm_dbo"
+
+
+def _standin_sources() -> dict[str, str]:
+    """module path -> source of the stand-in tree, one class/function per site with the table's names."""
+    modules: dict[str, dict[str, list[str]]] = {}
+    for site in SITES:
+        if site.hook == "via":
+            continue
+        mod = site.module.replace("vllm_ascend", STANDIN, 1)
+        *owner, leaf = site.qualname.split(".")
+        # Defaults as in the real signatures where the table relies on an optional parameter.
+        params = ", ".join(p + "=False" if p == "is_ep_comm" else p for p in site.params)
+        args = ", ".join(p for p in site.params if p != "self")
+        self_arg = "self" if "self" in site.params else "None"
+        body = f"    return _standin.call({site.name!r}, {self_arg}, ({args},))\n"
+        fn = f"def {leaf}({params}, **kwargs):\n{body}"
+        modules.setdefault(mod, {}).setdefault(owner[0] if owner else "", []).append(fn)
+    files: dict[str, str] = {}
+    for mod, owners in modules.items():
+        parts = ["import torch", f"from {STANDIN} import _standin", ""]
+        for owner, fns in owners.items():
+            if owner:
+                parts.append(f"class {owner}:")
+                parts.append("    def __init__(self, *args, **kwargs):\n        _standin.init(self, *args, **kwargs)")
+                parts.extend(textwrap.indent(fn, "    ") for fn in fns)
+            else:
+                parts.extend(fns)
+        files[mod] = "\n".join(parts) + "\n"
+    # The FlashComm1 collectives are torch custom ops whose impl is the site function (as direct_register_custom_op).
+    ops = files[f"{STANDIN}.ops.register_custom_ops"]
+    ops += textwrap.dedent(f"""
+        _lib = torch.library.Library({OP_NS!r}, "FRAGMENT")
+        _lib.define("maybe_all_gather_and_maybe_unpad(Tensor x, bool label, bool is_ep_comm=False) -> Tensor")
+        _lib.define("maybe_pad_and_reduce(Tensor x, bool is_ep_comm=False) -> Tensor")
+        _lib.impl("maybe_all_gather_and_maybe_unpad", _maybe_all_gather_and_maybe_unpad_impl, "CPU")
+        _lib.impl("maybe_pad_and_reduce", _maybe_pad_and_reduce_impl, "CPU")
+    """)
+    files[f"{STANDIN}.ops.register_custom_ops"] = ops
+    return files
+
+
+STANDIN_RUNTIME = '''
+"""Stand-in helper: records calls and dispatches to behaviours chosen by the test."""
+import threading
+LOG = []
+BEHAVIOR = {}
+INIT = {}
+
+
+def call(site, obj, args):
+    LOG.append((site, threading.current_thread().name))
+    fn = BEHAVIOR.get(site)
+    if fn is not None:
+        return fn(obj, *args)
+    return args[0]
+
+
+def init(obj, *args, **kwargs):
+    for key, value in INIT.items():
+        setattr(obj, key, value)
+'''
+
+
+@pytest.fixture(scope="module")
+def standin_tree(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
+    root = tmp_path_factory.mktemp("standin")
+    for mod, src in {**_standin_sources(), f"{STANDIN}._standin": STANDIN_RUNTIME}.items():
+        path = root / Path(*mod.split("."))
+        path = path.with_suffix(".py")
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(src)
+        for parent in path.relative_to(root).parents:
+            if str(parent) != ".":
+                (root / parent / "__init__.py").touch()
+    sys.path.insert(0, str(root))
+    try:
+        yield importlib.import_module(f"{STANDIN}._standin")
+    finally:
+        sys.path.remove(str(root))
+        for name in [m for m in sys.modules if m == STANDIN or m.startswith(STANDIN + ".")]:
+            del sys.modules[name]
+
+
+@pytest.fixture()
+def standin(standin_tree: Any) -> Iterator[Any]:
+    standin_tree.LOG.clear()
+    standin_tree.BEHAVIOR.clear()
+    standin_tree.INIT.clear()
+    yield standin_tree
+
+
+def _mod(name: str) -> Any:
+    return importlib.import_module(name.replace("vllm_ascend", STANDIN, 1))
+
+
+def _stream_sites() -> list:
+    return [s for s in SITES if s.hook in ("stream", "custom_op")]
+
+
+def test_install_and_uninstall_at_every_table_site(standin: Any) -> None:
+    before = {}
+    for site in _stream_sites():
+        owner = _mod(site.module)
+        *path, leaf = site.qualname.split(".")
+        for part in path:
+            owner = getattr(owner, part)
+        before[site.name] = (owner, leaf, vars(owner)[leaf])
+    installation = install_sites(_stream_sites(), module_prefix=PREFIX)
+    try:
+        assert sorted(installation.sites) == sorted(s.name for s in _stream_sites())
+        for name, (owner, leaf, original) in before.items():
+            now = vars(owner)[leaf]
+            assert now is not original and now.__dbo_site__ == name and now.__wrapped__ is original
+        with pytest.raises(DBOConfigError, match="already installed"):
+            install_sites(_stream_sites(), module_prefix=PREFIX)
+        # Outside a micro-batch the wrapped site is a plain call.
+        pf = _mod("vllm_ascend.ops.fused_moe.prepare_finalize").PrepareAndFinalizeWithAllGather()
+        x = torch.ones(3)
+        assert pf.prepare(x, x) is x and standin.LOG == [("a2.moe_prepare", "MainThread")]
+    finally:
+        installation.uninstall()
+    for name, (owner, leaf, original) in before.items():
+        assert vars(owner)[leaf] is original, name
+
+
+def test_missing_site_patches_nothing(standin: Any) -> None:
+    renamed = dataclasses.replace(site_by_name("a3.moe_dispatch"), qualname="TokenDispatcherWithAll2AllV.gone")
+    sites = [site_by_name("a2.moe_prepare"), renamed]
+    cls = _mod("vllm_ascend.ops.fused_moe.prepare_finalize").PrepareAndFinalizeWithAllGather
+    original = vars(cls)["prepare"]
+    with pytest.raises(DBOConfigError, match=r"gone is not defined on TokenDispatcherWithAll2AllV.*doctor"):
+        install_sites(sites, module_prefix=PREFIX)
+    assert vars(cls)["prepare"] is original
+
+
+def _layer(tag: str, pf: Any, td: Any, log: list, x: torch.Tensor) -> torch.Tensor:
+    """A stand-in MoE layer: attention compute, A2 prepare, experts, A3 dispatch/combine, A2 finalize."""
+    log.append(f"attn:{tag}")
+    h = pf.prepare(x, x)
+    log.append(f"experts:{tag}")
+    h = td.token_dispatch(h)
+    h = td.token_combine(h, None)
+    h = pf.finalize(h, True)
+    log.append(f"post:{tag}")
+    return h
+
+
+def test_wrapped_sites_ping_pong_under_run_ubatches(standin: Any) -> None:
+    pf = _mod("vllm_ascend.ops.fused_moe.prepare_finalize").PrepareAndFinalizeWithAllGather()
+    td = _mod("vllm_ascend.ops.fused_moe.token_dispatcher").TokenDispatcherWithAll2AllV()
+    log: list[str] = []
+    for site in ("a2.moe_prepare", "a3.moe_dispatch", "a3.moe_combine", "a2.moe_finalize"):
+        standin.BEHAVIOR[site] = lambda obj, h, *rest, _s=site: (log.append(f"{_s}"), h)[1]
+    cpu = get_backend("cpu")
+
+    def run() -> list[str]:
+        log.clear()
+        fns = [lambda t=t: _layer(str(t), pf, td, log, torch.full((2,), float(t))) for t in range(2)]
+        outs = run_ubatches(fns, backend=cpu, timeout_s=20)
+        assert [o.tolist() for o in outs] == [[0.0, 0.0], [1.0, 1.0]]
+        return list(log)
+
+    unpatched = run()
+    installation = install_sites(_stream_sites(), module_prefix=PREFIX)
+    try:
+        patched = run()
+    finally:
+        installation.uninstall()
+    # Without hooks the micro-batches run one after the other.
+    assert unpatched[: len(unpatched) // 2] == ["attn:0", "a2.moe_prepare", "experts:0", "a3.moe_dispatch",
+                                                "a3.moe_combine", "a2.moe_finalize", "post:0"]
+    # With hooks each site yields before its collective: micro-batch 1 computes while 0 communicates.
+    assert patched == [
+        "attn:0", "attn:1",                     # 0 yields at prepare, 1 computes attention
+        "a2.moe_prepare", "experts:0",          # 0's all-gather, then its experts; yields at dispatch
+        "a2.moe_prepare", "experts:1",          # 1's all-gather under 0's dispatch
+        "a3.moe_dispatch",                      # 0 dispatches, yields at combine
+        "a3.moe_dispatch",
+        "a3.moe_combine",
+        "a3.moe_combine",
+        "a2.moe_finalize", "post:0",
+        "a2.moe_finalize", "post:1",
+    ]
+
+
+def test_per_ubatch_state_keeps_prepare_finalize_apart(standin: Any) -> None:
+    """A2 prepare stores num_tokens on the shared instance for finalize; the other micro-batch runs in between."""
+    pf = _mod("vllm_ascend.ops.fused_moe.prepare_finalize").PrepareAndFinalizeWithAllGather()
+
+    def prepare(obj: Any, h: torch.Tensor, router_logits: torch.Tensor) -> torch.Tensor:
+        obj.num_tokens = h.shape[0]
+        return torch.cat([h, torch.zeros(8 - h.shape[0])])  # stand-in all-gather pads to 8 rows
+
+    def finalize(obj: Any, h: torch.Tensor, reduce_results: bool) -> torch.Tensor:
+        return h[: obj.num_tokens]
+
+    standin.BEHAVIOR.update({"a2.moe_prepare": prepare, "a2.moe_finalize": finalize})
+    sites = [site_by_name("a2.moe_prepare"), site_by_name("a2.moe_finalize")]
+    sizes = (3, 5)
+
+    def run(wrap: Callable | None) -> list[int]:
+        inst = install_sites(sites, module_prefix=PREFIX, wrap=wrap)
+        try:
+            fns = [lambda n=n: pf.finalize(pf.prepare(torch.ones(n), torch.ones(n)), True).shape[0] for n in sizes]
+            return run_ubatches(fns, backend=get_backend("cpu"), timeout_s=20)
+        finally:
+            inst.uninstall()
+
+    assert run(None) == [5, 5]  # plain wrap_stream_site: micro-batch 0 finalizes with 1's count (the bug)
+    assert run(ascend_site_wrapper(None, PerUBatchState())) == [3, 5]
+
+
+def test_forward_context_is_restored_after_each_yield(standin: Any) -> None:
+    current: dict[str, Any] = {"ctx": None}
+    switch = ForwardContextSwitch(lambda ctx: current.__setitem__("ctx", ctx))
+    seen: list[tuple[str, str]] = []
+    standin.BEHAVIOR["a2.moe_prepare"] = lambda obj, h, r: (seen.append(("prepare", current["ctx"])), h)[1]
+    standin.BEHAVIOR["a2.moe_finalize"] = lambda obj, h, r: (seen.append(("finalize", current["ctx"])), h)[1]
+    pf = _mod("vllm_ascend.ops.fused_moe.prepare_finalize").PrepareAndFinalizeWithAllGather()
+    inst = install_sites([site_by_name("a2.moe_prepare"), site_by_name("a2.moe_finalize")], module_prefix=PREFIX,
+                         wrap=ascend_site_wrapper(switch))
+
+    def ub(name: str) -> Callable[[], None]:
+        def run() -> None:
+            switch.register(name)
+            try:
+                pf.finalize(pf.prepare(torch.ones(1), None), True)
+            finally:
+                switch.unregister()
+        return run
+
+    try:
+        run_ubatches([ub("ctx-0"), ub("ctx-1")], backend=get_backend("cpu"), timeout_s=20)
+    finally:
+        inst.uninstall()
+    assert seen == [("prepare", "ctx-0"), ("prepare", "ctx-1"), ("finalize", "ctx-0"), ("finalize", "ctx-1")]
+
+
+def test_custom_op_impl_is_reregistered_and_restored(standin: Any) -> None:
+    fc1 = [dataclasses.replace(site_by_name(n), op=f"{OP_NS}::{site_by_name(n).op.split('::')[1]}")
+           for n in ("fc1.all_gather", "fc1.reduce_scatter")]
+    standin.BEHAVIOR["fc1.all_gather"] = lambda obj, x, label, ep: torch.cat([x, x]) if label else x
+    seen: list[str] = []
+
+    def recording_wrap(site: str, fn: Callable) -> Callable:
+        def inner(*a: Any, **k: Any) -> Any:
+            seen.append(site)
+            return fn(*a, **k)
+        return inner
+
+    op = getattr(torch.ops, OP_NS).maybe_all_gather_and_maybe_unpad
+    x = torch.arange(3.0)
+    assert op(x, True).shape == (6,) and seen == []
+    inst = install_sites(fc1, module_prefix=PREFIX, wrap=recording_wrap, dispatch_key="CPU")
+    try:
+        assert op(x, True).shape == (6,)
+        assert getattr(torch.ops, OP_NS).maybe_pad_and_reduce(x).shape == (3,)
+        assert seen == ["fc1.all_gather", "fc1.reduce_scatter"]
+    finally:
+        inst.uninstall()
+    op(x, False)
+    assert seen == ["fc1.all_gather", "fc1.reduce_scatter"]  # the original kernel is back
+
+
+def test_opaque_site_compiles_fullgraph_and_yields(standin: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """FlashComm2's o_proj sits in traced code: behind a dbo_runtime custom op, torch.compile(fullgraph=True)
+    traces around it (a graph break would fail), and at run time the op's impl yields to the other micro-batch."""
+    site = site_by_name("fc2.o_proj_all_to_all")
+    monkeypatch.setitem(custom_op.OPAQUE_ADAPTERS, site.name, OpaqueAdapter(
+        fake=lambda obj, x: x.new_empty((x.shape[0], 4)), tail=lambda obj: (None,)))
+    order: list[str] = []
+    weight = torch.arange(12.0).reshape(3, 4)
+
+    def apply_impl(obj: Any, x: torch.Tensor) -> tuple[torch.Tensor, None]:
+        order.append(f"o_proj:{threading.current_thread().name}")
+        return x @ weight, None  # stand-in for all-to-all + matmul + reduce-scatter
+
+    standin.BEHAVIOR[site.name] = apply_impl
+    cls = _mod(site.module).Flashcomm2OProjRowParallelOp
+    inst = install_sites([site], module_prefix=PREFIX)
+    try:
+        op_obj = cls(layer=None)
+        assert op_obj._dbo_opaque_key.startswith(site.name + "#")
+
+        def block(x: torch.Tensor) -> torch.Tensor:
+            h = torch.relu(x) + 1.0
+            out, bias = op_obj.apply_impl(h)
+            return out * 2.0
+
+        compiled = torch.compile(block, backend="aot_eager", fullgraph=True)
+        x0, x1 = torch.randn(2, 3), torch.randn(5, 3)
+        expected = [(torch.relu(x) + 1.0) @ weight * 2.0 for x in (x0, x1)]
+        assert torch.allclose(compiled(x0), expected[0])
+        order.clear()
+        guard = CompiledReentryGuard("block")
+
+        def ub(x: torch.Tensor) -> Callable[[], torch.Tensor]:
+            def run() -> torch.Tensor:
+                order.append(f"start:{threading.current_thread().name}")
+                return guard.call(compiled, block, x)
+            return run
+
+        outs = run_ubatches([ub(x0), ub(x1)], backend=get_backend("cpu"), timeout_s=60)
+    finally:
+        inst.uninstall()
+    assert all(torch.allclose(o, e) for o, e in zip(outs, expected, strict=True))
+    # 0 yields inside the op before its o_proj; 1 starts while 0 is parked inside the compiled callable.
+    assert order == ["start:dbo-ubatch0", "start:dbo-ubatch1", "o_proj:dbo-ubatch0", "o_proj:dbo-ubatch1"]
+    assert guard.compiled_entries == 1 and guard.eager_fallbacks == 1
+    assert vars(cls)["apply_impl"].__name__ == "apply_impl" and not hasattr(vars(cls)["apply_impl"], "__dbo_site__")

@@ -1,0 +1,102 @@
+"""Refusals of DBO on vLLM-Ascend, on stand-in config objects that carry VllmConfig's attribute names."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+from dbo_runtime.ascend.validate import batch_may_split, dbo_requested, find_conflicts, validate_dbo_config
+from dbo_runtime.errors import DBOConfigError
+
+
+def standin_config(**over):
+    """A stand-in for vllm.config.VllmConfig with only the attributes the validator reads."""
+    parallel = SimpleNamespace(enable_dbo=True, prefill_context_parallel_size=1, ubatch_size=0)
+    model = SimpleNamespace(architectures=["DeepseekV3ForCausalLM"], disable_cascade_attn=True)
+    cfg = SimpleNamespace(parallel_config=parallel, model_config=model, speculative_config=None,
+                          additional_config={})
+    for key, value in over.items():
+        section, _, attr = key.partition("__")
+        if attr:
+            setattr(getattr(cfg, section), attr, value)
+        else:
+            setattr(cfg, section, value)
+    return cfg
+
+
+@pytest.mark.parametrize("arch", ["DeepseekV2ForCausalLM", "DeepseekV3ForCausalLM", "Qwen3MoeForCausalLM",
+                                  "Qwen3ForCausalLM", "Glm4MoeForCausalLM", "BailingMoeV2_5ForCausalLM",
+                                  "GlmMoeDsaForCausalLM"])
+def test_supported_models_pass(arch: str) -> None:
+    cfg = standin_config(model_config__architectures=[arch])
+    assert find_conflicts(cfg, env={}) == []
+    validate_dbo_config(cfg, env={})
+
+
+CASES = {
+    "fused_mc2": (dict(additional_config={"enable_fused_mc2": 1}), "fused MC2", '"enable_fused_mc2": 0'),
+    "prefill_mc2": (dict(additional_config={"enable_prefill_mc2": True}), "MC2 for prefill",
+                    '"enable_prefill_mc2": false'),
+    "pcp": (dict(parallel_config__prefill_context_parallel_size=2), "prefill context parallel",
+            "--prefill-context-parallel-size 1"),
+    "eagle3": (dict(speculative_config=SimpleNamespace(method="eagle3")), "eagle3 speculative drafting",
+               "remove --speculative-config"),
+    "mtp": (dict(speculative_config=SimpleNamespace(method="deepseek_mtp")), "deepseek_mtp speculative drafting",
+            "remove --speculative-config"),
+    "cascade": (dict(model_config__disable_cascade_attn=False), "cascade attention", "--disable-cascade-attn"),
+    "model": (dict(model_config__architectures=["LlamaForCausalLM"]), "model architecture LlamaForCausalLM",
+              "drop --enable-dbo"),
+    "xbo": (dict(parallel_config__ubatch_size=3), "more than two micro-batches", "--ubatch-size 0"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_each_refusal_names_conflict_and_flag(case: str) -> None:
+    over, what, flag = CASES[case]
+    cfg = standin_config(**over)
+    conflicts = find_conflicts(cfg, env={})
+    assert len(conflicts) == 1, conflicts
+    with pytest.raises(DBOConfigError) as info:
+        validate_dbo_config(cfg, env={})
+    message = str(info.value)
+    assert "\n" not in message
+    assert what in message and flag in message
+
+
+def test_fused_mc2_from_environment_and_config_precedence() -> None:
+    cfg = standin_config()
+    assert [c.what for c in find_conflicts(cfg, env={"VLLM_ASCEND_ENABLE_FUSED_MC2": "1"})] == [
+        "fused MC2 (enable_fused_mc2)"]
+    assert find_conflicts(cfg, env={"VLLM_ASCEND_ENABLE_FUSED_MC2": "0"}) == []
+    # additional_config wins over the deprecated environment variable, as AscendConfig._get_config_value does
+    cfg = standin_config(additional_config={"enable_fused_mc2": 0})
+    assert find_conflicts(cfg, env={"VLLM_ASCEND_ENABLE_FUSED_MC2": "2"}) == []
+
+
+def test_speculative_ngram_is_allowed_and_several_conflicts_in_one_message() -> None:
+    assert find_conflicts(standin_config(speculative_config=SimpleNamespace(method="ngram")), env={}) == []
+    cfg = standin_config(parallel_config__prefill_context_parallel_size=2,
+                         model_config__architectures=["MixtralForCausalLM"])
+    with pytest.raises(DBOConfigError) as info:
+        validate_dbo_config(cfg, env={})
+    assert "prefill context parallel" in str(info.value) and "MixtralForCausalLM" in str(info.value)
+
+
+def test_architectures_from_hf_config_and_missing() -> None:
+    cfg = standin_config(model_config=SimpleNamespace(hf_config=SimpleNamespace(architectures=["Qwen3ForCausalLM"]),
+                                                      disable_cascade_attn=True))
+    assert find_conflicts(cfg, env={}) == []
+    cfg = standin_config(model_config=SimpleNamespace(disable_cascade_attn=True))
+    assert "<unknown architecture>" in str(find_conflicts(cfg, env={})[0])
+
+
+def test_dbo_requested_and_batch_veto() -> None:
+    assert dbo_requested(standin_config())
+    assert not dbo_requested(standin_config(parallel_config__enable_dbo=False))
+    assert batch_may_split(moe_comm_type="ALLGATHER")
+    assert batch_may_split(moe_comm_type="MoECommType.ALLTOALL")
+    assert batch_may_split(moe_comm_type=None)  # dense model
+    assert not batch_may_split(moe_comm_type="MoECommType.MC2")
+    assert not batch_may_split(moe_comm_type="FUSED_MC2")
+    assert not batch_may_split(moe_comm_type="ALLGATHER", use_cascade_attn=True)
+    assert not batch_may_split(moe_comm_type="ALLGATHER", num_reqs=0)
