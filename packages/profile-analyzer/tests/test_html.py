@@ -1,0 +1,142 @@
+"""The HTML report: self-contained, escaped, and checked in a real headless browser (Debian chromium)."""
+
+from __future__ import annotations
+
+import copy
+import re
+import shutil
+import struct
+import subprocess
+from pathlib import Path
+
+import pytest
+from profile_analyzer import analyze, load
+from profile_analyzer.cli import main as cli_main
+from profile_analyzer.report.html import render_html
+from profile_analyzer.synth import GroundTruth, write_profile
+
+CHROMIUM_FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+                  "--disable-background-networking", "--disable-component-update", "--disable-sync",
+                  "--enable-logging=stderr", "--v=0", "--hide-scrollbars"]
+# chromium logs every console message of the page (errors, CSP violations, uncaught exceptions) like this
+CONSOLE_LINE = re.compile(r":CONSOLE[:(]\d+\)?\]\s*(.*)")
+
+
+@pytest.fixture(scope="module")
+def profile(tmp_path_factory: pytest.TempPathFactory) -> GroundTruth:
+    return write_profile(tmp_path_factory.mktemp("html-prof"), ranks=2, steps=2, layers=4, dbo=True,
+                         exposed_layers=[1], seed=5)
+
+
+@pytest.fixture(scope="module")
+def report_dict(profile: GroundTruth) -> dict:
+    return analyze(load(profile.root)).to_dict()
+
+
+@pytest.fixture(scope="module")
+def page(report_dict: dict) -> str:
+    return render_html(report_dict)
+
+
+def test_page_is_self_contained(page: str, report_dict: dict) -> None:
+    assert page.startswith("<!DOCTYPE html>")
+    assert "default-src 'none'" in page  # the browser may load nothing from anywhere
+    lowered = page.lower()
+    for forbidden in ("<script", "<link", "@import", "url(", "http://", "https://", "src="):
+        assert forbidden not in lowered, forbidden
+    # every window of the report's timeline is drawn, one lane per stream, one rectangle per task
+    assert report_dict["timeline"], "the synthetic DBO profile with an exposed layer must have exposed windows"
+    assert page.count('<svg class="timeline"') == len(report_dict["timeline"][:8])
+    first = report_dict["timeline"][0]
+    svg = page.split('<svg class="timeline"')[1].split("</svg>")[0]
+    assert svg.count('<g class="lane"') == len(first["lanes"])
+    n_tasks = sum(1 for lane in first["lanes"] for t in lane["tasks"]
+                  if t["end_us"] >= first["start_us"] and t["start_us"] <= first["end_us"])
+    assert svg.count('<rect class="task ') == n_tasks
+    assert svg.count('<rect class="band"') == len(first["exposed"])
+    # the tables: the step breakdown has one row per (rank, step)
+    breakdown = page.split("<h2>Step breakdown")[1].split("</table>")[0]
+    assert breakdown.count("<tr>") == len(report_dict["breakdown"]) + 1
+
+
+def test_page_escapes_profile_strings(report_dict: dict) -> None:
+    d = copy.deepcopy(report_dict)
+    evil = "<script>alert(1)</script>"
+    d["timeline"][0]["lanes"][0]["stream"] = evil
+    d["verdict"] = evil
+    d["source"]["path"] = evil
+    html = render_html(d)
+    assert evil not in html and "&lt;script&gt;alert(1)&lt;/script&gt;" in html
+
+
+def test_page_without_timeline_or_ranks_says_so(report_dict: dict) -> None:
+    d = copy.deepcopy(report_dict)
+    d["timeline"] = []
+    d["exposed_communication"] = []
+    html = render_html(d)
+    assert '<svg class="timeline"' not in html
+    assert "No exposed-communication windows" in html
+
+
+def test_cli_writes_html(profile: GroundTruth, tmp_path: Path) -> None:
+    out = tmp_path / "report.html"
+    assert cli_main(["report", str(profile.root), "--format", "html", "--output", str(out)]) == 0
+    text = out.read_text()
+    assert text.startswith("<!DOCTYPE html>") and '<svg class="timeline"' in text
+
+
+# ---------------------------------------------------------------------------------------------------
+# real browser
+
+
+def _chromium() -> str:
+    exe = shutil.which("chromium") or shutil.which("chromium-browser")
+    if exe is None:
+        pytest.fail("chromium is not installed: run `make browser` (make test installs it) to run the HTML "
+                    "report's browser test")
+    return exe
+
+
+def _run_chromium(exe: str, url: str, profile_dir: Path, *extra: str) -> tuple[str, list[str]]:
+    """(stdout, console messages) of one headless chromium run."""
+    proc = subprocess.run([exe, *CHROMIUM_FLAGS, f"--user-data-dir={profile_dir}", *extra, url],
+                          capture_output=True, text=True, timeout=120)
+    console = [m.group(1) for m in map(CONSOLE_LINE.search, proc.stderr.splitlines()) if m]
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    return proc.stdout, console
+
+
+def _png_size(path: Path) -> tuple[int, int]:
+    head = path.read_bytes()[:24]
+    assert head[:8] == b"\x89PNG\r\n\x1a\n"
+    return struct.unpack(">II", head[16:24])
+
+
+@pytest.mark.browser
+def test_page_renders_in_headless_chromium(page: str, report_dict: dict, tmp_path: Path) -> None:
+    exe = _chromium()
+    html = tmp_path / "report.html"
+    html.write_text(page, encoding="utf-8")
+
+    # the console check is real: it sees a CSP violation and an uncaught exception on a bad page
+    bad = tmp_path / "bad.html"
+    bad.write_text("<!DOCTYPE html><html><head><meta http-equiv=\"Content-Security-Policy\" content=\"default-src "
+                   "'none'; script-src 'unsafe-inline'\"></head><body><img src=\"https://example.invalid/x.png\">"
+                   "<script>undefinedFunction()</script></body></html>")
+    _, bad_console = _run_chromium(exe, bad.as_uri(), tmp_path / "ud-bad", "--dump-dom")
+    assert any("Content Security Policy" in m for m in bad_console), bad_console
+    assert any("undefinedFunction" in m for m in bad_console), bad_console
+
+    dom, console = _run_chromium(exe, html.as_uri(), tmp_path / "ud", "--dump-dom")
+    assert console == [], console
+    assert '<svg class="timeline"' in dom
+    assert dom.count('<rect class="task ') > 10
+    assert 'id="verdict"' in dom and report_dict["verdict"][:40] in dom
+    assert "Step breakdown" in dom and "Stream utilisation" in dom and "Dual-batch overlap" in dom
+
+    shot = tmp_path / "report.png"
+    _, console = _run_chromium(exe, html.as_uri(), tmp_path / "ud-shot", f"--screenshot={shot}",
+                               "--window-size=1400,2000")
+    assert console == [], console
+    assert _png_size(shot) == (1400, 2000)
+    assert shot.stat().st_size > 50_000  # a rendered page with charts, not a blank canvas
