@@ -15,6 +15,8 @@ from dbo_runtime.ubatch import (
     DEFAULT_PREFILL_TOKEN_THRESHOLD,
     UBatchSlice,
     is_last_ubatch_empty,
+    is_uniform_decode,
+    maybe_create_ubatch_slices,
     pad_to_equal,
     pad_ubatch_slices,
     round_up_to_ubatches,
@@ -283,3 +285,31 @@ def test_pad_ubatch_slices_rejects_shrinking() -> None:
         pad_ubatch_slices(slices, num_tokens_padded=11)
     with pytest.raises(DBOConfigError, match="num_reqs_padded"):
         pad_ubatch_slices(slices, num_tokens_padded=12, num_reqs_padded=1)
+
+
+# --- batch classification and the upstream-shaped entry point ----------------------------------------------
+
+
+def test_is_uniform_decode_like_vllm() -> None:
+    assert is_uniform_decode([1, 1, 1])
+    assert not is_uniform_decode([1, 1, 2])  # a 2-token request makes it a mixed batch
+    assert is_uniform_decode([3, 3], uniform_decode_query_len=3)  # 2 speculative tokens per request
+    assert not is_uniform_decode([3, 2], uniform_decode_query_len=3)
+    assert not is_uniform_decode([])
+    with pytest.raises(DBOConfigError, match="uniform_decode_query_len"):
+        is_uniform_decode([1], uniform_decode_query_len=0)
+
+
+def test_decode_batch_uses_the_decode_threshold_end_to_end() -> None:
+    decodes = [1] * 40
+    assert should_ubatch(sum(decodes), is_decode_only=is_uniform_decode(decodes))
+    mixed = [1] * 39 + [2]
+    assert not should_ubatch(sum(mixed), is_decode_only=is_uniform_decode(mixed))
+
+
+def test_maybe_create_ubatch_slices() -> None:
+    assert maybe_create_ubatch_slices(False, [5, 3, 4]) == (None, None)
+    slices, padded = maybe_create_ubatch_slices(True, [5, 3, 4], num_tokens_padded=14, num_reqs_padded=4)
+    assert slices == [UBatchSlice(slice(0, 2), slice(0, 7)), UBatchSlice(slice(1, 3), slice(7, 12))]
+    assert padded == [UBatchSlice(slice(0, 2), slice(0, 7)), UBatchSlice(slice(1, 4), slice(7, 14))]
+    assert [s.num_tokens for s in padded] == [7, 7]

@@ -15,6 +15,7 @@ import pytest
 from dbo_runtime.errors import DBOConfigError
 from dbo_runtime.ubatch import (
     is_last_ubatch_empty,
+    is_uniform_decode,
     pad_ubatch_slices,
     should_ubatch,
     slice_request_metadata,
@@ -53,6 +54,9 @@ def _cases() -> list[dict]:
                 )
     for decode, prefill in [(32, 512), (2, 2), (1, 512), (32, 1), (0, 512), (-1, 512), (2, 3)]:
         cases.append({"kind": "config", "decode": decode, "prefill": prefill})
+    for tokens in ([1], [1, 1, 1], [1, 2], [2, 2], [3, 3, 3], [3, 1, 3], [5], [1] * 40 + [2]):
+        for query_len in (1, 2, 3):
+            cases.append({"kind": "uniform", "tokens": tokens, "query_len": query_len})
     for orig in range(1, 12):
         for padded in range(orig, 24):
             cases.append({"kind": "last_empty", "orig": orig, "padded": padded})
@@ -110,6 +114,18 @@ def test_threshold_validation_matches_vllm(upstream: list[tuple[dict, dict]]) ->
         assert ours == answer["valid"], (case, answer)
         checked += 1
     assert checked == 7
+
+
+def test_uniform_decode_classification_matches_vllm(upstream: list[tuple[dict, dict]]) -> None:
+    checked = 0
+    for case, answer in upstream:
+        if case["kind"] == "uniform":
+            assert (
+                is_uniform_decode(case["tokens"], uniform_decode_query_len=case["query_len"])
+                == answer["uniform"]
+            ), case
+            checked += 1
+    assert checked == 24
 
 
 def test_last_ubatch_empty_matches_vllm(upstream: list[tuple[dict, dict]]) -> None:

@@ -30,6 +30,8 @@ __all__ = [
     "SUPPORTED_NUM_UBATCHES",
     "UBatchSlice",
     "is_last_ubatch_empty",
+    "is_uniform_decode",
+    "maybe_create_ubatch_slices",
     "pad_to_equal",
     "pad_ubatch_slices",
     "round_up_to_ubatches",
@@ -106,6 +108,21 @@ def should_ubatch(
     )
     _require_int("num_tokens", num_tokens, minimum=0, accepted="an integer >= 0")
     return num_tokens >= (decode if is_decode_only else prefill)
+
+
+def is_uniform_decode(num_scheduled_tokens: Sequence[int], *, uniform_decode_query_len: int = 1) -> bool:
+    """Whether a batch is "decode-only" in vLLM's sense (``GPUModelRunner._is_uniform_decode``).
+
+    Every request schedules exactly ``uniform_decode_query_len`` tokens (1, or 1 + the number of speculative
+    tokens). Such a batch is judged against the decode threshold, any other against the prefill threshold.
+    """
+    _require_int("uniform_decode_query_len", uniform_decode_query_len, minimum=1, accepted="an integer >= 1")
+    if not num_scheduled_tokens:
+        return False
+    largest = max(num_scheduled_tokens)
+    return largest == uniform_decode_query_len and sum(num_scheduled_tokens) == largest * len(
+        num_scheduled_tokens
+    )
 
 
 def is_last_ubatch_empty(
@@ -293,3 +310,26 @@ def slice_request_metadata(
         out_qsl[-1] -= tail_skipped
         out_lens[-1] -= tail_skipped
     return out_qsl, out_lens
+
+
+def maybe_create_ubatch_slices(
+    should_split: bool,
+    num_scheduled_tokens: Sequence[int],
+    *,
+    num_tokens_padded: int | None = None,
+    num_reqs_padded: int | None = None,
+    num_ubatches: int = SUPPORTED_NUM_UBATCHES,
+) -> tuple[list[UBatchSlice] | None, list[UBatchSlice] | None]:
+    """vLLM's ``maybe_create_ubatch_slices``: ``(None, None)`` unless splitting, else the real and the padded slices.
+
+    ``should_split`` is the agreed decision (``UBatchDecision.split``) and ``num_tokens_padded`` the count this rank
+    runs (``UBatchDecision.padded_num_tokens``), so every DP rank cuts at the same token. The padded slices extend
+    the last micro-batch over the padding tokens and requests, for forward contexts and captured graphs.
+    """
+    if not should_split:
+        return None, None
+    total = sum(num_scheduled_tokens)
+    padded = total if num_tokens_padded is None else num_tokens_padded
+    slices = split_ubatches(num_scheduled_tokens, num_ubatches=num_ubatches, num_tokens_padded=padded)
+    reqs = len(num_scheduled_tokens) if num_reqs_padded is None else num_reqs_padded
+    return slices, pad_ubatch_slices(slices, num_tokens_padded=padded, num_reqs_padded=reqs)

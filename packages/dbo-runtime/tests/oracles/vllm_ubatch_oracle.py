@@ -48,6 +48,18 @@ def answer(case: dict) -> dict:
         except Exception as exc:  # pydantic ValidationError or ValueError
             return {"valid": False, "error": type(exc).__name__}
         return {"valid": True}
+    if kind == "uniform":
+        from vllm.v1.worker.gpu_model_runner import GPUModelRunner
+
+        tokens = case["tokens"]
+        return {
+            "uniform": GPUModelRunner._is_uniform_decode(
+                max_num_scheduled_tokens=max(tokens),
+                uniform_decode_query_len=case["query_len"],
+                num_tokens=sum(tokens),
+                num_reqs=len(tokens),
+            )
+        }
     if kind == "last_empty":
         return {"empty": is_last_ubatch_empty(case["orig"], case["padded"], 2)}
     if kind == "split":
