@@ -139,3 +139,42 @@ def test_decide_split_votes_on_logical_tokens_and_vetoes() -> None:
     assert decide_split(num_tokens=64, num_tokens_padded=64, moe_comm_type=None, is_dummy=False, **decode).split
     assert not decide_split(num_tokens=16, num_tokens_padded=16, moe_comm_type=None, is_dummy=False,
                             **decode).split
+
+
+class RecordingNPUStandin:
+    """Stand-in for dbo_runtime.devices.npu.NPUBackend: records set_stream_limit calls (no torch_npu here)."""
+
+    name = "npu"
+    has_streams = True
+
+    def __init__(self) -> None:
+        self.limits: list[tuple[str, int, int]] = []
+        self.count = 0
+
+    def new_stream(self) -> str:
+        self.count += 1
+        return f"stream{self.count}"
+
+    def set_stream_limit(self, stream: str, *, cube_num: int = -1, vector_num: int = -1) -> None:
+        self.limits.append((stream, cube_num, vector_num))
+
+    def current_stream(self) -> str:
+        return "stream0"
+
+
+def test_comm_core_limits_from_environment() -> None:
+    from dbo_runtime.ascend.runner import COMM_AIC_ENV, COMM_AIV_ENV, CommLimitedBackend, comm_core_limits
+    from dbo_runtime.errors import DBOConfigError
+
+    assert comm_core_limits({}) == (-1, -1)
+    assert comm_core_limits({COMM_AIC_ENV: "4", COMM_AIV_ENV: "16"}) == (4, 16)
+    for bad in ({COMM_AIV_ENV: "8"}, {COMM_AIC_ENV: "x"}, {COMM_AIC_ENV: "0"}):
+        with pytest.raises(DBOConfigError, match="DBO_RUNTIME_ASCEND_COMM_A"):
+            comm_core_limits(bad)
+    inner = RecordingNPUStandin()
+    limited = CommLimitedBackend(inner, cube_num=4, vector_num=16)  # type: ignore[arg-type]
+    assert limited.new_stream() == "stream1" and inner.limits == [("stream1", 4, 16)]
+    assert limited.current_stream() == "stream0" and limited.name == "npu"
+    unlimited = CommLimitedBackend(inner, cube_num=-1, vector_num=-1)  # type: ignore[arg-type]
+    unlimited.new_stream()
+    assert len(inner.limits) == 1

@@ -236,7 +236,7 @@ def render_table(results: Sequence[SiteCheck], ascend: PackageSource, vllm: Pack
     from rich.console import Console
     from rich.table import Table
 
-    console = Console(width=None if sys.stdout.isatty() else 200, soft_wrap=False)
+    console = Console(width=None if sys.stdout.isatty() else 240, soft_wrap=False)
     title = f"vLLM-Ascend {ascend.version or '?'} ({ascend.kind}: {ascend.label})"
     if vllm is not None:
         title += f" + vLLM {vllm.version or '?'} ({vllm.kind})"
