@@ -246,7 +246,7 @@ def render(skill: str, template: str, values: dict[str, Any]) -> str:
     try:
         text = env.get_template(str(path.relative_to(SKILLS_DIR))).render(**values)
     except jinja2.UndefinedError as exc:
-        raise RenderError(f"template {skill}/{path.name}: {exc.message}") from None
+        raise RenderError(f"template {skill}/{path.name}: a value has the wrong shape ({exc.message})") from None
     except jinja2.TemplateError as exc:
         raise RenderError(f"template {skill}/{path.name}: {exc}") from None
     except (TypeError, ValueError, KeyError, AttributeError) as exc:

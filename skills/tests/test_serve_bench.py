@@ -1,0 +1,278 @@
+"""The serving-benchmark harness without vLLM: matrix validation, commands, tables, and process hygiene.
+
+Process-handling tests give the harness a stand-in "vLLM interpreter" (a small Python script written
+by the test) that plays the server: it spawns a grandchild, then never becomes healthy, exits early,
+or serves /health; and plays `vllm bench serve` by writing a result JSON with vLLM's key names. The
+real server and client are exercised in test_bench_e2e.py.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+
+SKILLS = Path(__file__).resolve().parents[1]
+HARNESS = SKILLS / "vllm-serve-bench" / "scripts" / "serve_bench.py"
+
+FAKE_VLLM = textwrap.dedent(
+    """\
+    #!{python}
+    # Stand-in for the vLLM interpreter used by the harness tests (server and bench client).
+    import http.server, json, os, subprocess, sys, time
+    args = sys.argv[1:]
+    if args[:1] == ["-c"]:
+        sys.exit(1)  # no distribution named `vllm`
+    pid_dir = os.environ["FAKE_PID_DIR"]
+    if args[:2] == ["-m", "vllm.entrypoints.openai.api_server"]:
+        child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
+        with open(os.path.join(pid_dir, f"server-{{os.getpid()}}.pids"), "w") as f:
+            f.write(f"{{os.getpid()}} {{child.pid}}")
+        mode = os.environ["FAKE_MODE"]
+        if mode == "exit":
+            print("RuntimeError: engine failed to start", flush=True)
+            sys.exit(3)
+        if mode == "hang":
+            time.sleep(600)
+        port = int(args[args.index("--port") + 1])
+        class Health(http.server.BaseHTTPRequestHandler):
+            def do_GET(self):
+                self.send_response(200 if self.path == "/health" else 404); self.end_headers()
+            def log_message(self, *a):
+                pass
+        http.server.HTTPServer(("127.0.0.1", port), Health).serve_forever()
+    # bench client: vllm_bench_serve.py ... --label L --max-concurrency C --result-dir D --result-filename F
+    opt = lambda name: args[args.index(name) + 1]
+    label, conc = opt("--label"), int(opt("--max-concurrency"))
+    speed = 1.25 if label.startswith("dbo-on") else 1.0
+    if os.environ.get("FAKE_BENCH_FAIL") == label:
+        print("Traceback: bench failed", flush=True)
+        sys.exit(1)
+    result = {{"label": label, "max_concurrency": conc, "completed": 8, "failed": 0, "duration": 1.0,
+              "request_throughput": 2.0 * conc * speed, "output_throughput": 32.0 * conc * speed,
+              "total_token_throughput": 96.0 * conc * speed, "mean_ttft_ms": 100.0 / speed,
+              "median_ttft_ms": 95.0 / speed, "p99_ttft_ms": 150.0 / speed, "mean_tpot_ms": 10.0 / speed,
+              "p99_tpot_ms": 12.0, "mean_itl_ms": 10.0}}
+    os.makedirs(opt("--result-dir"), exist_ok=True)
+    with open(os.path.join(opt("--result-dir"), opt("--result-filename")), "w") as f:
+        json.dump(result, f)
+    """
+)
+
+
+@pytest.fixture()
+def fake_vllm(tmp_path: Path) -> Path:
+    path = tmp_path / "fake-python"
+    path.write_text(FAKE_VLLM.format(python=sys.executable))
+    path.chmod(0o755)
+    (tmp_path / "pids").mkdir()
+    return path
+
+
+def write_matrix(tmp_path: Path, **overrides: object) -> Path:
+    matrix = {
+        "model": "tiny-model",
+        "startup_timeout_s": 30,
+        "bench_timeout_s": 30,
+        "server_args": {"max-model-len": 256},
+        "bench_args": {"num-prompts": 8},
+        "variants": [{"name": "dbo-off"}, {"name": "dbo-on", "server_args": {"enable-dbo": True}}],
+        "sweep": {"max-concurrency": [1, 4]},
+    }
+    matrix.update(overrides)
+    path = tmp_path / "matrix.yaml"
+    path.write_text(yaml.safe_dump(matrix))
+    return path
+
+
+def harness(*args: str, env: dict[str, str] | None = None, timeout: float = 120) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, str(HARNESS), *args], capture_output=True, text=True, timeout=timeout, env=env)
+
+
+def fake_env(tmp_path: Path, mode: str, **extra: str) -> dict[str, str]:
+    return {**os.environ, "FAKE_PID_DIR": str(tmp_path / "pids"), "FAKE_MODE": mode, **extra}
+
+
+def recorded_pids(tmp_path: Path) -> list[int]:
+    return [int(p) for f in (tmp_path / "pids").glob("*.pids") for p in f.read_text().split()]
+
+
+def alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return False
+    return state != "Z"
+
+
+def wait_dead(pids: list[int], timeout: float = 10.0) -> list[int]:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline and any(alive(p) for p in pids):
+        time.sleep(0.1)
+    return [p for p in pids if alive(p)]
+
+
+# ------------------------------------------------------------------------------------ matrix and commands
+
+
+def test_matrix_points_and_flags(serve_bench) -> None:
+    m = serve_bench.parse_matrix({
+        "model": "m", "variants": [{"name": "a"}], "sweep": {"max-concurrency": [1, 4], "random-input-len": [64, 128]},
+    })
+    assert m.points() == [
+        {"max-concurrency": 1, "random-input-len": 64}, {"max-concurrency": 1, "random-input-len": 128},
+        {"max-concurrency": 4, "random-input-len": 64}, {"max-concurrency": 4, "random-input-len": 128},
+    ]
+    assert m.baseline == "a" and m.port == 0 and m.launcher == "auto"
+    flags = serve_bench.option_flags({"enable-dbo": True, "enforce-eager": False, "x": None, "metadata": ["a=1", "b=2"],
+                                      "additional-config": {"k": 1}, "--max-num-seqs": 8})
+    assert flags == ["--enable-dbo", "--metadata", "a=1", "b=2", "--additional-config", '{"k":1}', "--max-num-seqs", "8"]
+    assert serve_bench.point_name({"max-concurrency": 4, "random-input-len": 64}) == "max-concurrency-4_random-input-len-64"
+
+
+@pytest.mark.parametrize(
+    ("document", "message"),
+    [
+        ({"variants": [{"name": "a"}]}, "`model` must be"),
+        ({"model": "m"}, "`variants` must be a non-empty list"),
+        ({"model": "m", "variants": [{"name": "a b"}]}, "`name` must be letters"),
+        ({"model": "m", "variants": [{"name": "a"}, {"name": "a"}]}, "duplicate variant name 'a'"),
+        ({"model": "m", "variants": [{"name": "a", "args": {}}]}, "unknown key 'args'"),
+        ({"model": "m", "variants": [{"name": "a"}], "baseline": "b"}, "baseline 'b' is not a variant"),
+        ({"model": "m", "variants": [{"name": "a"}], "bench_args": {"port": 1}}, "set by the harness itself"),
+        ({"model": "m", "variants": [{"name": "a", "server_args": {"--model": "x"}}]}, "set by the harness itself"),
+        ({"model": "m", "variants": [{"name": "a"}], "startup_timeout_s": -1}, "positive number of seconds"),
+        ({"model": "m", "variants": [{"name": "a"}], "launcher": "docker"}, "launcher 'docker'; accepted: auto, cli, module"),
+        ({"model": "m", "variants": [{"name": "a"}], "sweep": {"max-concurrency": []}}, "empty list"),
+        ({"model": "m", "variants": [{"name": "a"}], "servr_args": {}}, "unknown key 'servr_args'"),
+        ({"model": "m", "variants": [{"name": "a"}], "server_env": {"A": [1]}}, "string or number"),
+    ],
+)
+def test_bad_matrix_is_one_line_exit_2(tmp_path: Path, document: dict, message: str) -> None:
+    path = tmp_path / "m.yaml"
+    path.write_text(yaml.safe_dump(document))
+    proc = harness("run", str(path), "--out", str(tmp_path / "out"), "--python", sys.executable)
+    assert proc.returncode == 2
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and message in lines[0], proc.stderr
+    assert not (tmp_path / "out").exists()
+
+
+def test_missing_interpreter_says_make_vllm_env(tmp_path: Path) -> None:
+    proc = harness("run", str(write_matrix(tmp_path)), "--out", str(tmp_path / "out"), "--python", str(tmp_path / "nope/python"))
+    assert proc.returncode == 2 and "make vllm-env" in proc.stderr
+
+
+def test_dry_run_prints_commands_and_starts_nothing(tmp_path: Path, fake_vllm: Path) -> None:
+    matrix = write_matrix(tmp_path, port=18555, server_env={"HCCL_OP_EXPANSION_MODE": "AI_CPU"})
+    proc = harness("run", str(matrix), "--out", str(tmp_path / "out"), "--python", str(fake_vllm), "--dry-run",
+                   env=fake_env(tmp_path, "hang"))
+    assert proc.returncode == 0, proc.stderr
+    lines = proc.stdout.splitlines()
+    assert lines[0] == "# dbo-off"
+    assert lines[1] == (f"HCCL_OP_EXPANSION_MODE=AI_CPU {fake_vllm} -m vllm.entrypoints.openai.api_server --model tiny-model "
+                        "--host 127.0.0.1 --port 18555 --max-model-len 256")
+    assert "--enable-dbo" in lines[lines.index("# dbo-on") + 1]
+    bench = lines[2]
+    assert "vllm_bench_serve.py" in bench and "--max-concurrency 1" in bench and "--label dbo-off" in bench
+    assert "--save-result --result-dir" in bench and bench.endswith("--result-filename max-concurrency-1.json")
+    assert len(lines) == 8 and not (tmp_path / "out").exists() and recorded_pids(tmp_path) == []
+
+
+# ------------------------------------------------------------------------------------- running processes
+
+
+def test_full_run_with_stand_in_server_writes_summary_and_deltas(tmp_path: Path, fake_vllm: Path) -> None:
+    out = tmp_path / "out"
+    proc = harness("run", str(write_matrix(tmp_path)), "--out", str(out), "--python", str(fake_vllm),
+                   env=fake_env(tmp_path, "healthy"))
+    assert proc.returncode == 0, proc.stderr
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["launcher"] == "module" and summary["interrupted"] is False
+    assert [(r["variant"], r["point"]["max-concurrency"], r["status"]) for r in summary["rows"]] == [
+        ("dbo-off", 1, "ok"), ("dbo-off", 4, "ok"), ("dbo-on", 1, "ok"), ("dbo-on", 4, "ok"),
+    ]
+    dbo_on_4 = summary["rows"][3]
+    assert dbo_on_4["request_throughput"] == pytest.approx(10.0)
+    assert dbo_on_4["vs_baseline"]["request_throughput"] == pytest.approx(0.25)
+    assert dbo_on_4["vs_baseline"]["mean_ttft_ms"] == pytest.approx(-0.2)
+    assert json.loads((out / "dbo-on" / "max-concurrency-4.json").read_text())["label"] == "dbo-on"
+    assert "| dbo-on | max-concurrency=4 | ok | 10.00 | 160.0 | 80.00 | 120.00 | 8.00 | +25.0% | -20.0% |" in (out / "summary.md").read_text()
+    assert wait_dead(recorded_pids(tmp_path)) == []  # both servers and their children are gone
+    assert len(recorded_pids(tmp_path)) == 4
+
+    table = harness("table", str(out), "--baseline", "dbo-on", "--format", "json")
+    rows = json.loads(table.stdout)["rows"]
+    assert rows[1]["vs_baseline"]["request_throughput"] == pytest.approx(-0.2)
+    assert harness("table", str(out), "--baseline", "nope").returncode == 2
+    assert "| dbo-off | max-concurrency=1 | ok |" in harness("table", str(out), "--format", "md").stdout
+
+
+def test_failed_bench_point_is_reported_and_the_run_continues(tmp_path: Path, fake_vllm: Path) -> None:
+    out = tmp_path / "out"
+    proc = harness("run", str(write_matrix(tmp_path)), "--out", str(out), "--python", str(fake_vllm),
+                   env=fake_env(tmp_path, "healthy", FAKE_BENCH_FAIL="dbo-off"))
+    assert proc.returncode == 1
+    rows = json.loads((out / "summary.json").read_text())["rows"]
+    assert [r["status"] for r in rows] == ["failed", "failed", "ok", "ok"]
+    assert "bench exit code 1" in rows[0]["reason"] and "Traceback: bench failed" in rows[0]["reason"]
+    assert rows[2]["vs_baseline"] == {}  # no baseline twin to compare with
+    assert "dbo-off max-concurrency-1: failed" in proc.stderr
+
+
+def test_server_that_never_gets_healthy_is_killed_with_its_children(tmp_path: Path, fake_vllm: Path) -> None:
+    out = tmp_path / "out"
+    matrix = write_matrix(tmp_path, startup_timeout_s=3, variants=[{"name": "dbo-off"}])
+    started = time.monotonic()
+    proc = harness("run", str(matrix), "--out", str(out), "--python", str(fake_vllm), env=fake_env(tmp_path, "hang"))
+    assert proc.returncode == 1 and time.monotonic() - started < 60
+    rows = json.loads((out / "summary.json").read_text())["rows"]
+    assert [r["status"] for r in rows] == ["server-failed", "server-failed"]
+    assert "not healthy at http://127.0.0.1:" in rows[0]["reason"] and "after 3 s" in rows[0]["reason"]
+    pids = recorded_pids(tmp_path)
+    assert len(pids) == 2 and wait_dead(pids) == []
+
+
+def test_server_that_exits_early_is_reported_with_its_log(tmp_path: Path, fake_vllm: Path) -> None:
+    out = tmp_path / "out"
+    proc = harness("run", str(write_matrix(tmp_path, variants=[{"name": "v"}])), "--out", str(out),
+                   "--python", str(fake_vllm), env=fake_env(tmp_path, "exit"))
+    assert proc.returncode == 1
+    reason = json.loads((out / "summary.json").read_text())["rows"][0]["reason"]
+    assert "server exited with code 3" in reason and "RuntimeError: engine failed to start" in reason
+    assert wait_dead(recorded_pids(tmp_path)) == []  # the orphaned grandchild was killed too
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
+def test_interrupt_kills_the_server_group_and_keeps_partial_results(tmp_path: Path, fake_vllm: Path, sig: int) -> None:
+    out = tmp_path / "out"
+    matrix = write_matrix(tmp_path, startup_timeout_s=120, variants=[{"name": "dbo-off"}])
+    proc = subprocess.Popen([sys.executable, str(HARNESS), "run", str(matrix), "--out", str(out), "--python", str(fake_vllm)],
+                            env=fake_env(tmp_path, "hang"), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 30
+        while not recorded_pids(tmp_path) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        pids = recorded_pids(tmp_path)
+        assert len(pids) == 2, "stand-in server did not start"
+        proc.send_signal(sig)
+        _, stderr = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 130, stderr
+    assert "interrupted" in stderr and "servers stopped" in stderr
+    assert wait_dead(pids) == []
+    assert json.loads((out / "summary.json").read_text())["interrupted"] is True
