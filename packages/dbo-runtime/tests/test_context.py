@@ -6,7 +6,6 @@ import threading
 import time
 
 import pytest
-
 from dbo_runtime import context as ctxmod
 from dbo_runtime.context import (
     dbo_current_ubatch_id,
@@ -174,7 +173,7 @@ def _model(fault_ubatch: int, fault_site: str, layers: int = 3):
             dbo_yield_and_switch_from_comm_to_compute(f"layer{layer}.to_compute")
             check("yield_and_switch_from_comm_to_compute")
 
-            def launch():
+            def launch(layer=layer):
                 check("launch")
                 return (lambda: check("recv_hook")), (lambda: check("receiver") or layer)
 

@@ -6,7 +6,6 @@ import threading
 from typing import ClassVar
 
 import pytest
-
 from dbo_runtime.context import dbo_current_ubatch_id, run_ubatches
 from dbo_runtime.devices.base import DeviceBackend
 from dbo_runtime.devices.cpu import CPUBackend

@@ -50,6 +50,7 @@ __all__ = [
     "dbo_record_current_stream",
     "dbo_wait_current_stream_and_yield",
     "handoff_count",
+    "note_site",
 ]
 
 T = TypeVar("T")
@@ -389,6 +390,13 @@ def dbo_wait_current_stream_and_yield(key: str = "default", *, wait: bool = True
         ctx.wait_current_stream_and_yield(key, wait=wait, site=site)
 
 
+def note_site(site: str) -> None:
+    """Record that the calling micro-batch entered hook site ``site`` (for error messages); no-op outside."""
+    ctx = _current()
+    if ctx is not None and site:
+        ctx.site = site
+
+
 def handoff_count() -> int:
     """How many baton handoffs this process has made so far (all runs together)."""
     return _HANDOFFS
@@ -428,7 +436,8 @@ def _raise_failure(run: _Run) -> None:
         raise exc
     site = run.contexts[ubatch_id].site
     raise DBOWorkerError(
-        f"micro-batch {ubatch_id} raised {type(exc).__name__} after hook site {site!r}: {exc}", ubatch_id=ubatch_id
+        f"micro-batch {ubatch_id} raised {type(exc).__name__} at or after hook site {site!r}: {exc}",
+        ubatch_id=ubatch_id,
     ) from exc
 
 

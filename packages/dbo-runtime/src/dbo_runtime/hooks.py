@@ -26,6 +26,7 @@ from dbo_runtime.context import (
     dbo_switch_to_compute_sync,
     dbo_yield,
     dbo_yield_and_switch_from_compute_to_comm,
+    note_site,
 )
 
 __all__ = ["dbo_async_site", "wrap_stream_site"]
@@ -42,6 +43,7 @@ def dbo_async_site(site: str, launch: Callable[[], tuple[Callable[[], None] | No
     ``hook`` runs in the *other* micro-batch at its next site (after its compute), and this micro-batch yields
     exactly once; with it off, ``hook`` runs at once.
     """
+    note_site(site)
     dbo_maybe_run_recv_hook()
     hook, receiver = launch()
     if hook is not None:
@@ -65,6 +67,7 @@ def wrap_stream_site(site: str, fn: Callable[P, T]) -> Callable[P, T]:
     def at_site(*args: P.args, **kwargs: P.kwargs) -> T:
         if not dbo_enabled():
             return fn(*args, **kwargs)
+        note_site(site)
         dbo_yield_and_switch_from_compute_to_comm(site)
         try:
             return fn(*args, **kwargs)

@@ -1,0 +1,128 @@
+"""The reference MoE model on 2 real gloo ranks: DBO on == off (bitwise in fp32), both patterns, faults, bad input."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+from dbo_runtime.cli import main
+from dbo_runtime.reference.launcher import RanksFailed, run_ranks
+from dbo_runtime.reference.model import Batch, MoEConfig
+from dbo_runtime.reference.run import EqualityCase, FaultSpec
+
+SMALL = MoEConfig(hidden_size=64, num_heads=2, head_dim=32, num_layers=2, num_experts=4, top_k=2,
+                  expert_intermediate=64, shared_intermediate=96)  # fmt: skip
+
+# Uneven on purpose: the ranks run different batches (DP padding to the larger one), odd token totals, and the
+# token-balanced cut falls inside a request (it straddles the two micro-batches).
+PREFILL = (Batch((20, 13, 6), (5, 0, 9)), Batch((9, 30), (0, 3)))
+DECODE = (Batch.decode(40, 17), Batch.decode(33, 9))
+
+
+def _cases() -> list[EqualityCase]:
+    cases = []
+    for pattern in ("a2", "a3"):
+        for dtype in ("float32", "bfloat16"):
+            cases.append(EqualityCase(f"{pattern}-{dtype}-prefill", pattern, dtype, PREFILL))
+            cases.append(EqualityCase(f"{pattern}-{dtype}-decode", pattern, dtype, DECODE))
+    # Below vLLM's default thresholds (decode 32 / prefill 512): DBO on must not split.
+    small = (Batch.prefill([30, 20]), Batch.prefill([40]))
+    cases.append(EqualityCase("a2-below-threshold", "a2", "float32", small, decode_threshold=32, prefill_threshold=512))
+    return cases
+
+
+@pytest.fixture(scope="module")
+def equality(tmp_path_factory):
+    t0 = time.monotonic()
+    per_rank = run_ranks("dbo_runtime.reference.run:equality_task", (SMALL, _cases(), None), world_size=2, timeout_s=240)
+    return per_rank, time.monotonic() - t0
+
+
+def _by_name(per_rank):
+    return [{case["name"]: case for case in rank_cases} for rank_cases in per_rank]
+
+
+@pytest.mark.parametrize("pattern", ["a2", "a3"])
+@pytest.mark.parametrize("kind", ["prefill", "decode"])
+def test_dbo_on_equals_off_bitwise_in_fp32(equality, pattern, kind):
+    for rank, cases in enumerate(_by_name(equality[0])):
+        case = cases[f"{pattern}-float32-{kind}"]
+        assert case["split"], f"rank {rank}: DBO on did not split the batch"
+        assert not case["split_off"]
+        assert case["finite"]
+        assert case["bitwise_equal"], f"rank {rank}: max abs diff {case['max_abs_diff']}"
+
+
+@pytest.mark.parametrize("pattern", ["a2", "a3"])
+def test_bf16_difference_is_reported_and_small(equality, pattern):
+    for cases in _by_name(equality[0]):
+        for kind in ("prefill", "decode"):
+            case = cases[f"{pattern}-bfloat16-{kind}"]
+            assert case["split"] and case["finite"]
+            assert case["max_abs_diff"] < 0.05, case
+
+
+def test_each_rank_returns_its_own_token_count(equality):
+    rank0, rank1 = _by_name(equality[0])
+    assert rank0["a2-float32-prefill"]["rows"] == PREFILL[0].num_tokens
+    assert rank1["a2-float32-prefill"]["rows"] == PREFILL[1].num_tokens
+
+
+def test_patterns_agree_with_each_other(equality):
+    """A2 (all-gather/reduce-scatter) and A3 (all-to-all) compute the same MoE through different collectives."""
+    for cases in _by_name(equality[0]):
+        for kind in ("prefill", "decode"):
+            a2, a3 = cases[f"a2-float32-{kind}"], cases[f"a3-float32-{kind}"]
+            assert abs(a2["checksum"] - a3["checksum"]) < 1e-3 * max(1.0, abs(a2["checksum"]))
+            assert a2["checksum"] != 0.0
+
+
+def test_below_threshold_is_not_split(equality):
+    for cases in _by_name(equality[0]):
+        case = cases["a2-below-threshold"]
+        assert not case["split"] and case["bitwise_equal"]
+
+
+def test_fault_on_one_rank_is_an_error_on_every_rank():
+    t0 = time.monotonic()
+    with pytest.raises(RanksFailed) as info:
+        run_ranks("dbo_runtime.reference.run:fault_task", FaultSpec(kind="raise"), world_size=2, timeout_s=90,
+                  pg_timeout_s=10)  # fmt: skip
+    elapsed = time.monotonic() - t0
+    errors = {e.rank: e for e in info.value.errors}
+    assert set(errors) == {0, 1}, info.value
+    assert errors[1].type == "DBOWorkerError" and "micro-batch 1" in errors[1].message
+    assert "injected at hook site layer1.moe.prepare" in errors[1].message
+    assert errors[0].type in {"DBOWorkerError", "DBOTimeoutError", "DBOError"}, errors[0]
+    assert elapsed < 90
+
+
+def test_rank_configuration_mismatch_is_an_error_on_every_rank():
+    with pytest.raises(RanksFailed) as info:
+        run_ranks("dbo_runtime.reference.run:fault_task", FaultSpec(kind="mismatch"), world_size=2, timeout_s=90,
+                  pg_timeout_s=10)  # fmt: skip
+    errors = info.value.errors
+    assert sorted(e.rank for e in errors) == [0, 1]
+    assert all(e.type == "DBOConfigError" and "ranks disagree" in e.message for e in errors)
+
+
+@pytest.mark.parametrize(
+    "argv, needle",
+    [
+        (["--ubatches", "3"], "--ubatches 3"),
+        (["--ranks", "3"], "3 ranks"),
+        (["--link", "20"], "--link"),
+        (["--pattern", "a4"], "--pattern"),
+        (["--requests", "9", "--tokens", "4"], "--requests"),
+    ],
+)
+def test_cli_bad_input_is_one_line_exit_2(argv, needle, capsys):
+    try:
+        code = main(["reference", *argv])
+    except SystemExit as exc:  # argparse's own validation
+        code = exc.code
+    err = capsys.readouterr().err
+    assert code == 2
+    lines = [line for line in err.splitlines() if line.strip()]
+    assert len(lines) == 1 and needle in lines[0], err
+    assert "Traceback" not in err
