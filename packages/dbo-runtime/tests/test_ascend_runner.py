@@ -178,3 +178,33 @@ def test_comm_core_limits_from_environment() -> None:
     unlimited = CommLimitedBackend(inner, cube_num=-1, vector_num=-1)  # type: ignore[arg-type]
     unlimited.new_stream()
     assert len(inner.limits) == 1
+
+
+def _run(texts: list[list[str]], logprobs: list[list[float]]) -> dict:
+    return {"results": [{"prompt": f"p{i}", "text": "".join(t), "tokens": t, "logprobs": lp}
+                        for i, (t, lp) in enumerate(zip(texts, logprobs, strict=True))]}
+
+
+def test_compare_diff_text_identity_and_logprobs(tmp_path) -> None:
+    import json
+
+    from dbo_runtime.ascend.compare import diff_runs
+    from dbo_runtime.cli import main as cli_main
+
+    a = _run([["a", "b", "c"], ["x", "y"]], [[-0.1, -0.2, -0.3], [-1.0, -2.0]])
+    b = _run([["a", "b", "c"], ["x", "z"]], [[-0.1, -0.25, -0.3], [-1.5, -0.1]])
+    d = diff_runs(a, b)
+    assert (d.prompts, d.identical, d.first_divergence) == (2, 1, (None, 1))
+    # common tokens: 3 of prompt 0 and the first of prompt 1
+    assert d.compared_tokens == 4
+    assert d.max_abs_logprob_diff == pytest.approx(0.5) and d.mean_abs_logprob_diff == pytest.approx(0.55 / 4)
+    pa, pb = tmp_path / "a.json", tmp_path / "b.json"
+    pa.write_text(json.dumps(a))
+    pb.write_text(json.dumps(b))
+    assert cli_main(["ascend-compare", "diff", str(pa), str(pb)]) == 0
+    assert cli_main(["ascend-compare", "diff", str(pa), str(pb), "--min-identical", "0.9"]) == 1
+    assert cli_main(["ascend-compare", "diff", str(pa), str(pb), "--max-logprob-diff", "0.1"]) == 1
+    pb.write_text(json.dumps({"results": [{"prompt": "other", "text": "", "tokens": [], "logprobs": []}]}))
+    with pytest.raises(Exception, match="different prompts"):
+        diff_runs(a, json.loads(pb.read_text()))
+    assert cli_main(["ascend-compare", "diff", str(pa), str(pb)]) == 2

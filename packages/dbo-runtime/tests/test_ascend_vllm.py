@@ -161,6 +161,19 @@ def test_plugin_is_inactive_on_vllm_cpu_and_server_serves(tmp_path: Path) -> Non
             assert resp.status == 200
             payload = json.loads(resp.read())
         assert payload["choices"] and payload["usage"]["completion_tokens"] >= 1
+        # The precision-comparison tool against the same real server twice: greedy runs must agree exactly.
+        from dbo_runtime.cli import main as cli_main
+
+        runs = []
+        for label in ("a", "b"):
+            out = tmp_path / f"{label}.json"
+            assert cli_main(["ascend-compare", "collect", "--url", f"http://127.0.0.1:{port}", "--model", str(model),
+                             "--num-prompts", "3", "--max-tokens", "6", "--label", label, "--out", str(out)]) == 0
+            runs.append(json.loads(out.read_text()))
+        assert all(len(r["results"]) == 3 and all(x["tokens"] and len(x["logprobs"]) == len(x["tokens"])
+                                                  for x in r["results"]) for r in runs)
+        assert cli_main(["ascend-compare", "diff", str(tmp_path / "a.json"), str(tmp_path / "b.json"),
+                         "--min-identical", "1.0", "--max-logprob-diff", "1e-6"]) == 0
     finally:
         try:
             os.killpg(proc.pid, signal.SIGTERM)

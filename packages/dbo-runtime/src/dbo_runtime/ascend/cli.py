@@ -1,4 +1,5 @@
-"""`dbo-runtime ascend-sites`: print the DBO hook-site table (per model family) and the patched symbols."""
+"""`dbo-runtime ascend-sites` (the DBO hook-site table) and `dbo-runtime ascend-compare collect|diff` (the DBO
+on/off precision comparison against two running vLLM servers)."""
 
 from __future__ import annotations
 
@@ -51,7 +52,77 @@ def _cmd(args: argparse.Namespace) -> int:
     return 0
 
 
+def _read_json(path: str) -> dict:
+    from dbo_runtime.errors import DBOConfigError
+
+    try:
+        with open(path) as handle:
+            data = json.load(handle)
+    except (OSError, json.JSONDecodeError) as exc:
+        raise DBOConfigError(f"{path}: cannot read a collect result ({type(exc).__name__}); accepted: the JSON "
+                             "written by `dbo-runtime ascend-compare collect`") from None
+    if not isinstance(data, dict):
+        raise DBOConfigError(f"{path}: not a collect result; accepted: the JSON written by ascend-compare collect")
+    return data
+
+
+def _compare_cmd(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from dbo_runtime.ascend.compare import DEFAULT_PROMPTS, collect, diff_report, diff_runs, write_json_atomic
+    from dbo_runtime.errors import DBOConfigError
+
+    try:
+        if args.compare_command == "collect":
+            prompts = list(DEFAULT_PROMPTS)
+            if args.prompts:
+                try:
+                    prompts = [line for line in Path(args.prompts).read_text().splitlines() if line.strip()]
+                except OSError as exc:
+                    raise DBOConfigError(f"{args.prompts}: cannot read ({exc.strerror}); accepted: a text file "
+                                         "with one prompt per line") from None
+            run = collect(args.url, args.model, prompts[: args.num_prompts], max_tokens=args.max_tokens,
+                          label=args.label)
+            write_json_atomic(Path(args.out), run)
+            print(f"wrote {len(run['results'])} greedy completions to {args.out}")
+            return 0
+        d = diff_runs(_read_json(args.a), _read_json(args.b))
+    except DBOConfigError as exc:
+        print(f"dbo-runtime ascend-compare: {exc}", file=sys.stderr)
+        return 2
+    report = diff_report(d)
+    if args.json:
+        print(json.dumps(report, indent=2))
+    else:
+        print(f"identical text: {d.identical}/{d.prompts} ({100 * d.identical_fraction:.1f}%)")
+        print(f"logprob |diff| over {d.compared_tokens} common tokens: max {d.max_abs_logprob_diff:.4g}, "
+              f"mean {d.mean_abs_logprob_diff:.4g}")
+    ok = d.identical_fraction >= args.min_identical and d.max_abs_logprob_diff <= args.max_logprob_diff
+    return 0 if ok else 1
+
+
 def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
+    compare = subparsers.add_parser("ascend-compare", help="DBO on/off precision comparison (two vLLM servers)",
+                                    description="collect: greedy completions with logprobs from one server; "
+                                    "diff: text identity and logprob difference of two collect results.")
+    sub = compare.add_subparsers(dest="compare_command", metavar="{collect,diff}", required=True)
+    col = sub.add_parser("collect", help="greedy completions with logprobs from a running server")
+    col.add_argument("--url", required=True, help="server base URL, e.g. http://127.0.0.1:8000")
+    col.add_argument("--model", required=True, help="the served model name (as given to --model)")
+    col.add_argument("--prompts", help="text file, one prompt per line (default: 16 built-in prompts)")
+    col.add_argument("--num-prompts", type=int, default=1000)
+    col.add_argument("--max-tokens", type=int, default=64)
+    col.add_argument("--label", default="")
+    col.add_argument("--out", required=True)
+    dif = sub.add_parser("diff", help="compare two collect results")
+    dif.add_argument("a")
+    dif.add_argument("b")
+    dif.add_argument("--min-identical", type=float, default=0.0, help="exit 1 below this identical-text fraction")
+    dif.add_argument("--max-logprob-diff", type=float, default=float("inf"),
+                     help="exit 1 above this max |logprob difference| on common tokens")
+    dif.add_argument("--json", action="store_true")
+    compare.set_defaults(func=_compare_cmd)
+
     parser = subparsers.add_parser("ascend-sites", help="print the DBO hook-site table for vLLM-Ascend",
                                    description="Print the declarative table of DBO hook sites and patched symbols.")
     parser.add_argument("--format", choices=("table", "md", "json"), default="table")

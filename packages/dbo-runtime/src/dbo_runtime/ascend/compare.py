@@ -1,0 +1,120 @@
+"""DBO on/off precision comparison against any OpenAI-compatible vLLM server: greedy completions with logprobs
+(``collect``), then text identity and logprob differences between two runs (``diff``).
+
+Splitting a batch changes GEMM and attention shapes, so bit-identical output is not expected; what is expected is
+the same greedy text on most prompts and small logprob differences where the texts agree.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import tempfile
+import urllib.error
+import urllib.request
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from dbo_runtime.errors import DBOConfigError
+
+__all__ = ["DEFAULT_PROMPTS", "collect", "diff_runs", "RunDiff", "write_json_atomic"]
+
+DEFAULT_PROMPTS: tuple[str, ...] = (
+    "Question: A train travels 60 km in 45 minutes. What is its speed in km per hour? Answer:",
+    "Question: Tom has 3 boxes with 12 pencils each and gives away 7 pencils. How many are left? Answer:",
+    "Explain in two sentences why the sky looks blue.",
+    "Write a Python function that returns the n-th Fibonacci number.",
+    "Translate to French: The weather is nice today and we will walk to the river.",
+    "List three differences between TCP and UDP.",
+    "Question: If 5 workers build a wall in 8 days, how long do 10 workers need? Answer:",
+    "Summarize the plot of a story about a lighthouse keeper who finds a message in a bottle.",
+    "What is the derivative of x^3 * sin(x)?",
+    "Give a short definition of mixture-of-experts models.",
+    "Question: A shop sells pens at 3 for 2 dollars. How much do 18 pens cost? Answer:",
+    "Describe how a hash map handles collisions.",
+    "Write a haiku about compilers.",
+    "Question: The sum of two numbers is 50 and their difference is 12. What are they? Answer:",
+    "Name the planets of the solar system in order from the sun.",
+    "Why does overlapping communication with computation speed up distributed inference?",
+)
+
+
+def write_json_atomic(path: Path, payload: Any) -> None:
+    """Write JSON to a temp file beside ``path`` and rename it into place (never a half-written file)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w") as handle:
+            json.dump(payload, handle, indent=1)
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+
+
+def collect(base_url: str, model: str, prompts: Sequence[str], *, max_tokens: int = 64,
+            timeout_s: float = 120.0, label: str = "") -> dict[str, Any]:
+    """Greedy completion of every prompt (temperature 0, one logprob per token), one request per prompt."""
+    results = []
+    for prompt in prompts:
+        body = json.dumps({"model": model, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0,
+                           "logprobs": 1, "seed": 0}).encode()
+        req = urllib.request.Request(base_url.rstrip("/") + "/v1/completions", data=body,
+                                     headers={"Content-Type": "application/json"})
+        try:
+            with urllib.request.urlopen(req, timeout=timeout_s) as resp:
+                payload = json.loads(resp.read())
+        except (urllib.error.URLError, TimeoutError, ConnectionError) as exc:
+            raise DBOConfigError(f"{base_url}: completion request failed ({exc}); is the server up?") from None
+        choice = payload["choices"][0]
+        lp = choice.get("logprobs") or {}
+        results.append({"prompt": prompt, "text": choice["text"], "tokens": lp.get("tokens") or [],
+                        "logprobs": lp.get("token_logprobs") or []})
+    return {"label": label, "model": model, "url": base_url, "max_tokens": max_tokens, "results": results}
+
+
+@dataclass(frozen=True)
+class RunDiff:
+    prompts: int
+    identical: int
+    first_divergence: tuple[int | None, ...]  # token index of the first different token, None if identical
+    compared_tokens: int
+    max_abs_logprob_diff: float
+    mean_abs_logprob_diff: float
+
+    @property
+    def identical_fraction(self) -> float:
+        return self.identical / self.prompts if self.prompts else 1.0
+
+
+def diff_runs(a: dict[str, Any], b: dict[str, Any]) -> RunDiff:
+    """Compare two ``collect`` results prompt by prompt. Logprobs are compared over each prompt's common token
+    prefix (after the first different token the two continuations condition on different text)."""
+    ra, rb = a.get("results"), b.get("results")
+    if not isinstance(ra, list) or not isinstance(rb, list):
+        raise DBOConfigError("not a collect result: expected a JSON object with a 'results' list")
+    if [r["prompt"] for r in ra] != [r["prompt"] for r in rb]:
+        raise DBOConfigError("the two runs used different prompts; accepted: two collect runs of the same prompts")
+    identical, divergence, diffs = 0, [], []
+    for x, y in zip(ra, rb, strict=True):
+        tx, ty = list(x.get("tokens") or []), list(y.get("tokens") or [])
+        first = next((i for i, (p, q) in enumerate(zip(tx, ty, strict=False)) if p != q), None)
+        if first is None and len(tx) != len(ty):
+            first = min(len(tx), len(ty))
+        same = x["text"] == y["text"]
+        identical += same
+        divergence.append(None if same else first)
+        common = len(tx) if first is None else first
+        for p, q in zip(x.get("logprobs", [])[:common], y.get("logprobs", [])[:common], strict=False):
+            if p is not None and q is not None and math.isfinite(p) and math.isfinite(q):
+                diffs.append(abs(p - q))
+    return RunDiff(len(ra), identical, tuple(divergence), len(diffs), max(diffs, default=0.0),
+                   sum(diffs) / len(diffs) if diffs else 0.0)
+
+
+def diff_report(d: RunDiff) -> dict[str, Any]:
+    return dict(asdict(d), identical_fraction=d.identical_fraction)
