@@ -342,3 +342,18 @@ def test_opaque_site_compiles_fullgraph_and_yields(standin: Any, monkeypatch: py
     assert order == ["start:dbo-ubatch0", "start:dbo-ubatch1", "o_proj:dbo-ubatch0", "o_proj:dbo-ubatch1"]
     assert guard.compiled_entries == 1 and guard.eager_fallbacks == 1
     assert vars(cls)["apply_impl"].__name__ == "apply_impl" and not hasattr(vars(cls)["apply_impl"], "__dbo_site__")
+
+
+def test_ascend_sites_command_lists_the_table(capsys: pytest.CaptureFixture[str]) -> None:
+    import json as _json
+
+    from dbo_runtime.cli import main as cli_main
+
+    assert cli_main(["ascend-sites", "--format", "md"]) == 0
+    md = capsys.readouterr().out
+    assert all(f"`{s.name}`" in md and f"{s.module}:{s.qualname}" in md for s in SITES)
+    assert cli_main(["ascend-sites", "--format", "json"]) == 0
+    payload = _json.loads(capsys.readouterr().out)
+    assert [s["name"] for s in payload["sites"]] == [s.name for s in SITES]
+    # every site named in the per-family map exists in the table
+    assert {n for names in payload["families"].values() for n in names} <= {s.name for s in SITES}

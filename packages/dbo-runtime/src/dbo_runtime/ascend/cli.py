@@ -82,7 +82,7 @@ def _compare_cmd(args: argparse.Namespace) -> int:
                     raise DBOConfigError(f"{args.prompts}: cannot read ({exc.strerror}); accepted: a text file "
                                          "with one prompt per line") from None
             run = collect(args.url, args.model, prompts[: args.num_prompts], max_tokens=args.max_tokens,
-                          label=args.label)
+                          label=args.label, concurrency=args.concurrency)
             write_json_atomic(Path(args.out), run)
             print(f"wrote {len(run['results'])} greedy completions to {args.out}")
             return 0
@@ -112,6 +112,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
     col.add_argument("--prompts", help="text file, one prompt per line (default: 16 built-in prompts)")
     col.add_argument("--num-prompts", type=int, default=1000)
     col.add_argument("--max-tokens", type=int, default=64)
+    col.add_argument("--concurrency", type=int, default=1, help="requests in flight at once (default 1)")
     col.add_argument("--label", default="")
     col.add_argument("--out", required=True)
     dif = sub.add_parser("diff", help="compare two collect results")

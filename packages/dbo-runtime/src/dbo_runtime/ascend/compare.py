@@ -14,6 +14,7 @@ import tempfile
 import urllib.error
 import urllib.request
 from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -57,10 +58,15 @@ def write_json_atomic(path: Path, payload: Any) -> None:
 
 
 def collect(base_url: str, model: str, prompts: Sequence[str], *, max_tokens: int = 64,
-            timeout_s: float = 120.0, label: str = "") -> dict[str, Any]:
-    """Greedy completion of every prompt (temperature 0, one logprob per token), one request per prompt."""
-    results = []
-    for prompt in prompts:
+            timeout_s: float = 120.0, label: str = "", concurrency: int = 1) -> dict[str, Any]:
+    """Greedy completion of every prompt (temperature 0, one logprob per token), one request per prompt.
+
+    ``concurrency`` > 1 sends that many requests at once, so that the server batches them (decode batches of
+    several requests are what DBO splits); results keep the prompts' order."""
+    if concurrency < 1:
+        raise DBOConfigError(f"concurrency={concurrency}: expected an integer >= 1")
+
+    def one(prompt: str) -> dict[str, Any]:
         body = json.dumps({"model": model, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0,
                            "logprobs": 1, "seed": 0}).encode()
         req = urllib.request.Request(base_url.rstrip("/") + "/v1/completions", data=body,
@@ -72,8 +78,11 @@ def collect(base_url: str, model: str, prompts: Sequence[str], *, max_tokens: in
             raise DBOConfigError(f"{base_url}: completion request failed ({exc}); is the server up?") from None
         choice = payload["choices"][0]
         lp = choice.get("logprobs") or {}
-        results.append({"prompt": prompt, "text": choice["text"], "tokens": lp.get("tokens") or [],
-                        "logprobs": lp.get("token_logprobs") or []})
+        return {"prompt": prompt, "text": choice["text"], "tokens": lp.get("tokens") or [],
+                "logprobs": lp.get("token_logprobs") or []}
+
+    with ThreadPoolExecutor(max_workers=concurrency) as pool:
+        results = list(pool.map(one, prompts))
     return {"label": label, "model": model, "url": base_url, "max_tokens": max_tokens, "results": results}
 
 
