@@ -109,7 +109,7 @@ def _trace_file(p: Path, rank: int) -> RankTimeline:
     from profile_analyzer.loaders import ascend
     from profile_analyzer.loaders._trace import columnarise
 
-    cols = columnarise(p)
+    cols = columnarise(p, kineto_args=False)
     rt = ascend.columns_to_rank(cols, rank=rank, source=str(p), fmt="torch_npu", kernel_details=None, step_trace=None,
                                 warnings=[])
     ascend._check_tracks(rt, p)

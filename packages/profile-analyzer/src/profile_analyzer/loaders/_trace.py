@@ -9,6 +9,7 @@ makes the slice fail to decode and the next candidate is tried.
 
 from __future__ import annotations
 
+import gc
 import gzip
 import re
 from collections.abc import Iterator
@@ -20,10 +21,10 @@ import numpy as np
 
 from profile_analyzer.errors import ProfileError
 
-CHUNK_BYTES = 24 << 20
+CHUNK_BYTES = 8 << 20
 
 
-class Args(msgspec.Struct):
+class Args(msgspec.Struct, gc=False):
     name: str | None = None
     labels: str | None = None
     task_type: str | None = msgspec.field(default=None, name="Task Type")
@@ -34,7 +35,7 @@ class Args(msgspec.Struct):
     rank: int | str | None = None
 
 
-class Event(msgspec.Struct):
+class Event(msgspec.Struct, gc=False):
     ph: str = ""
     name: str = ""
     pid: int | str = 0
@@ -65,12 +66,23 @@ class DecodedFile:
     wrapped: bool  # True for {"traceEvents": [...]} files
 
 
-def read_bytes(path: Path) -> bytes:
+def read_bytes(path: Path) -> bytearray:
+    """The whole file as a mutable buffer (the chunked decoder writes brackets into it in place)."""
     try:
         if path.suffix == ".gz":
             with gzip.open(path, "rb") as f:
-                return f.read()
-        return path.read_bytes()
+                return bytearray(f.read())
+        size = path.stat().st_size
+        buf = bytearray(size)
+        with open(path, "rb", buffering=0) as f:
+            view = memoryview(buf)
+            got = 0
+            while got < size:
+                n = f.readinto(view[got:])
+                if not n:
+                    break
+                got += n
+        return buf if got == size else buf[:got]
     except FileNotFoundError:
         raise ProfileError(path, "file not found") from None
     except (OSError, EOFError, gzip.BadGzipFile) as exc:
@@ -80,19 +92,20 @@ def read_bytes(path: Path) -> bytes:
 _CUT = re.compile(rb"\}\s*,\s*\{")
 
 
-def _array_chunks(path: Path, buf: bytes) -> Iterator[list[Event]]:
+def _array_chunks(path: Path, buf: bytearray) -> Iterator[list[Event]]:
+    """Decode a top-level JSON array in slices without copying: for each slice, the byte after its last
+    ``}`` is overwritten with ``]`` and the byte before its first ``{`` with ``[``."""
     n = len(buf)
-    start = buf.find(b"[") + 1
+    view = memoryview(buf)
+    open_at = buf.find(b"[")
     if n <= CHUNK_BYTES:
-        yield _decode_list(path, buf)
+        yield _decode_list(path, view[open_at:])
         return
     while True:
-        target = start + CHUNK_BYTES
+        target = open_at + CHUNK_BYTES
         if target >= n:
-            piece = buf[start:].rstrip()
-            if not piece.endswith(b"]"):
-                raise ProfileError(path, "truncated JSON: the top-level array is not closed; expected a complete Chrome trace (JSON list of events)")
-            yield _decode_list(path, b"[" + piece)
+            buf[open_at] = 0x5B  # '['
+            yield _decode_list(path, view[open_at:])
             return
         decoded: list[Event] | None = None
         pos = target
@@ -100,21 +113,27 @@ def _array_chunks(path: Path, buf: bytes) -> Iterator[list[Event]]:
             m = _CUT.search(buf, pos)
             if m is None:
                 break
-            cut = m.start() + 1
+            close = m.start() + 1
+            saved = buf[close]
+            buf[open_at] = 0x5B
+            buf[close] = 0x5D  # ']'
             try:
-                decoded = _list_decoder.decode(b"[" + buf[start:cut] + b"]")
+                decoded = _list_decoder.decode(view[open_at:close + 1])
             except (msgspec.DecodeError, msgspec.ValidationError):
+                buf[close] = saved
                 pos = m.end()
                 continue
-            start = m.end() - 1  # at the '{' of the next event
+            buf[close] = saved
+            open_at = m.end() - 2  # the byte just before the next '{'
             break
         if decoded is None:  # no safe cut: decode the rest at once (and report its error if any)
-            yield _decode_list(path, b"[" + buf[start:])
+            buf[open_at] = 0x5B
+            yield _decode_list(path, view[open_at:])
             return
         yield decoded
 
 
-def _decode_list(path: Path, data: bytes) -> list[Event]:
+def _decode_list(path: Path, data: bytes | memoryview) -> list[Event]:
     try:
         return _list_decoder.decode(data)
     except msgspec.ValidationError as exc:
@@ -203,6 +222,16 @@ def to_ns(values: list[object], path: Path | None = None) -> np.ndarray:
     first = values[0]
     if isinstance(first, str) and all(type(v) is str for v in values):
         return parse_decimal_us_to_ns(np.array(values, dtype="S"))
+    if not isinstance(first, str):
+        try:
+            arr = np.array(values)
+        except (TypeError, ValueError):
+            arr = None
+        if arr is not None and arr.ndim == 1:
+            if arr.dtype == np.float64:
+                return np.rint(arr * 1000.0).astype(np.int64)
+            if arr.dtype == np.int64:
+                return arr * 1000
     out = np.zeros(n, dtype=np.int64)
     is_str = np.fromiter((type(v) is str for v in values), dtype=bool, count=n)
     if is_str.any():
@@ -234,15 +263,11 @@ class _Interner:
 
     def ids(self, items: list) -> np.ndarray:
         d = self.index
-        vals = self.values
-        out = np.empty(len(items), dtype=np.int32)
-        for i, it in enumerate(items):
-            j = d.get(it)
-            if j is None:
-                j = d[it] = len(vals)
-                vals.append(it)
-            out[i] = j
-        return out
+        before = len(d)
+        ids = [d.setdefault(it, len(d)) for it in items]
+        if len(d) > before:
+            self.values.extend(list(d)[before:])
+        return np.array(ids, dtype=np.int32)
 
 
 @dataclass
@@ -280,7 +305,18 @@ def _int_or(v: object, default: int) -> int:
     return default
 
 
-def columnarise(path: Path, flow_cats: frozenset[str] = frozenset({"async_npu", "ac2g"})) -> Columns:
+def columnarise(path: Path, flow_cats: frozenset[str] = frozenset({"async_npu", "ac2g"}), kineto_args: bool = True) -> Columns:
+    # millions of short-lived tuples and lists: the cyclic GC would rescan them over and over
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        return _columnarise(path, flow_cats, kineto_args)
+    finally:
+        if enabled:
+            gc.enable()
+
+
+def _columnarise(path: Path, flow_cats: frozenset[str], kineto_args: bool) -> Columns:
     decoded = decode_trace(path)
     tracks = _Interner()
     names = _Interner()
@@ -297,6 +333,7 @@ def columnarise(path: Path, flow_cats: frozenset[str] = frozenset({"async_npu", 
         xs = [e for e in chunk if e.ph == "X"]
         others = [e for e in chunk if e.ph != "X"]
         del chunk
+        flow_evs = []
         for e in others:
             ph = e.ph
             if ph == "M":
@@ -310,7 +347,11 @@ def columnarise(path: Path, flow_cats: frozenset[str] = frozenset({"async_npu", 
                 elif e.name == "process_labels" and a.labels is not None:
                     process_label[e.pid] = a.labels
             elif ph in ("s", "f", "t") and e.cat in flow_cats and e.ts is not None:
-                flows.append((e.cat or "", e.id, ph, int(to_ns([e.ts], path)[0]), (e.pid, e.tid)))
+                flow_evs.append(e)
+        if flow_evs:
+            fts = to_ns([e.ts for e in flow_evs], path).tolist()
+            flows.extend((e.cat or "", e.id, e.ph, t, (e.pid, e.tid)) for e, t in zip(flow_evs, fts))
+        del flow_evs
         if not xs:
             continue
         track = tracks.ids([(e.pid, e.tid) for e in xs])
@@ -320,11 +361,15 @@ def columnarise(path: Path, flow_cats: frozenset[str] = frozenset({"async_npu", 
         cat_id = cats.ids([e.cat for e in xs])
         argl = [e.args for e in xs]
         ttype = ttypes.ids([a.task_type if a is not None else None for a in argl])
-        stream_arg = np.fromiter(
-            (_int_or(a.stream, -1) if a is not None and a.stream is not None else -1 for a in argl), dtype=np.int64, count=len(xs))
-        corr = np.fromiter(
-            (_int_or(a.correlation, -1) if a is not None and a.correlation is not None else -1 for a in argl),
-            dtype=np.int64, count=len(xs))
+        if kineto_args:
+            stream_arg = np.fromiter(
+                (_int_or(a.stream, -1) if a is not None and a.stream is not None else -1 for a in argl), dtype=np.int64,
+                count=len(xs))
+            corr = np.fromiter(
+                (_int_or(a.correlation, -1) if a is not None and a.correlation is not None else -1 for a in argl),
+                dtype=np.int64, count=len(xs))
+        else:
+            stream_arg = corr = np.full(len(xs), -1, dtype=np.int64)
         parts.append((track, start, dur, name_id, cat_id, ttype, stream_arg, corr))
         del xs, argl
     if parts:
