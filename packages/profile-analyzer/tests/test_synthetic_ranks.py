@@ -110,3 +110,25 @@ def test_mixed_formats_refused(dbo_profile, tmp_path):
                                                                     "cat": "kernel", "args": {"stream": 7}}]}))
     with pytest.raises(pa.ProfileError, match="mixed formats"):
         pa.load(mixed)
+
+
+def test_plain_msprof_without_framework_events(dbo_profile, tmp_path):
+    """msprof output has no torch host events: one pseudo-step over the capture, with a warning; an
+    *_ascend_pt directory that was never post-processed (no ASCEND_PROFILER_OUTPUT) falls back to its PROF_*."""
+    root, truth = dbo_profile
+    rank_dir = next(p for p in root.iterdir() if p.is_dir() and (p / "profiler_info_0.json").exists())
+    events = json.loads((rank_dir / "ASCEND_PROFILER_OUTPUT" / "trace_view.json").read_text())
+    cpu_pids = {e["pid"] for e in events if e.get("name") == "process_labels" and e["args"]["labels"] == "CPU"}
+    device_only = [e for e in events if e.get("pid") not in cpu_pids]
+    out = tmp_path / "w_ascend_pt" / "PROF_000001_20251130000000_ABC" / "mindstudio_profiler_output"
+    out.mkdir(parents=True)
+    (out / "msprof_20251130000000.json").write_text(json.dumps(device_only))
+    for path, fmt in ((out.parent, "msprof"), (out.parent.parent, "torch_npu")):
+        tl = pa.load(path)
+        assert tl.format == fmt
+        rep = pa.analyze(tl).to_dict()
+        assert [r["step"] for r in rep["breakdown"]] == [None]
+        steps = truth["ranks"]["0"]["steps"]
+        assert rep["breakdown"][0]["computing"] == pytest.approx(sum(s["computing_us"] for s in steps), abs=1e-3)
+        assert rep["breakdown"][0]["communication"] == pytest.approx(sum(s["communication_us"] for s in steps), abs=1e-3)
+        assert any("ProfilerStep" in w["missing"] or "trace_view" in w["missing"] for w in rep["warnings"])

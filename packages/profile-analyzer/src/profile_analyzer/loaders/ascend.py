@@ -257,7 +257,8 @@ def load_torch_npu(root: Path, rank: int) -> RankTimeline:
         cols = columnarise(trace, kineto_args=False)
         source = str(trace)
     else:
-        prof_outputs = sorted(out.parent.glob("PROF_*/mindstudio_profiler_output")) if out.name == "ASCEND_PROFILER_OUTPUT" else []
+        base = out.parent if out.name == "ASCEND_PROFILER_OUTPUT" else out
+        prof_outputs = sorted(base.glob("PROF_*/mindstudio_profiler_output"))
         files = [f for d in prof_outputs for f in msprof_json_files(d)]
         if not files:
             raise ProfileError(out, "no trace_view.json (and no PROF_*/mindstudio_profiler_output/msprof_*.json); "
