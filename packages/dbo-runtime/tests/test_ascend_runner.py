@@ -208,3 +208,14 @@ def test_compare_diff_text_identity_and_logprobs(tmp_path) -> None:
     with pytest.raises(Exception, match="different prompts"):
         diff_runs(a, json.loads(pb.read_text()))
     assert cli_main(["ascend-compare", "diff", str(pa), str(pb)]) == 2
+
+
+def test_pad_last_slice_for_the_forward_pass() -> None:
+    from dbo_runtime.ascend.runner import pad_last_slice
+
+    padded = pad_last_slice([UB0, UB1], 20)
+    assert [s.token_slice for s in padded] == [slice(0, 8), slice(8, 20)]
+    assert padded[1].request_slice == UB1.request_slice
+    assert pad_last_slice([UB0, UB1], 16)[1].token_slice == slice(8, 16)
+    with pytest.raises(ValueError, match="below the last slice"):
+        pad_last_slice([UB0, UB1], 12)

@@ -46,6 +46,7 @@ from dbo_runtime.ubatch import UBatchSlice, should_ubatch, slice_request_metadat
 __all__ = [
     "split_common_attn_metadata",
     "decide_split",
+    "pad_last_slice",
     "ForwardContextSwitch",
     "PerUBatchState",
     "ascend_site_wrapper",
@@ -169,6 +170,17 @@ def decide_split(
     )
     return coordinate_ubatching(should_split=vote, num_tokens=num_tokens, num_tokens_padded=num_tokens_padded,
                                 group=group, timeout_s=timeout_s)
+
+
+def pad_last_slice(slices: Sequence[Any], num_tokens_padded: int) -> list[UBatchSlice]:
+    """Token slices for the forward pass: the last micro-batch also runs the padding tokens (upstream's
+    ``_pad_out_ubatch_slices``; attention metadata keeps the unpadded slices, as upstream does in eager mode)."""
+    out = [UBatchSlice(s.request_slice, s.token_slice) for s in slices]
+    last = out[-1]
+    if num_tokens_padded < last.token_slice.stop:
+        raise ValueError(f"num_tokens_padded={num_tokens_padded} is below the last slice's end {last.token_slice.stop}")
+    out[-1] = UBatchSlice(last.request_slice, slice(last.token_slice.start, num_tokens_padded))
+    return out
 
 
 class ForwardContextSwitch:
@@ -357,8 +369,10 @@ def install_runner_patches(runner_cls: type, switch: ForwardContextSwitch, *,
         if not self.parallel_config.enable_dbo:
             return result
         cudagraph_mode, batch_desc, _, num_tokens_across_dp, stats = result
-        uniform_decode = (max_num_scheduled_tokens == self.uniform_decode_query_len
-                          and num_tokens == max_num_scheduled_tokens * num_reqs)
+        forced = kwargs.get("force_uniform_decode")
+        uniform_decode = forced if forced is not None else (
+            max_num_scheduled_tokens == self.uniform_decode_query_len
+            and num_tokens == max_num_scheduled_tokens * num_reqs)
         padded = int(batch_desc.num_tokens)
         comm_type = select_moe_comm_method(max(padded // 2, 1), self.vllm_config)
         dp_group = None
@@ -382,6 +396,9 @@ def install_runner_patches(runner_cls: type, switch: ForwardContextSwitch, *,
 
     def _build_attention_metadata(self, *args, ubatch_slices=None, **kwargs):
         build = originals["_build_attention_metadata"]
+        # execute_model passes the (unpadded, eager) slices here but not to the forward context: keep them for
+        # _model_forward of this step. The dummy run passes None, so it never splits.
+        self._dbo_ubatch_slices = None if ubatch_slices is None else list(ubatch_slices)
         if ubatch_slices is None:
             return build(self, *args, **kwargs)
         recorded: list[tuple[Any, tuple, dict]] = []
@@ -408,8 +425,11 @@ def install_runner_patches(runner_cls: type, switch: ForwardContextSwitch, *,
             cm = b_kwargs.pop("common_attn_metadata", b_args[1] if len(b_args) > 1 else None)
             for ubid, ub in enumerate(ubatch_slices):
                 sub = split_common_attn_metadata(ub, cm)
+                extra = dict(b_kwargs)
+                if "num_reqs_actual" in extra:  # DSA builders (GLM MoE DSA, DeepSeek V3.2)
+                    extra["num_reqs_actual"] = sub.num_reqs
                 md = attn_group.get_metadata_builder(ubid).build(common_prefix_len=common_prefix_len,
-                                                                 common_attn_metadata=sub, **b_kwargs)
+                                                                 common_attn_metadata=sub, **extra)
                 for layer in attn_group.layer_names:
                     per_ubatch[ubid][layer] = md
         del full
@@ -419,10 +439,12 @@ def install_runner_patches(runner_cls: type, switch: ForwardContextSwitch, *,
                        inputs_embeds=None, **model_kwargs):
         forward = originals["_model_forward"]
         outer = get_forward_context()
-        slices = getattr(outer, "ubatch_slices", None)
-        if not slices or not isinstance(outer.attn_metadata, list):
+        slices = getattr(self, "_dbo_ubatch_slices", None)
+        self._dbo_ubatch_slices = None
+        if not slices or not isinstance(outer.attn_metadata, list) or len(outer.attn_metadata) != len(slices):
             return forward(self, num_tokens_padded, input_ids, positions, intermediate_tensors, inputs_embeds,
                            **model_kwargs)
+        slices = pad_last_slice(slices, int(num_tokens_padded))
         dp = self.parallel_config.data_parallel_size
 
         def one(i: int, ub: Any) -> Callable[[], Any]:
