@@ -187,3 +187,30 @@ def test_real_gloo_trace_overlap_equals_hta_formula(tmp_path):
         assert total > 0 and ours_comm == pytest.approx(total, abs=0.05)  # JSON µs floats are only ns-accurate
         # HTA: comp_comm_overlap_pctg = 100 · |comm ∩ comp| / |comm|
         assert 100 * ours_ov / ours_comm == pytest.approx(100 * inter / total, abs=0.05)
+
+
+def test_gpu_dual_batch_from_gpu_annotations(tmp_path):
+    """ubatch ranges recorded on the GPU streams (gpu_user_annotation) mark the kernels under them."""
+    ev = []
+
+    def k(name, stream, s, e, cat="kernel"):
+        ev.append({"ph": "X", "cat": cat, "name": name, "pid": 0, "tid": stream, "ts": s, "dur": e - s, "args": {"stream": stream}})
+
+    for i, (s, e) in enumerate([(0, 50), (50, 100), (100, 150), (150, 200)]):
+        k("gemm", 7, s, e)
+        k(f"ubatch{i % 2}", 7, s, e, "gpu_user_annotation")
+    k("ncclDevKernel_AllGather", 20, 50, 90)
+    k("ubatch0", 20, 50, 90, "gpu_user_annotation")
+    k("ncclDevKernel_ReduceScatter", 20, 100, 160)
+    k("ubatch1", 20, 100, 160, "gpu_user_annotation")
+    p = tmp_path / "gpu_dbo.json"
+    p.write_text(json.dumps({"traceEvents": ev}))
+    rep = pa.analyze(pa.load(p)).to_dict()
+    db = rep["dual_batch"][0]
+    assert db["detected"] and db["method"] == "markers"
+    by_ub = {u["ubatch"]: u for u in db["ubatches"]}
+    assert (by_ub[0]["comm_us"], by_ub[0]["covered_us"]) == (40.0, 40.0)
+    assert (by_ub[1]["comm_us"], by_ub[1]["covered_us"]) == (60.0, 50.0)  # 150..160 is its own compute
+    # annotations are markers, not work: stream 7 is busy exactly its kernels' time
+    s7 = next(s for s in rep["streams"] if s["stream"] == "stream 7")
+    assert s7["busy_us"] == 200.0 and s7["tasks"] == 4

@@ -17,7 +17,7 @@ def stream_utilisation(rt: RankTimeline, lo: int, hi: int) -> list[dict[str, obj
     for s in rt.streams:
         if s.kind == "host":
             continue
-        on = in_win & (rt.stream == s.index)
+        on = in_win & (rt.stream == s.index) & (rt.kind != int(Kind.HOST))
         if not on.any():
             continue
         waiting = on & (rt.kind == int(Kind.IDLE_WAIT))
@@ -46,7 +46,7 @@ def idle_gaps(rt: RankTimeline, lo: int, hi: int, top: int = 20, min_gap_ns: int
         if s.kind != "compute":
             continue
         idx = np.flatnonzero((rt.stream == s.index) & (rt.start_ns >= lo) & (rt.start_ns < hi)
-                             & (rt.kind != int(Kind.IDLE_WAIT)))
+                             & (rt.kind != int(Kind.IDLE_WAIT)) & (rt.kind != int(Kind.HOST)))
         if idx.size < 2:
             continue
         busy = iv.union(rt.start_ns[idx], rt.end_ns[idx])

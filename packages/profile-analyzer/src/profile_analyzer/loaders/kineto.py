@@ -63,6 +63,7 @@ def load_kineto(path: Path, rank_hint: int) -> RankTimeline:
     b._name_idx.update({n: i for i, n in enumerate(names)})
     kind = np.full(cols.track.size, int(Kind.HOST), dtype=np.int8)
     stream_idx = np.zeros(cols.track.size, dtype=np.int32)
+    gpu_annotation = np.zeros(cols.track.size, dtype=bool)
     warnings: list[Warning_] = []
     start = cols.start_ns
     end = cols.start_ns + cols.dur_ns
@@ -72,12 +73,7 @@ def load_kineto(path: Path, rank_hint: int) -> RankTimeline:
                                 np.where(name_memory[nid[ev_gpu]], int(Kind.OTHER), int(Kind.COMPUTE)))
         # one stream per (device pid, stream id)
         gi = np.flatnonzero(ev_gpu)
-        pairs = {}
-        for i in gi[np.unique([(cols.tracks[cols.track[j]][0], int(cols.stream_arg[j])) for j in gi], axis=0, return_index=True)[1]] if False else gi:
-            key = (cols.tracks[cols.track[i]][0], int(cols.stream_arg[i]))
-            if key not in pairs:
-                pairs[key] = None
-            break
+        pairs: dict[tuple[object, int], int | None] = {}
         keys = [(cols.tracks[t][0], int(s)) for t, s in zip(cols.track[gi], cols.stream_arg[gi])]
         for j, k in zip(gi, keys):
             pairs.setdefault(k, None)
@@ -85,6 +81,13 @@ def load_kineto(path: Path, rank_hint: int) -> RankTimeline:
         for k in pairs:
             pairs[k] = b.stream_index(("gpu",) + k, f"stream {k[1]}", "communication" if k in comm_keys else "compute", k[1])
         stream_idx[gi] = np.array([pairs[k] for k in keys], dtype=np.int32)
+        # GPU-side annotations (e.g. a "ubatch0" range) sit on their stream's lane as markers, not as tasks
+        ann_cat = np.array([c == "gpu_user_annotation" for c in cat_arr], dtype=bool)
+        for j in np.flatnonzero(ann_cat[cols.cat_id] & (cols.stream_arg >= 0) & ~ev_gpu):
+            k = (cols.tracks[cols.track[j]][0], int(cols.stream_arg[j]))
+            if k in pairs:
+                stream_idx[j] = pairs[k]
+                gpu_annotation[j] = True
     else:
         # CPU-only trace: analyse host threads
         warnings.append(Warning_(str(path), "device (GPU) kernels",
@@ -102,7 +105,7 @@ def load_kineto(path: Path, rank_hint: int) -> RankTimeline:
             is_comp[cand[inside]] = False
         kind[is_comm] = int(Kind.COMMUNICATION)
         kind[is_comp] = int(Kind.COMPUTE)
-    host = ~ev_gpu
+    host = ~ev_gpu & ~gpu_annotation
     if host.any():
         hi = np.flatnonzero(host)
         tmap: dict[int, int] = {}
