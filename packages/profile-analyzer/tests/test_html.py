@@ -78,6 +78,16 @@ def test_page_without_timeline_or_ranks_says_so(report_dict: dict) -> None:
     assert "No exposed-communication windows" in html
 
 
+def test_real_single_card_sample_page(msprof_sample: Path) -> None:
+    """The real torch_npu sample (one card, no communication): no timeline, the missing-file warning shown."""
+    d = analyze(load(msprof_sample / "single_card_ascend_pt")).to_dict()
+    html = render_html(d)
+    assert "No exposed-communication windows" in html
+    assert html.count('class="warning"') == len(d["warnings"]) >= 1
+    assert 'class="card alert"' not in html  # nothing exposed, nothing flagged
+    assert "Stream 3" in html  # the sample's only Ascend Hardware stream, in the utilisation table
+
+
 def test_cli_writes_html(profile: GroundTruth, tmp_path: Path) -> None:
     out = tmp_path / "report.html"
     assert cli_main(["report", str(profile.root), "--format", "html", "--output", str(out)]) == 0

@@ -145,7 +145,8 @@ def _summary_cards(d: dict[str, Any]) -> list[dict[str, str]]:
         {"label": "Computing", "value": _fmt_us(s.get("computing_us"))},
         {"label": "Communication", "value": _fmt_us(s.get("communication_us"))},
         {"label": "exposed communication", "value": _fmt_us(s.get("communication_not_overlapped_us")),
-         "note": f"{pct(s.get('exposed_comm_pct_of_wall'))} of wall", "alert": True},
+         "note": f"{pct(s.get('exposed_comm_pct_of_wall'))} of wall",
+         "alert": bool(s.get("communication_not_overlapped_us"))},
         {"label": "overlap (HTA)", "value": pct(s.get("overlap_pct")), "note": "|comm ∩ comp| / |comm|"},
         {"label": "Free", "value": _fmt_us(s.get("free_us"))},
     ]
