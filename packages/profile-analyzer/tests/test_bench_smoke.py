@@ -14,7 +14,7 @@ def test_bench_measures_report_on_a_cached_profile(tmp_path: Path) -> None:
     cache, out = tmp_path / "cache", tmp_path / "out"
     lines: list[str] = []
     res = bench.run_bench(out, cache=cache, ranks=2, target_bytes=400_000, with_msprof=False, timeout_s=300,
-                          log=lines.append, layers=4)
+                          log=lines.append, layers=4, phases=True)
     written = json.loads((out / "profile_analyzer.json").read_text())
     assert written == res
     inp, ours = res["input"], res["ours"]
@@ -28,6 +28,9 @@ def test_bench_measures_report_on_a_cached_profile(tmp_path: Path) -> None:
     check = ours["check_computing_us"]
     assert check["report"] == pytest.approx(check["ground_truth"], abs=0.01)
     assert "msprof_analyze" not in res and isinstance(res["meets_memory_target"], bool)
+    ph = res["ours_phases"]
+    assert ph["load_s"] > 0 and ph["analyze_s"] > 0 and ph["report_json_bytes"] > 1000
+    assert ph["rss_hwm_after_import"] <= ph["rss_hwm_after_load"] <= ph["rss_hwm_after_render"]
     table = bench.format_table(res)
     assert "events/s" in table and "skipped" in table
     # second run: the profile comes from the cache

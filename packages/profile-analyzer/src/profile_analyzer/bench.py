@@ -134,6 +134,36 @@ def run_ours(truth: GroundTruth, work: Path, timeout_s: float, cprofile: bool = 
     return run, json.loads(out.read_text())
 
 
+PHASES_SCRIPT = """
+import json, resource, sys, time
+def hwm():
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+t0 = time.perf_counter()
+import profile_analyzer
+from profile_analyzer.commands import render
+t1 = time.perf_counter(); m1 = hwm()
+tl = profile_analyzer.load(sys.argv[1])
+t2 = time.perf_counter(); m2 = hwm()
+d = profile_analyzer.analyze(tl).to_dict()
+t3 = time.perf_counter(); m3 = hwm()
+text = render(d, "json")
+t4 = time.perf_counter(); m4 = hwm()
+print(json.dumps({"import_s": t1 - t0, "load_s": t2 - t1, "analyze_s": t3 - t2, "render_json_s": t4 - t3,
+                  "rss_hwm_after_import": m1, "rss_hwm_after_load": m2, "rss_hwm_after_analyze": m3,
+                  "rss_hwm_after_render": m4, "report_json_bytes": len(text.encode()),
+                  "timeline_tasks": tl.n_events}))
+"""
+
+
+def run_phases(truth: GroundTruth, work: Path, timeout_s: float) -> dict:
+    """Where our time and memory go: import, load, analyze, render (one child process, in-process timers)."""
+    run = measure([sys.executable, "-c", PHASES_SCRIPT, str(truth.root)], timeout_s, work / "phases.log")
+    if run.returncode != 0:
+        raise RuntimeError(f"phase timing failed (exit {run.returncode}): {run.output_tail[-800:]}")
+    out = json.loads(run.output_tail.strip().splitlines()[-1])
+    return {k: (round(v, 3) if isinstance(v, float) else v) for k, v in out.items()}
+
+
 def ensure_msprof_analyze(cache: Path, log=print) -> Path:
     """msprof-analyze in its own virtualenv under .cache (its pandas/numpy pins stay out of ours)."""
     venv = cache / f"msprof-analyze-{MSPROF_ANALYZE_VERSION}-venv"
@@ -175,7 +205,8 @@ def run_msprof_compare(exe: Path, truth: GroundTruth, work: Path, timeout_s: flo
 
 
 def run_bench(out_dir: Path, *, cache: Path, ranks: int = 8, target_bytes: int = GIB, with_msprof: bool = True,
-              timeout_s: float = 3600, cprofile: bool = False, log=print, layers: int | None = None) -> dict:
+              timeout_s: float = 3600, cprofile: bool = False, phases: bool = False, log=print,
+              layers: int | None = None) -> dict:
     out_dir.mkdir(parents=True, exist_ok=True)
     truth = ensure_profile(cache, ranks, target_bytes, log, layers=layers)
     files = trace_files(truth)
@@ -207,6 +238,9 @@ def run_bench(out_dir: Path, *, cache: Path, ranks: int = 8, target_bytes: int =
         with open(out_dir / "profile_analyzer_cprofile.txt", "w") as f:
             pstats.Stats(str(prof_work / "ours.pstats"), stream=f).sort_stats("cumulative").print_stats(40)
         result["ours"]["cprofile"] = str(out_dir / "profile_analyzer_cprofile.txt")
+    if phases:
+        log("profile-analyzer phases: running ...")
+        result["ours_phases"] = run_phases(truth, work, timeout_s)
     if with_msprof:
         exe = ensure_msprof_analyze(cache, log)
         log(f"msprof-analyze compare: {math.ceil(len(files) / 2)} pairs ...")
@@ -242,6 +276,12 @@ def format_table(res: dict) -> str:
                                               f"target < {MEMORY_TARGET:g}x: "
                                               f"{'met' if res['meets_memory_target'] else 'NOT met'})"),
     ]
+    if "ours_phases" in res:
+        ph = res["ours_phases"]
+        rows.append(("profile-analyzer phases", f"import {ph['import_s']:.1f} s, load {ph['load_s']:.1f} s, "
+                                                f"analyze {ph['analyze_s']:.1f} s, render json {ph['render_json_s']:.1f} s"))
+        rows.append(("profile-analyzer RSS high-water", f"after load {ph['rss_hwm_after_load'] / mb:,.0f} MB, "
+                                                        f"after analyze {ph['rss_hwm_after_analyze'] / mb:,.0f} MB"))
     if "msprof_analyze" in res:
         m = res["msprof_analyze"]
         rows += [
@@ -265,6 +305,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--target-bytes", type=int, default=GIB, help="total trace_view.json size (default 1 GiB)")
     parser.add_argument("--no-msprof", action="store_true", help="measure profile-analyzer only")
     parser.add_argument("--cprofile", action="store_true", help="also write a cProfile of our run")
+    parser.add_argument("--phases", action="store_true",
+                        help="also time our import/load/analyze/render phases and their memory high-water marks")
     parser.add_argument("--timeout", type=float, default=3600, help="seconds allowed per measured command")
     args = parser.parse_args(argv)
     if args.ranks < 1 or args.target_bytes < 1:
@@ -273,7 +315,8 @@ def main(argv: list[str] | None = None) -> int:
     cache = Path(args.cache) if args.cache else repo_root() / ".cache"
     try:
         res = run_bench(Path(args.out), cache=cache, ranks=args.ranks, target_bytes=args.target_bytes,
-                        with_msprof=not args.no_msprof, timeout_s=args.timeout, cprofile=args.cprofile)
+                        with_msprof=not args.no_msprof, timeout_s=args.timeout, cprofile=args.cprofile,
+                        phases=args.phases)
     except (RuntimeError, TimeoutError, OSError, subprocess.SubprocessError) as exc:
         print(f"profile_analyzer.bench: {exc}", file=sys.stderr)
         return 1
