@@ -439,8 +439,11 @@ class RankWriter:
                           "stand-in for an Ascend NPU run: written by a simulator, not by a device"},
         }
         (self.dir / f"profiler_info_{ids.rank}.json").write_text(json.dumps(info, indent=1))
+        # the keys msprof-analyze's cluster analysis reads (Megatron-style parallel sizes)
         meta = {"distributed_args": {"backend": "hccl", "rank": ids.rank, "world_size": p.ranks,
-                                     "tp_size": 1, "pp_size": 1, "dp_size": p.ranks}, "ENV_VARIABLES": {}}
+                                     "tensor_model_parallel_size": 1, "pipeline_model_parallel_size": 1,
+                                     "data_parallel_size": p.ranks, "context_parallel_size": 1,
+                                     "expert_model_parallel_size": p.ranks}, "ENV_VARIABLES": {}}
         (self.dir / "profiler_metadata.json").write_text(json.dumps(meta, indent=1))
 
 
