@@ -42,6 +42,8 @@ FAKE_VLLM = textwrap.dedent(
             sys.exit(3)
         if mode == "hang":
             time.sleep(600)
+        if "--enable-dbo" in args:  # what vLLM's CPU platform prints
+            print("WARNING [cpu.py:347] Dual-Batch Overlap is not supported on CPU, disabled.", flush=True)
         port = int(args[args.index("--port") + 1])
         class Health(http.server.BaseHTTPRequestHandler):
             def do_GET(self):
@@ -212,6 +214,11 @@ def test_full_run_with_stand_in_server_writes_summary_and_deltas(tmp_path: Path,
     assert "| dbo-on | max-concurrency=4 | ok | 10.00 | 160.0 | 80.00 | 120.00 | 8.00 | +25.0% | -20.0% |" in (out / "summary.md").read_text()
     assert wait_dead(recorded_pids(tmp_path)) == []  # both servers and their children are gone
     assert len(recorded_pids(tmp_path)) == 4
+    # The DBO variant's server said it turned DBO off: every row of it carries the warning.
+    assert summary["rows"][0]["warnings"] == []
+    assert all("turned DBO off" in r["warnings"][0] and "not supported on CPU" in r["warnings"][0] for r in summary["rows"][2:])
+    assert "Warnings:\n- dbo-on: the server turned DBO off" in (out / "summary.md").read_text()
+    assert "dbo-on: warning: the server turned DBO off" in proc.stderr
 
     table = harness("table", str(out), "--baseline", "dbo-on", "--format", "json")
     rows = json.loads(table.stdout)["rows"]

@@ -85,6 +85,12 @@ VARIANT_KEYS = {"name", "server_args", "server_env"}
 # Options the harness sets itself; a matrix that sets them would silently point the bench elsewhere.
 RESERVED_BENCH_ARGS = {"host", "port", "base-url", "model", "save-result", "result-dir", "result-filename", "label"}
 RESERVED_SERVER_ARGS = {"host", "port", "model"}
+# Log lines by which a server says it ignored --enable-dbo: upstream vLLM on CPU, and stock vLLM-Ascend
+# (NPUPlatform.check_and_update_config). A DBO variant whose log has one measured the baseline again.
+DBO_DISABLED_PATTERNS = (
+    re.compile(r"Dual-Batch Overlap is not supported.*disabled", re.I),
+    re.compile(r"parameter=enable_dbo, action: resetting to False", re.I),
+)
 
 
 class BenchError(Exception):
@@ -489,7 +495,20 @@ def _env_for(overrides: dict[str, str]) -> dict[str, str]:
 def _row(variant: str, point: dict[str, Any], status: str, reason: str = "", result: dict[str, Any] | None = None,
          result_file: str | None = None) -> dict[str, Any]:
     metrics = {key: (result or {}).get(key) for key in SUMMARY_METRICS}
-    return {"variant": variant, "point": point, "status": status, "reason": reason, "result_file": result_file, **metrics}
+    return {"variant": variant, "point": point, "status": status, "reason": reason, "result_file": result_file,
+            "warnings": [], **metrics}
+
+
+def dbo_disabled_line(log_path: Path) -> str | None:
+    """The first server-log line saying that --enable-dbo was turned off, if any."""
+    try:
+        with open(log_path, encoding="utf-8", errors="replace") as handle:
+            for line in handle:
+                if any(p.search(line) for p in DBO_DISABLED_PATTERNS):
+                    return line.strip()
+    except OSError:
+        return None
+    return None
 
 
 def run_matrix(matrix: Matrix, out_dir: Path, python: str, *, log: Any = None, dry_run: bool = False) -> dict[str, Any]:
@@ -555,6 +574,14 @@ def _run_variant(matrix: Matrix, variant: Variant, out_dir: Path, python: str, l
             if json.dumps(point, sort_keys=True) not in done:
                 rows.append(_row(variant.name, point, "server-failed", str(exc)))
         say(f"[{variant.name}] server failed: {exc}")
+    if {**matrix.server_args, **variant.server_args}.get("enable-dbo"):
+        line = dbo_disabled_line(vdir / "server.log")
+        if line is not None:
+            warning = f"the server turned DBO off, so this is not a DBO measurement: {line[-200:]}"
+            for row in rows:
+                if row["variant"] == variant.name:
+                    row["warnings"].append(warning)
+            say(f"[{variant.name}] warning: {warning}")
 
 
 def _run_point(variant: Variant, point: dict[str, Any], cmd: list[str], vdir: Path, timeout_s: float, say: Any) -> dict[str, Any]:
@@ -625,6 +652,9 @@ def markdown_table(summary: dict[str, Any]) -> str:
     failures = [r for r in summary["rows"] if r["status"] not in ("ok",)]
     if failures:
         lines += ["", "Problems:"] + [f"- {r['variant']} {point_name(r['point'])}: {r['status']}: {r['reason']}" for r in failures]
+    warned = {r["variant"]: r["warnings"] for r in summary["rows"] if r.get("warnings")}
+    if warned:
+        lines += ["", "Warnings:"] + [f"- {variant}: {w}" for variant, ws in warned.items() for w in ws]
     return "\n".join(lines) + "\n"
 
 
@@ -641,6 +671,9 @@ def print_table(summary: dict[str, Any]) -> None:
     for row in summary["rows"]:
         if row["status"] != "ok":
             print(f"{row['variant']} {point_name(row['point'])}: {row['status']}: {row['reason']}", file=sys.stderr)
+    for variant, warnings in {r["variant"]: r["warnings"] for r in summary["rows"] if r.get("warnings")}.items():
+        for warning in warnings:
+            print(f"{variant}: warning: {warning}", file=sys.stderr)
 
 
 def _write_text(path: Path, text: str) -> None:
