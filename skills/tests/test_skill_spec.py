@@ -118,6 +118,15 @@ def test_every_template_is_documented_and_has_example_values(folder: Path) -> No
         assert (folder / "values" / f"{stem}.yaml").is_file(), f"no values/{stem}.yaml for {template.name}"
 
 
+@pytest.mark.parametrize("folder", skill_folders(), ids=lambda p: p.name)
+def test_codex_display_metadata(folder: Path) -> None:
+    """agents/openai.yaml (Codex's display data), as vLLM's own skills carry it."""
+    interface = yaml.safe_load((folder / "agents" / "openai.yaml").read_text())["interface"]
+    assert set(interface) == {"display_name", "short_description", "default_prompt"}
+    assert all(isinstance(v, str) and v for v in interface.values())
+    assert folder.name in interface["default_prompt"]
+
+
 def _write_skill(root: Path, folder: str, front: str, body: str = "# Title\n") -> Path:
     path = root / folder
     path.mkdir()
