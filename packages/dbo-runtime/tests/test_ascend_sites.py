@@ -2,7 +2,8 @@
 
 No NPU and no vllm_ascend here: the test writes a package ``standin_vllm_ascend`` whose modules, classes and
 functions carry exactly the qualified names and parameter names of the site table (generated from
-``dbo_runtime.ascend.sites.SITES``; the doctor test checks the same table against the real sdist). Each stand-in
+``dbo_runtime.ascend.sites.SITES`` by ``dbo_runtime.ascend.standin``; the doctor test checks the same table against
+the real sdist). Each stand-in
 body records its call and hands it to a per-site behaviour the test chooses. The wrappers installed are the real
 ``dbo_runtime.hooks.wrap_stream_site`` and the real ``run_ubatches`` ping-pong (CPU backend: no streams).
 """
@@ -12,9 +13,7 @@ from __future__ import annotations
 import dataclasses
 import importlib
 import sys
-import textwrap
 from collections.abc import Callable, Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -24,6 +23,7 @@ from dbo_runtime.ascend.custom_op import CompiledReentryGuard, OpaqueAdapter
 from dbo_runtime.ascend.patching import install_sites
 from dbo_runtime.ascend.runner import ForwardContextSwitch, PerUBatchState, ascend_site_wrapper
 from dbo_runtime.ascend.sites import SITES, site_by_name
+from dbo_runtime.ascend.standin import write_standin_tree
 from dbo_runtime.context import dbo_current_ubatch_id, run_ubatches
 from dbo_runtime.devices import get_backend
 from dbo_runtime.errors import DBOConfigError
@@ -33,78 +33,10 @@ PREFIX = {"vllm_ascend": STANDIN}
 OP_NS = "standin_vllm_dbo"
 
 
-def _standin_sources() -> dict[str, str]:
-    """module path -> source of the stand-in tree, one class/function per site with the table's names."""
-    modules: dict[str, dict[str, list[str]]] = {}
-    for site in SITES:
-        if site.hook == "via":
-            continue
-        mod = site.module.replace("vllm_ascend", STANDIN, 1)
-        *owner, leaf = site.qualname.split(".")
-        # Defaults as in the real signatures where the table relies on an optional parameter.
-        params = ", ".join(p + "=False" if p == "is_ep_comm" else p for p in site.params)
-        args = ", ".join(p for p in site.params if p != "self")
-        self_arg = "self" if "self" in site.params else "None"
-        body = f"    return _standin.call({site.name!r}, {self_arg}, ({args},))\n"
-        fn = f"def {leaf}({params}, **kwargs):\n{body}"
-        modules.setdefault(mod, {}).setdefault(owner[0] if owner else "", []).append(fn)
-    files: dict[str, str] = {}
-    for mod, owners in modules.items():
-        parts = ["import torch", f"from {STANDIN} import _standin", ""]
-        for owner, fns in owners.items():
-            if owner:
-                parts.append(f"class {owner}:")
-                parts.append("    def __init__(self, *args, **kwargs):\n        _standin.init(self, *args, **kwargs)")
-                parts.extend(textwrap.indent(fn, "    ") for fn in fns)
-            else:
-                parts.extend(fns)
-        files[mod] = "\n".join(parts) + "\n"
-    # The FlashComm1 collectives are torch custom ops whose impl is the site function (as direct_register_custom_op).
-    ops = files[f"{STANDIN}.ops.register_custom_ops"]
-    ops += textwrap.dedent(f"""
-        _lib = torch.library.Library({OP_NS!r}, "FRAGMENT")
-        _lib.define("maybe_all_gather_and_maybe_unpad(Tensor x, bool label, bool is_ep_comm=False) -> Tensor")
-        _lib.define("maybe_pad_and_reduce(Tensor x, bool is_ep_comm=False) -> Tensor")
-        _lib.impl("maybe_all_gather_and_maybe_unpad", _maybe_all_gather_and_maybe_unpad_impl, "CPU")
-        _lib.impl("maybe_pad_and_reduce", _maybe_pad_and_reduce_impl, "CPU")
-    """)
-    files[f"{STANDIN}.ops.register_custom_ops"] = ops
-    return files
-
-
-STANDIN_RUNTIME = '''
-"""Stand-in helper: records calls and dispatches to behaviours chosen by the test."""
-import threading
-LOG = []
-BEHAVIOR = {}
-INIT = {}
-
-
-def call(site, obj, args):
-    LOG.append((site, threading.current_thread().name))
-    fn = BEHAVIOR.get(site)
-    if fn is not None:
-        return fn(obj, *args)
-    return args[0]
-
-
-def init(obj, *args, **kwargs):
-    for key, value in INIT.items():
-        setattr(obj, key, value)
-'''
-
-
 @pytest.fixture(scope="module")
 def standin_tree(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
     root = tmp_path_factory.mktemp("standin")
-    for mod, src in {**_standin_sources(), f"{STANDIN}._standin": STANDIN_RUNTIME}.items():
-        path = root / Path(*mod.split("."))
-        path = path.with_suffix(".py")
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(src)
-        for parent in path.relative_to(root).parents:
-            if str(parent) != ".":
-                (root / parent / "__init__.py").touch()
+    write_standin_tree(root, STANDIN, OP_NS)
     sys.path.insert(0, str(root))
     try:
         yield importlib.import_module(f"{STANDIN}._standin")

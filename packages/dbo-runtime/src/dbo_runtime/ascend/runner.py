@@ -358,7 +358,12 @@ def install_runner_patches(runner_cls: type, switch: ForwardContextSwitch, *, ti
                   "_model_forward")}
     guard = CompiledReentryGuard("NPUModelRunner.model")
     cube_num, vector_num = comm_core_limits()
-    backend = CommLimitedBackend(get_backend(device), cube_num=cube_num, vector_num=vector_num)
+    backends: list[CommLimitedBackend] = []  # created at the first split: installing needs no device
+
+    def backend() -> CommLimitedBackend:
+        if not backends:
+            backends.append(CommLimitedBackend(get_backend(device), cube_num=cube_num, vector_num=vector_num))
+        return backends[0]
     in_dummy = threading.local()
 
     def _dummy_run(self, *args, **kwargs):
@@ -484,7 +489,7 @@ def install_runner_patches(runner_cls: type, switch: ForwardContextSwitch, *, ti
             return run
 
         try:
-            outputs = run_ubatches([one(i, ub) for i, ub in enumerate(slices)], backend=backend,
+            outputs = run_ubatches([one(i, ub) for i, ub in enumerate(slices)], backend=backend(),
                                    timeout_s=timeout_s)
         finally:
             set_vllm_forward_context(outer)
