@@ -47,16 +47,14 @@ class PackageSource:
     def read(self, relpath: str) -> str:
         member = self._files[relpath]
         reader = self._reader
-        if isinstance(reader, tarfile.TarFile):
-            handle = reader.extractfile(member)
-            assert handle is not None
-            return handle.read().decode("utf-8", errors="replace")
+        if isinstance(reader, dict):  # an sdist, read in one pass at open
+            return reader[member]
         if isinstance(reader, zipfile.ZipFile):
             return reader.read(member).decode("utf-8", errors="replace")
         return Path(member).read_text(encoding="utf-8", errors="replace")
 
     def close(self) -> None:
-        if isinstance(self._reader, (tarfile.TarFile, zipfile.ZipFile)):
+        if isinstance(self._reader, zipfile.ZipFile):
             self._reader.close()
 
 
@@ -77,34 +75,34 @@ def _bad_input(path: Path, package: str, why: str) -> DBOConfigError:
 
 
 def _from_tar(path: Path, package: str) -> PackageSource:
+    # One sequential pass: a .tar.gz cannot seek backwards cheaply, so every .py of the package is read now.
+    texts: dict[str, str] = {}
+    version = None
     try:
-        tar = tarfile.open(path, "r:*")
-        members = tar.getmembers()
+        with tarfile.open(path, "r:*") as tar:
+            for member in tar:
+                if not member.isfile():
+                    continue
+                parts = member.name.split("/")
+                if len(parts) == 2 and parts[1] == "PKG-INFO":
+                    handle = tar.extractfile(member)
+                    if handle is not None:
+                        version = _version_from_metadata_text(handle.read().decode("utf-8", errors="replace"))
+                    continue
+                # sdist layout: <name>-<version>/<package>/...; accept the package at depth 0 or 1
+                for depth in (1, 0):
+                    if len(parts) > depth + 1 and parts[depth] == package:
+                        rel = "/".join(parts[depth:])
+                        if rel.endswith(".py") and rel not in texts:
+                            handle = tar.extractfile(member)
+                            if handle is not None:
+                                texts[rel] = handle.read().decode("utf-8", errors="replace")
+                        break
     except (tarfile.TarError, OSError, EOFError) as exc:
         raise _bad_input(path, package, f"not a readable archive ({exc.__class__.__name__})") from None
-    files: dict[str, str] = {}
-    version = None
-    for member in members:
-        if not member.isfile():
-            continue
-        parts = member.name.split("/")
-        # sdist layout: <name>-<version>/<package>/...; accept the package at depth 0 or 1
-        for depth in (1, 0):
-            if len(parts) > depth + 1 and parts[depth] == package:
-                rel = "/".join(parts[depth:])
-                if rel.endswith(".py"):
-                    files.setdefault(rel, member)  # type: ignore[arg-type]
-                break
-    for member in members:
-        if member.isfile() and member.name.count("/") == 1 and member.name.endswith("/PKG-INFO"):
-            handle = tar.extractfile(member)
-            if handle is not None:
-                version = _version_from_metadata_text(handle.read().decode("utf-8", errors="replace"))
-            break
-    if not files or f"{package}/__init__.py" not in files:
-        tar.close()
+    if f"{package}/__init__.py" not in texts:
         raise _bad_input(path, package, f"archive has no {package}/__init__.py")
-    return PackageSource(package, str(path), "sdist", version, files, tar)
+    return PackageSource(package, str(path), "sdist", version, {k: k for k in texts}, texts)
 
 
 def _from_zip(path: Path, package: str) -> PackageSource:
