@@ -132,3 +132,14 @@ def test_plain_msprof_without_framework_events(dbo_profile, tmp_path):
         assert rep["breakdown"][0]["computing"] == pytest.approx(sum(s["computing_us"] for s in steps), abs=1e-3)
         assert rep["breakdown"][0]["communication"] == pytest.approx(sum(s["communication_us"] for s in steps), abs=1e-3)
         assert any("ProfilerStep" in w["missing"] or "trace_view" in w["missing"] for w in rep["warnings"])
+
+
+def test_parallel_load_equals_sequential(dbo_profile):
+    root, _ = dbo_profile
+    a = pa.load(root)
+    b = pa.load(root, workers=2)
+    assert sorted(a.ranks) == sorted(b.ranks) == [0, 1]
+    for r in a.ranks:
+        assert a.ranks[r].start_ns.tolist() == b.ranks[r].start_ns.tolist()
+        assert a.ranks[r].kind.tolist() == b.ranks[r].kind.tolist()
+    assert pa.analyze(a).to_dict()["breakdown"] == pa.analyze(b).to_dict()["breakdown"]

@@ -23,6 +23,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--rank", type=int, help="only this rank")
     p.add_argument("--step", type=int, help="only this ProfilerStep#N")
     p.add_argument("--top", type=int, default=20, help="rows per ranked table (default 20)")
+    p.add_argument("--jobs", "-j", type=int, default=1, help="load ranks in this many processes (default 1)")
     p.set_defaults(func=run_report)
 
     c = subparsers.add_parser("compare", help="delta of every breakdown item between two profiles (e.g. DBO off vs on)")
@@ -35,11 +36,11 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     c.set_defaults(func=run_compare)
 
 
-def _progress_loader(path: str, ranks: list[int] | None):
+def _progress_loader(path: str, ranks: list[int] | None, jobs: int = 1):
     from profile_analyzer.loaders import load
 
     if not sys.stderr.isatty():
-        return load(path, ranks=ranks)
+        return load(path, ranks=ranks, workers=jobs)
     from rich.progress import Progress
 
     with Progress(transient=True, console=None) as prog:
@@ -48,7 +49,7 @@ def _progress_loader(path: str, ranks: list[int] | None):
         def cb(done: int, total: int, label: str) -> None:
             prog.update(task, completed=done, total=total, description=f"loaded {label}")
 
-        return load(path, ranks=ranks, progress=cb)
+        return load(path, ranks=ranks, progress=cb, workers=jobs)
 
 
 def _write(text: str, output: str | None) -> None:
@@ -102,7 +103,7 @@ def run_report(args: argparse.Namespace) -> int:
     from profile_analyzer.api import analyze
 
     try:
-        tl = _progress_loader(args.path, [args.rank] if args.rank is not None else None)
+        tl = _progress_loader(args.path, [args.rank] if args.rank is not None else None, max(1, args.jobs))
         rep = analyze(tl, rank=args.rank, step=args.step, top=args.top)
         d = rep.to_dict()
         text = render(d, args.format)

@@ -117,10 +117,12 @@ def _trace_file(p: Path, rank: int) -> RankTimeline:
 
 
 def load(path: str | Path, *, ranks: list[int] | None = None,
-         progress: Callable[[int, int, str], None] | None = None) -> Timeline:
+         progress: Callable[[int, int, str], None] | None = None, workers: int = 1) -> Timeline:
     """Load any supported profile. ``ranks`` restricts a multi-rank directory to those ranks.
 
     ``progress(done, total, label)`` is called after each rank is loaded (the CLI shows a bar on a terminal).
+    ``workers`` > 1 loads the ranks of a multi-rank directory in that many processes (each process peaks at
+    about twice the size of the rank it loads).
     """
     p = Path(path)
     fmt = detect(p)
@@ -139,18 +141,33 @@ def load(path: str | Path, *, ranks: list[int] | None = None,
         listing = ", ".join(f"{e.name} ({f})" for e, f in entries[:4])
         raise ProfileError(p, f"mixed formats in one directory ({listing}); expected one profile per rank, all of one format")
     loaded: dict[int, RankTimeline] = {}
-    total = len(entries)
+    jobs = []
     for i, (entry, f) in enumerate(entries):
         r = _rank_of(entry, f)
-        rank = r if r is not None else i
         if ranks is not None and r is not None and r not in ranks:
             continue
-        rt = _load_single(entry, f, rank)
+        jobs.append((entry, f, r if r is not None else i))
+    total = len(jobs)
+
+    def add(entry: Path, rt: RankTimeline, done: int) -> None:
         if rt.rank in loaded:
             raise ProfileError(entry, f"rank {rt.rank} appears twice (also {loaded[rt.rank].source}); expected one profile per rank")
         loaded[rt.rank] = rt
         if progress:
-            progress(i + 1, total, entry.name)
+            progress(done, total, entry.name)
+
+    if workers > 1 and total > 1:
+        import multiprocessing
+        from concurrent.futures import ProcessPoolExecutor
+
+        ctx = multiprocessing.get_context("fork" if "fork" in multiprocessing.get_all_start_methods() else "spawn")
+        with ProcessPoolExecutor(max_workers=min(workers, total), mp_context=ctx) as pool:
+            futures = [(entry, pool.submit(_load_single, entry, f, rank)) for entry, f, rank in jobs]
+            for done, (entry, fut) in enumerate(futures, 1):
+                add(entry, fut.result(), done)
+    else:
+        for done, (entry, f, rank) in enumerate(jobs, 1):
+            add(entry, _load_single(entry, f, rank), done)
     if ranks is not None:
         loaded = {k: v for k, v in loaded.items() if k in ranks}
         if not loaded:

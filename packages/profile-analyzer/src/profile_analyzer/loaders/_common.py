@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import csv
+import io
 import re
+from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -25,7 +27,7 @@ def merge_columns(parts: list) -> object:
     pn: dict = {}
     pl: dict = {}
     tn: dict = {}
-    flows: list = []
+    flows: dict = {}
     n = 0
     for c in parts:
         remap_t = tracks.ids(c.tracks) if c.tracks else np.zeros(0, np.int32)
@@ -43,7 +45,10 @@ def merge_columns(parts: list) -> object:
         pn.update(c.process_name)
         pl.update(c.process_label)
         tn.update(c.thread_name)
-        flows.extend(c.flows)
+        for k, (ids, ts) in c.flows.items():
+            e = flows.setdefault(k, ([], []))
+            e[0].extend(ids)
+            e[1].extend(ts)
         n += c.n_events
     cols = [np.concatenate(a) for a in arrays]
     return Columns(track=cols[0].astype(np.int32), start_ns=cols[1], dur_ns=cols[2], name_id=cols[3].astype(np.int32),
@@ -80,18 +85,31 @@ def build_steps(step_ids: np.ndarray, host_start: np.ndarray, host_end: np.ndarr
     return Steps(step_ids.astype(np.int64), start.astype(np.int64), end.astype(np.int64), host_start.astype(np.int64))
 
 
-def read_csv_rows(path: Path) -> tuple[list[str], list[list[str]]]:
+def read_csv_rows(path: Path, materialise: bool = True) -> tuple[list[str], Iterator[list[str]] | list[list[str]]]:
+    """Header and rows of a CSV file; with ``materialise=False`` the rows are streamed (decode errors then
+    surface while iterating, as ProfileError)."""
     try:
-        with open(path, newline="", encoding="utf-8-sig") as f:
-            rows = list(csv.reader(f))
+        text = path.read_text(encoding="utf-8-sig")
     except OSError as exc:
         raise ProfileError(path, f"cannot be read ({exc})") from None
-    except (UnicodeDecodeError, csv.Error) as exc:
+    except UnicodeDecodeError as exc:
         raise ProfileError(path, f"not a CSV file ({exc}); expected the profiler's CSV output") from None
-    if not rows:
-        raise ProfileError(path, "empty CSV; expected a header row and data rows")
-    header = [h.strip() for h in rows[0]]
-    return header, rows[1:]
+    reader = csv.reader(io.StringIO(text, newline=""))
+    try:
+        first = next(reader)
+    except StopIteration:
+        raise ProfileError(path, "empty CSV; expected a header row and data rows") from None
+    except csv.Error as exc:
+        raise ProfileError(path, f"not a CSV file ({exc}); expected the profiler's CSV output") from None
+    header = [h.strip() for h in first]
+
+    def rows() -> Iterator[list[str]]:
+        try:
+            yield from reader
+        except csv.Error as exc:
+            raise ProfileError(path, f"malformed CSV ({exc})") from None
+
+    return header, (list(rows()) if materialise else rows())
 
 
 def to_float(s: str) -> float | None:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import gc
 import gzip
 import re
+from operator import attrgetter
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -41,10 +42,20 @@ class Event(msgspec.Struct, gc=False):
     pid: int | str = 0
     tid: int | str = 0
     ts: str | int | float | None = None
-    dur: float | int | str | None = None
+    dur: float | int | str | None = 0.0
     cat: str | None = None
     id: int | str | None = None
-    args: Args | None = None
+    args: Args = msgspec.field(default_factory=Args)
+
+
+_PID = attrgetter("pid")
+_TID = attrgetter("tid")
+_TS = attrgetter("ts")
+_DUR = attrgetter("dur")
+_NAME = attrgetter("name")
+_CAT = attrgetter("cat")
+_ARGS = attrgetter("args")
+_TTYPE = attrgetter("args.task_type")
 
 
 class KinetoFile(msgspec.Struct):
@@ -220,8 +231,12 @@ def to_ns(values: list[object], path: Path | None = None) -> np.ndarray:
     if n == 0:
         return np.zeros(0, dtype=np.int64)
     first = values[0]
-    if isinstance(first, str) and all(type(v) is str for v in values):
-        return parse_decimal_us_to_ns(np.array(values, dtype="S"))
+    if isinstance(first, str):
+        # numbers among strings become their repr, which parses the same; None becomes b"None" -> 0
+        try:
+            return parse_decimal_us_to_ns(np.array(values, dtype="S"))
+        except (UnicodeEncodeError, ValueError):
+            pass
     if not isinstance(first, str):
         try:
             arr = np.array(values)
@@ -263,11 +278,11 @@ class _Interner:
 
     def ids(self, items: list) -> np.ndarray:
         d = self.index
-        before = len(d)
-        ids = [d.setdefault(it, len(d)) for it in items]
-        if len(d) > before:
-            self.values.extend(list(d)[before:])
-        return np.array(ids, dtype=np.int32)
+        for k in dict.fromkeys(items):  # unique values in first-seen order, at C speed
+            if k not in d:
+                d[k] = len(self.values)
+                self.values.append(k)
+        return np.fromiter(map(d.__getitem__, items), dtype=np.int32, count=len(items))
 
 
 @dataclass
@@ -289,9 +304,26 @@ class Columns:
     process_name: dict[object, str]
     process_label: dict[object, str]
     thread_name: dict[tuple[object, object], str]
-    flows: list[tuple[str, object, str, int, tuple[object, object]]]  # (cat, id, ph, ts_ns, (pid, tid))
+    flows: dict[tuple[str, str], tuple[list[object], list[int]]]  # (cat, ph) -> (flow ids, ts_ns)
     distributed_info: dict[str, object] | None
     n_events: int
+
+
+def _track_ids(tracks: _Interner, pids: list, tids: list) -> np.ndarray:
+    """Per-event index of its (pid, tid) pair, with numpy doing the per-event work when ids are integers."""
+    try:
+        pa = np.array(pids)
+        ta = np.array(tids)
+        if pa.dtype.kind not in "iu" or ta.dtype.kind not in "iu" or pa.ndim != 1 or ta.ndim != 1:
+            raise TypeError
+    except (TypeError, ValueError, OverflowError):
+        return tracks.ids(list(zip(pids, tids)))
+    up, pinv = np.unique(pa, return_inverse=True)
+    ut, tinv = np.unique(ta, return_inverse=True)
+    key = pinv.astype(np.int64) * ut.size + tinv
+    uk, kinv = np.unique(key, return_inverse=True)
+    pairs = [(int(up[k // ut.size]), int(ut[k % ut.size])) for k in uk.tolist()]
+    return tracks.ids(pairs)[kinv]
 
 
 def _int_or(v: object, default: int) -> int:
@@ -325,7 +357,7 @@ def _columnarise(path: Path, flow_cats: frozenset[str], kineto_args: bool) -> Co
     process_name: dict[object, str] = {}
     process_label: dict[object, str] = {}
     thread_name: dict[tuple[object, object], str] = {}
-    flows: list[tuple[str, object, str, int, tuple[object, object]]] = []
+    flows: dict[tuple[str, str], tuple[list[object], list[int]]] = {}
     parts: list[tuple[np.ndarray, ...]] = []
     n_events = 0
     for chunk in decoded.chunks:
@@ -350,17 +382,23 @@ def _columnarise(path: Path, flow_cats: frozenset[str], kineto_args: bool) -> Co
                 flow_evs.append(e)
         if flow_evs:
             fts = to_ns([e.ts for e in flow_evs], path).tolist()
-            flows.extend((e.cat or "", e.id, e.ph, t, (e.pid, e.tid)) for e, t in zip(flow_evs, fts))
+            for e, t in zip(flow_evs, fts):
+                key = (e.cat or "", e.ph)
+                entry = flows.get(key)
+                if entry is None:
+                    entry = flows[key] = ([], [])
+                entry[0].append(e.id)
+                entry[1].append(t)
         del flow_evs
         if not xs:
             continue
-        track = tracks.ids([(e.pid, e.tid) for e in xs])
-        start = to_ns([e.ts for e in xs], path)
-        dur = to_ns([e.dur if e.dur is not None else 0 for e in xs], path)
-        name_id = names.ids([e.name for e in xs])
-        cat_id = cats.ids([e.cat for e in xs])
-        argl = [e.args for e in xs]
-        ttype = ttypes.ids([a.task_type if a is not None else None for a in argl])
+        track = _track_ids(tracks, list(map(_PID, xs)), list(map(_TID, xs)))
+        start = to_ns(list(map(_TS, xs)), path)
+        dur = to_ns(list(map(_DUR, xs)), path)
+        name_id = names.ids(list(map(_NAME, xs)))
+        cat_id = cats.ids(list(map(_CAT, xs)))
+        ttype = ttypes.ids(list(map(_TTYPE, xs)))
+        argl = list(map(_ARGS, xs)) if kineto_args else []
         if kineto_args:
             stream_arg = np.fromiter(
                 (_int_or(a.stream, -1) if a is not None and a.stream is not None else -1 for a in argl), dtype=np.int64,

@@ -64,23 +64,33 @@ def _device_of(label: str | None) -> int | None:
 
 def read_kernel_details(path: Path) -> dict[str, object]:
     """kernel_details.csv (both header generations) -> name->Type, the set of communication op names, count."""
-    header, rows = read_csv_rows(path)
+    header, rows = read_csv_rows(path, materialise=False)
     col = {h: i for i, h in enumerate(header)}
     if "Name" not in col or "Start Time(us)" not in col:
         raise ProfileError(path, "not a kernel_details.csv: expected columns Name, Type, Accelerator Core, Start Time(us)")
     i_name, i_type = col["Name"], col.get("Type")
     i_core = col.get("Accelerator Core", col.get("Task Type"))
     types: dict[str, str] = {}
-    comm: set[str] = set()
-    for r in rows:
-        if len(r) <= i_name:
-            continue
-        name = r[i_name]
-        if i_type is not None and i_type < len(r):
-            types.setdefault(name, r[i_type])
-        if i_core is not None and i_core < len(r) and r[i_core].strip().upper() in ("HCCL", "COMMUNICATION"):
-            comm.add(name)
-    return {"types": types, "comm_names": frozenset(comm), "rows": len(rows)}
+    cores: dict[str, str] = {}
+    n = 0
+    width = max(i_name, i_type or 0, i_core or 0)
+    if i_type is None or i_core is None:
+        for r in rows:
+            n += 1
+            if len(r) > i_name:
+                types.setdefault(r[i_name], r[i_type] if i_type is not None and i_type < len(r) else "")
+                if i_core is not None and i_core < len(r):
+                    cores.setdefault(r[i_name], r[i_core])
+    else:
+        for r in rows:
+            n += 1
+            if len(r) > width:
+                name = r[i_name]
+                if name not in types:
+                    types[name] = r[i_type]
+                    cores[name] = r[i_core]
+    comm = frozenset(nm for nm, c in cores.items() if c.strip().upper() in ("HCCL", "COMMUNICATION"))
+    return {"types": types, "comm_names": comm, "rows": n}
 
 
 def read_step_trace_time(path: Path) -> list[dict[str, float | str]]:
@@ -213,15 +223,8 @@ def columns_to_rank(cols: Columns, *, rank: int, source: str, fmt: str, kernel_d
 
 def _launch_links(cols: Columns, ev_role: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(host launch ts, device task start, device task end) from the ``async_npu`` flows."""
-    starts: dict[object, int] = {}
-    ends: dict[object, int] = {}
-    for cat, fid, ph, ts, _track in cols.flows:
-        if cat != "async_npu":
-            continue
-        if ph == "s":
-            starts[fid] = ts
-        elif ph == "f":
-            ends[fid] = ts
+    starts: dict[object, int] = dict(zip(*cols.flows.get(("async_npu", "s"), ([], []))))
+    ends: dict[object, int] = dict(zip(*cols.flows.get(("async_npu", "f"), ([], []))))
     common = [k for k in starts if k in ends]
     if not common:
         z = np.zeros(0, np.int64)
