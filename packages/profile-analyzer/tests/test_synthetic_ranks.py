@@ -36,7 +36,7 @@ def test_breakdown_matches_ground_truth_and_profiler(tmp_path, cann):
             assert row[k] == pytest.approx(t[f"{k}_us"], abs=1e-3), (cann, row["rank"], row["step"], k)
     # both profiler-written references agree to 1 µs per step and item
     sources = {a["source"] for a in rep["profiler_agreement"]}
-    assert sources == {"overlap_analysis_track", "step_trace_time.csv"}
+    assert sources == {"overlap_analysis_track", "step_trace_time.csv", "communication.json"}
     assert max(abs(a["delta_us"]) for a in rep["profiler_agreement"]) < 1.0
     assert all(d["detected"] is False and "no ping-pong" in d["reason"] for d in rep["dual_batch"])
 

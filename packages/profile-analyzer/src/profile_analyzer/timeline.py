@@ -109,6 +109,8 @@ class RankTimeline:
     profiler_step_trace: list[dict[str, float | str]] | None = None
     warnings: list[Warning_] = field(default_factory=list)
     device_id: int | None = None
+    # the profiler's communication.json totals per step (None key: no steps): elapse/transit/wait/sync in µs
+    profiler_comm: dict[int | None, dict[str, float]] | None = None
 
     def __post_init__(self) -> None:
         if self.start_ns.size and np.any(np.diff(self.start_ns) < 0):

@@ -163,8 +163,8 @@ def profiler_breakdown(rt: RankTimeline) -> list[dict[str, object]] | None:
 
 
 def profiler_agreement(rt: RankTimeline, ours: list[dict[str, object]] | None = None) -> list[dict[str, object]]:
-    """Ours vs the profiler's own answer, per step and item (µs), from the Overlap Analysis track and from
-    step_trace_time.csv when present."""
+    """Ours vs the profiler's own answer, per step and item (µs), from the Overlap Analysis track,
+    step_trace_time.csv and communication.json (Σ op elapse, Σ synchronization wait) when present."""
     ours = ours if ours is not None else step_breakdown(rt)
     out: list[dict[str, object]] = []
     theirs = profiler_breakdown(rt)
@@ -189,4 +189,20 @@ def profiler_agreement(rt: RankTimeline, ours: list[dict[str, object]] | None = 
                 if isinstance(v, float):
                     out.append({"rank": rt.rank, "step": a["step"], "item": key, "source": "step_trace_time.csv",
                                 "ours_us": a[key] / 1000.0, "profiler_us": v, "delta_us": a[key] / 1000.0 - v})
+    if rt.profiler_comm:
+        from profile_analyzer.analyses.ranks import sync_wait_ns
+
+        comm_ops = rt.kind == int(Kind.COMMUNICATION)
+        for a in ours:
+            theirs_c = rt.profiler_comm.get(a["step"])  # type: ignore[call-overload]
+            if theirs_c is None:
+                continue
+            lo, hi = int(a["start_ns"]), int(a["end_ns"])  # type: ignore[call-overload]
+            sel = comm_ops & (rt.start_ns >= lo) & (rt.start_ns < hi)
+            elapse = int((rt.end_ns[sel] - rt.start_ns[sel]).sum())
+            for item, ours_ns, key in (("communication_elapse", elapse, "elapse_us"),
+                                       ("synchronization_wait", sync_wait_ns(rt, lo, hi), "sync_wait_us")):
+                out.append({"rank": rt.rank, "step": a["step"], "item": item, "source": "communication.json",
+                            "ours_us": ours_ns / 1000.0, "profiler_us": theirs_c[key],
+                            "delta_us": ours_ns / 1000.0 - theirs_c[key]})
     return out

@@ -93,6 +93,38 @@ def read_kernel_details(path: Path) -> dict[str, object]:
     return {"types": types, "comm_names": comm, "rows": n}
 
 
+_COMM_TIME_KEYS = {"Elapse Time(ms)": "elapse_us", "Transit Time(ms)": "transit_us", "Wait Time(ms)": "wait_us",
+                   "Synchronization Time(ms)": "sync_wait_us"}
+
+
+def read_communication_json(path: Path, warnings: list[Warning_]) -> dict[int | None, dict[str, float]] | None:
+    """torch_npu communication.json -> per step, the 'Total Op Info' time figures (µs) of collective + p2p.
+
+    A file that does not have the expected shape is not fatal (it only feeds a cross-check): it adds a warning.
+    """
+    import msgspec
+
+    try:
+        data = msgspec.json.decode(path.read_bytes())
+        out: dict[int | None, dict[str, float]] = {}
+        for step_key, kinds in data.items():
+            m = re.match(r"^step(\d*)$", step_key)
+            if not m or not isinstance(kinds, dict):
+                continue
+            step = int(m.group(1)) if m.group(1) else None
+            tot = {v: 0.0 for v in _COMM_TIME_KEYS.values()}
+            for kind in ("collective", "p2p"):
+                info = (kinds.get(kind) or {}).get("Total Op Info", {}).get("Communication Time Info", {})
+                for k, v in _COMM_TIME_KEYS.items():
+                    tot[v] += float(info.get(k, 0.0)) * 1000.0
+            out[step] = tot
+        return out or None
+    except (OSError, msgspec.DecodeError, AttributeError, TypeError, ValueError) as exc:
+        warnings.append(Warning_(str(path), f"a readable communication.json ({exc.__class__.__name__})",
+                                 ["profiler_agreement of communication wait"]))
+        return None
+
+
 def read_step_trace_time(path: Path) -> list[dict[str, float | str]]:
     header, rows = read_csv_rows(path)
     if "Computing" not in header:
@@ -280,6 +312,9 @@ def load_torch_npu(root: Path, rank: int) -> RankTimeline:
     st_path = out / "step_trace_time.csv"
     st = read_step_trace_time(st_path) if st_path.is_file() else None
     rt = columns_to_rank(cols, rank=rank, source=source, fmt=fmt, kernel_details=kd, step_trace=st, warnings=warnings)
+    cj = out / "communication.json"
+    if cj.is_file():
+        rt.profiler_comm = read_communication_json(cj, rt.warnings)
     _check_tracks(rt, Path(source))
     return rt
 
