@@ -31,6 +31,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -253,12 +254,14 @@ def run_vllm(
     plugin: bool = False,
     env: dict[str, str] | None = None,
     log_path: str | Path | None = None,
+    on_start: Callable[[int], None] | None = None,
 ) -> VLLMRun:
     """Start vLLM with `engine_args` (vLLM CLI flags) and watch its log.
 
     until="capacity": stop as soon as the capacity line appears; "ready": wait for the engine to be
     built (and for `generate_prompt`'s completion, if given). A start-up failure ends the wait either way.
-    Raises VerifyError on a timeout or when vLLM exits without reporting either.
+    Raises VerifyError on a timeout or when vLLM exits without reporting either. `on_start` receives
+    the child's pid (= its process group id).
     """
     python = python or require_vllm_python()
     cmd = [python, "-m", "kv_capacity.verify", "--child"]
@@ -297,6 +300,8 @@ def run_vllm(
     reader.start()
     outcome = None
     try:
+        if on_start is not None:
+            on_start(proc.pid)
         while True:
             with lock:
                 snapshot = list(lines)

