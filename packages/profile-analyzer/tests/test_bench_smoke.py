@@ -44,6 +44,14 @@ def test_measure_reports_peak_rss_of_the_child(tmp_path: Path) -> None:
     grab = "x = bytearray(200 * 1024 * 1024); x[::4096] = b'1' * len(x[::4096])"
     run = bench.measure([sys.executable, "-c", grab], timeout_s=60, log=tmp_path / "m.log")
     assert run.returncode == 0 and run.peak_rss_bytes > 200 * 1024 * 1024
+    # a parent holding ~120 MB while its child holds ~160 MB: the tree peak is their sum, ru_maxrss the larger
+    two = ("import subprocess, sys, time; x = bytearray(120 << 20); x[::4096] = b'1' * len(x[::4096]); "
+           "subprocess.run([sys.executable, '-c', \"import time; y = bytearray(160 << 20); "
+           "y[::4096] = b'1' * len(y[::4096]); time.sleep(1.0)\"])")
+    run = bench.measure([sys.executable, "-c", two], timeout_s=60, log=tmp_path / "two.log")
+    assert run.returncode == 0, run.output_tail
+    assert 160 << 20 < run.peak_rss_bytes < 260 << 20
+    assert run.tree_peak_rss_bytes > 280 << 20
     with pytest.raises(TimeoutError):
         bench.measure([sys.executable, "-c", "import time; time.sleep(30)"], timeout_s=0.5, log=tmp_path / "t.log")
 
