@@ -193,6 +193,20 @@ def test_dry_run_prints_commands_and_starts_nothing(tmp_path: Path, fake_vllm: P
     assert len(lines) == 8 and not (tmp_path / "out").exists() and recorded_pids(tmp_path) == []
 
 
+def test_dbo_disabled_detection(tmp_path: Path, serve_bench) -> None:
+    log = tmp_path / "server.log"
+    reset = ("(APIServer pid=1) WARNING [platform.py:1254] Parameter is currently ignored on Ascend. "
+             "parameter=enable_dbo, action: resetting to False.\n")
+    log.write_text("INFO start\n" + reset + "INFO ready\n")
+    assert "resetting to False" in serve_bench.dbo_disabled_line(log)
+    # With the dbo_runtime plugin, vLLM-Ascend still prints its reset, then the plugin turns DBO back on.
+    log.write_text(reset + "(APIServer pid=1) INFO dbo_runtime: --enable-dbo kept on vLLM-Ascend (two micro-batches)\n")
+    assert serve_bench.dbo_disabled_line(log) is None
+    log.write_text("WARNING [cpu.py:347] Dual-Batch Overlap is not supported on CPU, disabled.\n")
+    assert serve_bench.dbo_disabled_line(log).endswith("disabled.")
+    assert serve_bench.dbo_disabled_line(tmp_path / "missing.log") is None
+
+
 # ------------------------------------------------------------------------------------- running processes
 
 

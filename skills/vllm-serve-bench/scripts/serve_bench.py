@@ -86,11 +86,13 @@ VARIANT_KEYS = {"name", "server_args", "server_env"}
 RESERVED_BENCH_ARGS = {"host", "port", "base-url", "model", "save-result", "result-dir", "result-filename", "label"}
 RESERVED_SERVER_ARGS = {"host", "port", "model"}
 # Log lines by which a server says it ignored --enable-dbo: upstream vLLM on CPU, and stock vLLM-Ascend
-# (NPUPlatform.check_and_update_config). A DBO variant whose log has one measured the baseline again.
+# (NPUPlatform.check_and_update_config). A DBO variant whose log has one measured the baseline again,
+# unless a later line says that the dbo_runtime plugin (packages/dbo-runtime) turned DBO back on.
 DBO_DISABLED_PATTERNS = (
     re.compile(r"Dual-Batch Overlap is not supported.*disabled", re.I),
     re.compile(r"parameter=enable_dbo, action: resetting to False", re.I),
 )
+DBO_RESTORED_PATTERN = re.compile(r"dbo_runtime: --enable-dbo kept on")
 
 
 class BenchError(Exception):
@@ -500,15 +502,18 @@ def _row(variant: str, point: dict[str, Any], status: str, reason: str = "", res
 
 
 def dbo_disabled_line(log_path: Path) -> str | None:
-    """The first server-log line saying that --enable-dbo was turned off, if any."""
+    """The server-log line saying that --enable-dbo was turned off, unless DBO was turned back on later."""
+    disabled: str | None = None
     try:
         with open(log_path, encoding="utf-8", errors="replace") as handle:
             for line in handle:
                 if any(p.search(line) for p in DBO_DISABLED_PATTERNS):
-                    return line.strip()
+                    disabled = disabled or line.strip()
+                elif disabled is not None and DBO_RESTORED_PATTERN.search(line):
+                    disabled = None
     except OSError:
         return None
-    return None
+    return disabled
 
 
 def run_matrix(matrix: Matrix, out_dir: Path, python: str, *, log: Any = None, dry_run: bool = False) -> dict[str, Any]:
