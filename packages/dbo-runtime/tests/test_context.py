@@ -31,7 +31,7 @@ CPU = CPUBackend()
 def _no_ubatch_threads_left(wait_s: float = 2.0) -> bool:
     deadline = time.monotonic() + wait_s
     while time.monotonic() < deadline:
-        if not any(t.name.startswith("dbo-ubatch") and t.is_alive() for t in threading.enumerate()):
+        if ctxmod.busy_workers() == 0:
             return True
         time.sleep(0.01)
     return False
@@ -271,6 +271,19 @@ def test_lone_micro_batch_stuck_after_the_other_finished_is_caught_by_the_watchd
     finally:
         release.set()
     assert _no_ubatch_threads_left()
+
+
+def test_micro_batch_threads_are_reused():
+    seen = []
+
+    def fn():
+        seen.append(threading.get_ident())
+        dbo_yield("x")
+
+    for _ in range(3):
+        run_ubatches([fn, fn], backend=CPU, timeout_s=5)
+    assert len(set(seen)) == 2
+    assert ctxmod.busy_workers() == 0
 
 
 def test_handoff_counter_counts_handoffs():

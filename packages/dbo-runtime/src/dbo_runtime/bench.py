@@ -1,16 +1,304 @@
-"""Benchmarks of this package, run by `make bench`."""
+"""Benchmark of the DBO runtime on the reference MoE model (``make bench``, ``dbo-runtime bench``).
+
+Measures, on 2 local gloo ranks (one CPU thread each):
+
+- step time with DBO off and on, and the overlap efficiency
+  ``(T_off - T_on) / (T_off - max(T_compute, T_comm))`` (T_compute and T_comm measured in the DBO-off step), for
+  both patterns (A2, A3), several token counts and several settings of the modelled link (a stand-in for HCCS;
+  the default is calibrated so communication is about 40% of a DBO-off step);
+- the median cost of one yield handoff between the two micro-batch threads, in microseconds;
+- the cost of DBO on a batch below the split thresholds, where the plain path runs (expected: none).
+
+Off and on steps alternate, and medians are reported, because the machine may be shared with other work.
+Writes ``<out>/dbo_runtime.json`` (atomically) and prints a table.
+"""
 
 from __future__ import annotations
 
 import argparse
+import json
+import math
+import os
+import platform
+import statistics
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+__all__ = ["BenchPlan", "measure_handoff", "bench_task", "run_bench", "add_parser", "main", "TARGET_EFFICIENCY"]
+
+TARGET_EFFICIENCY = 0.80
+
+
+def measure_handoff(num_yields: int = 2000) -> dict[str, float]:
+    """Median and p99 time of one handoff (one thread parks, the other resumes), in microseconds.
+
+    Both micro-batches do nothing but yield, so each yield returns after two handoffs (there and back).
+    """
+    from dbo_runtime.context import dbo_current_ubatch_id, dbo_yield, run_ubatches
+    from dbo_runtime.devices.cpu import CPUBackend
+
+    samples: list[float] = []
+
+    def body() -> None:
+        for _ in range(num_yields):
+            t0 = time.perf_counter()
+            dbo_yield("bench")
+            if dbo_current_ubatch_id() == 0:
+                samples.append((time.perf_counter() - t0) / 2)
+
+    run_ubatches([body, body], backend=CPUBackend(), timeout_s=60)
+    samples.sort()
+    return {
+        "median_us": statistics.median(samples) * 1e6,
+        "p99_us": samples[min(len(samples) - 1, int(0.99 * len(samples)))] * 1e6,
+        "samples": len(samples),
+    }
+
+
+@dataclass(frozen=True)
+class LinkVariant:
+    """A link setting relative to the calibrated default: bandwidth scaled, latency replaced."""
+
+    name: str
+    bandwidth_scale: float = 1.0
+    latency_us: float | None = None
+
+
+@dataclass(frozen=True)
+class BenchPlan:
+    patterns: tuple[str, ...] = ("a2", "a3")
+    num_layers: int = 4
+    requests: int = 4
+    default_tokens: int = 1024
+    token_counts: tuple[int, ...] = (512, 1024, 2048)
+    links: tuple[LinkVariant, ...] = (
+        LinkVariant("default"),
+        LinkVariant("bw x0.5", bandwidth_scale=0.5),
+        LinkVariant("bw x2", bandwidth_scale=2.0),
+        LinkVariant("latency 200us", latency_us=200.0),
+    )
+    steps: int = 5
+    warmup: int = 1
+    no_split_tokens: int = 256  # below the 512-token prefill threshold
+    hidden_size: int = 256
+    expert_intermediate: int = 512
+    shared_intermediate: int = 512
+    config_overrides: dict[str, int] = field(default_factory=dict)
+
+
+def _batch(tokens: int, requests: int):
+    from dbo_runtime.reference.model import Batch
+
+    requests = max(1, min(requests, tokens))
+    base, extra = divmod(tokens, requests)
+    return Batch.prefill([base + (1 if i < extra else 0) for i in range(requests)])
+
+
+def bench_task(rank: int, world_size: int, plan: BenchPlan) -> dict[str, Any]:
+    """Rank task: every measurement of the plan, in one process start."""
+    from dbo_runtime.comm import Collectives, LinkModel
+    from dbo_runtime.reference.model import DTYPES, MoEConfig, ReferenceMoE, StepTimer
+    from dbo_runtime.reference.run import RunSpec, calibrate_link, check_ranks_agree, measure
+
+    config = MoEConfig(
+        num_layers=plan.num_layers,
+        hidden_size=plan.hidden_size,
+        expert_intermediate=plan.expert_intermediate,
+        shared_intermediate=plan.shared_intermediate,
+        **plan.config_overrides,
+    )
+    out: dict[str, Any] = {"rank": rank, "rows": [], "no_split": []}
+    comm = Collectives(link=LinkModel(), timeout_s=120.0)
+    try:
+        for pattern in plan.patterns:
+            check_ranks_agree(config, world_size, pattern)
+            model = ReferenceMoE(config, pattern=pattern, comm=comm, dtype=DTYPES["float32"], timer=StepTimer())
+            default_batch = _batch(plan.default_tokens, plan.requests)
+            default_link = calibrate_link(model, default_batch, DTYPES["float32"], timeout_s=120.0)
+            runs: list[tuple[int, LinkVariant]] = [(t, plan.links[0]) for t in plan.token_counts]
+            runs += [(plan.default_tokens, v) for v in plan.links[1:]]
+            for tokens, variant in runs:
+                comm.link = LinkModel(
+                    default_link.latency_us if variant.latency_us is None else variant.latency_us,
+                    default_link.bandwidth_gbps * variant.bandwidth_scale,
+                )
+                spec = RunSpec(pattern=pattern, config=config, batch=_batch(tokens, plan.requests), steps=plan.steps,
+                               warmup=plan.warmup, prefill_threshold=2, decode_threshold=2, timeout_s=120.0)  # fmt: skip
+                off, on = measure(model, spec, modes=(False, True))
+                out["rows"].append({"pattern": pattern, "tokens": tokens, "link": variant.name,
+                                    "link_spec": comm.link.spec(), "link_text": comm.link.describe(),
+                                    "off": off, "on": on})  # fmt: skip
+            # Below the thresholds (vLLM defaults): DBO on must take the plain path and cost nothing.
+            comm.link = default_link
+            spec = RunSpec(pattern=pattern, config=config, batch=_batch(plan.no_split_tokens, plan.requests),
+                           steps=plan.steps * 2, warmup=plan.warmup, timeout_s=120.0)  # fmt: skip
+            off, on = measure(model, replace(spec), modes=(False, True))
+            out["no_split"].append({"pattern": pattern, "tokens": plan.no_split_tokens, "off": off, "on": on})
+    finally:
+        comm.close()
+    return out
+
+
+def _slowest(per_rank: list[dict[str, Any]], section: str, index: int, mode: str, key: str) -> float:
+    return max(r[section][index][mode][key] for r in per_rank)
+
+
+def efficiency(t_off: float, t_on: float, t_compute: float, t_comm: float) -> float:
+    """(T_off - T_on) / (T_off - max(T_compute, T_comm)): 1.0 when all hideable communication is hidden."""
+    hideable = t_off - max(t_compute, t_comm)
+    return (t_off - t_on) / hideable if hideable > 0 else float("nan")
+
+
+def summarize(per_rank: list[dict[str, Any]], handoff: dict[str, float], plan: BenchPlan) -> dict[str, Any]:
+    from dbo_runtime.comm import LINK_STAND_IN_NOTE
+
+    rows = []
+    for i, row in enumerate(per_rank[0]["rows"]):
+        t_off = _slowest(per_rank, "rows", i, "off", "step_s")
+        t_on = _slowest(per_rank, "rows", i, "on", "step_s")
+        t_comp = _slowest(per_rank, "rows", i, "off", "compute_s")
+        t_comp_on = _slowest(per_rank, "rows", i, "on", "compute_s")
+        t_comm = _slowest(per_rank, "rows", i, "off", "comm_s")
+        rows.append({
+            "pattern": row["pattern"], "tokens": row["tokens"], "link": row["link"], "link_spec": row["link_spec"],
+            "link_text": row["link_text"], "split_on": row["on"]["split"], "split_off": row["off"]["split"],
+            "t_off_ms": t_off * 1e3, "t_on_ms": t_on * 1e3, "t_compute_ms": t_comp * 1e3,
+            "t_compute_on_ms": t_comp_on * 1e3, "t_comm_ms": t_comm * 1e3,
+            "comm_share_off": t_comm / t_off if t_off else float("nan"),
+            "speedup": t_off / t_on if t_on else float("nan"),
+            "efficiency": efficiency(t_off, t_on, t_comp, t_comm),
+            "steps": plan.steps,
+        })  # fmt: skip
+    no_split = []
+    for i, row in enumerate(per_rank[0]["no_split"]):
+        t_off = _slowest(per_rank, "no_split", i, "off", "step_s")
+        t_on = _slowest(per_rank, "no_split", i, "on", "step_s")
+        no_split.append({"pattern": row["pattern"], "tokens": row["tokens"], "split_on": row["on"]["split"],
+                         "t_off_ms": t_off * 1e3, "t_on_ms": t_on * 1e3,
+                         "overhead_pct": (t_on / t_off - 1.0) * 100 if t_off else float("nan")})  # fmt: skip
+    default = {r["pattern"]: r["efficiency"] for r in rows if r["link"] == "default" and r["tokens"] == plan.default_tokens}
+    import torch
+
+    return {
+        "benchmark": "dbo_runtime reference MoE, 2 gloo ranks, 1 CPU thread each",
+        "link_note": LINK_STAND_IN_NOTE,
+        "machine": {"cpus": os.cpu_count(), "platform": platform.platform(), "torch": torch.__version__,
+                    "loadavg_1m": os.getloadavg()[0] if hasattr(os, "getloadavg") else None},  # fmt: skip
+        "model": {"layers": plan.num_layers, "hidden": plan.hidden_size, "experts": 8, "top_k": 2,
+                  "expert_intermediate": plan.expert_intermediate, "requests": plan.requests},  # fmt: skip
+        "target_efficiency": TARGET_EFFICIENCY,
+        "default_efficiency": default,
+        "meets_target": all(not math.isnan(v) and v >= TARGET_EFFICIENCY for v in default.values()) and bool(default),
+        "handoff_us": handoff,
+        "rows": rows,
+        "no_split": no_split,
+    }
+
+
+def format_table(summary: dict[str, Any]) -> str:
+    lines = [
+        f"DBO reference benchmark ({summary['benchmark']}); {summary['link_note']}",
+        f"{'pattern':7} {'tokens':>6} {'link':14} {'comm%':>6} {'T_off ms':>9} {'T_on ms':>9} {'compute':>8} "
+        f"{'cmp(on)':>8} {'comm':>8} {'speedup':>7} {'effic.':>7}",
+    ]
+    for r in summary["rows"]:
+        lines.append(
+            f"{r['pattern']:7} {r['tokens']:6d} {r['link']:14} {r['comm_share_off'] * 100:5.1f}% {r['t_off_ms']:9.1f} "
+            f"{r['t_on_ms']:9.1f} {r['t_compute_ms']:8.1f} {r['t_compute_on_ms']:8.1f} {r['t_comm_ms']:8.1f} "
+            f"{r['speedup']:6.2f}x {r['efficiency'] * 100:6.1f}%"
+        )
+    h = summary["handoff_us"]
+    lines.append(f"yield handoff: median {h['median_us']:.1f} us, p99 {h['p99_us']:.1f} us ({h['samples']} samples)")
+    for r in summary["no_split"]:
+        lines.append(
+            f"below threshold ({r['pattern']}, {r['tokens']} tokens, not split: {not r['split_on']}): off "
+            f"{r['t_off_ms']:.1f} ms, on {r['t_on_ms']:.1f} ms ({r['overhead_pct']:+.1f}%, the same plain path)"
+        )
+    eff = ", ".join(f"{k} {v * 100:.1f}%" for k, v in summary["default_efficiency"].items())
+    verdict = "meets" if summary["meets_target"] else "misses"
+    lines.append(f"efficiency at the default link: {eff}; {verdict} the {summary['target_efficiency']:.0%} target")
+    for name, row in (summary.get("default_links") or {}).items():
+        lines.append(f"default link ({name}): {row}")
+    return "\n".join(lines)
+
+
+def _write_json_atomic(path: Path, data: dict[str, Any]) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=".tmp-", suffix=".json", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w") as f:
+            json.dump(data, f, indent=2, allow_nan=True)
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+
+
+def run_bench(out_dir: str | os.PathLike[str], plan: BenchPlan | None = None, *, timeout_s: float = 1800.0) -> dict:
+    """Run the whole benchmark, write ``out_dir/dbo_runtime.json``, return the summary."""
+    from dbo_runtime.reference.launcher import run_ranks
+
+    plan = plan or BenchPlan()
+    handoff = measure_handoff()
+    per_rank = run_ranks("dbo_runtime.bench:bench_task", plan, world_size=2, timeout_s=timeout_s, pg_timeout_s=300)
+    summary = summarize(per_rank, handoff, plan)
+    summary["default_links"] = {
+        r["pattern"]: r["link_text"] for r in summary["rows"] if r["link"] == "default" and r["tokens"] == plan.default_tokens
+    }
+    _write_json_atomic(Path(out_dir) / "dbo_runtime.json", summary)
+    return summary
+
+
+def _quick_plan() -> BenchPlan:
+    """A few seconds of measurements with a tiny model: for tests and a smoke check, not for the figures."""
+    return BenchPlan(num_layers=2, default_tokens=128, token_counts=(128,), steps=2, warmup=1, no_split_tokens=64,
+                     hidden_size=64, expert_intermediate=128, shared_intermediate=128,
+                     links=(LinkVariant("default"), LinkVariant("bw x2", bandwidth_scale=2.0)))  # fmt: skip
+
+
+def _run(args: argparse.Namespace) -> int:
+    out = Path(args.out)
+    if out.exists() and not out.is_dir():
+        print(f"dbo-runtime bench: --out {args.out!r} is a file; accepted: a directory (created if missing)", file=sys.stderr)
+        return 2
+    from dbo_runtime.reference.launcher import RanksFailed
+
+    try:
+        summary = run_bench(out, _quick_plan() if args.quick else None)
+    except RanksFailed as exc:
+        for err in exc.errors:
+            print(f"dbo-runtime bench: {err.line()}", file=sys.stderr)
+        return 1
+    print(format_table(summary))
+    print(f"written: {out / 'dbo_runtime.json'}")
+    return 0
+
+
+def _configure(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
+    p.add_argument("--out", default="bench-results", help="directory for dbo_runtime.json (default bench-results)")
+    p.add_argument("--quick", action="store_true", help="tiny model, few steps: a smoke run, not the figures")
+    p.set_defaults(func=_run)
+    return p
+
+
+def add_parser(subparsers: Any) -> argparse.ArgumentParser:
+    return _configure(
+        subparsers.add_parser(
+            "bench",
+            help="benchmark DBO on the reference MoE model (overlap efficiency, handoff cost)",
+            description=__doc__.splitlines()[0],
+        )
+    )
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m dbo_runtime.bench")
-    parser.add_argument("--out", default="bench-results")
-    parser.parse_args(argv)
-    print("dbo_runtime: no benchmarks yet")
-    return 0
+    parser = _configure(argparse.ArgumentParser(prog="python -m dbo_runtime.bench", description=__doc__.splitlines()[0]))
+    return _run(parser.parse_args(argv))
 
 
 if __name__ == "__main__":

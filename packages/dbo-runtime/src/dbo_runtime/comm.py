@@ -37,7 +37,7 @@ from torch.profiler import record_function
 
 from dbo_runtime.context import dbo_current_ubatch_id, dbo_enabled
 from dbo_runtime.errors import DBOConfigError, DBOError, DBOTimeoutError
-from dbo_runtime.profiling import comm_span_name
+from dbo_runtime.profiling import comm_span_name, launch_span_name
 
 __all__ = ["LinkModel", "CollectiveRecord", "PendingCollective", "Collectives", "LINK_STAND_IN_NOTE"]
 
@@ -234,17 +234,19 @@ class Collectives:
         in_ubatch = dbo_enabled()
         ubatch = dbo_current_ubatch_id() if in_ubatch else None
         name = comm_span_name(op, tag)
-        span = None
-        if not in_ubatch:
-            span = record_function(name)
-            span.__enter__()
+        # Outside micro-batching the span runs from launch to completion on this thread; inside, the comm thread
+        # holds the in-flight span and this thread only a short launch span.
+        span = record_function(name if not in_ubatch else launch_span_name(op, tag))
+        span.__enter__()
         launch_s = time.perf_counter()
         try:
             work = start()
         except Exception as exc:
-            if span is not None:
-                span.__exit__(None, None, None)
+            span.__exit__(None, None, None)
             raise DBOError(f"collective {name} ({op}) failed to launch on rank {self.rank}: {exc}") from exc
+        if in_ubatch:
+            span.__exit__(None, None, None)
+            span = None
         pending = PendingCollective(self, op, name, work, output, wire_bytes, launch_s, ubatch, span)
         if in_ubatch:
             self._submit(pending)

@@ -22,6 +22,7 @@ The module-level hook functions are no-ops outside a micro-batch thread, so mode
 
 from __future__ import annotations
 
+import queue
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -51,6 +52,7 @@ __all__ = [
     "dbo_wait_current_stream_and_yield",
     "handoff_count",
     "note_site",
+    "busy_workers",
 ]
 
 T = TypeVar("T")
@@ -403,6 +405,52 @@ def handoff_count() -> int:
 
 
 # -- running the micro-batches ---------------------------------------------------------------------------------
+class _Worker:
+    """A long-lived micro-batch thread. Reused across runs: a fresh thread's first torch ops can cost milliseconds
+    (new malloc arena, per-thread library state), which would land inside every step's first compute block."""
+
+    def __init__(self, index: int) -> None:
+        self.jobs: queue.Queue[Callable[[], None]] = queue.Queue()
+        self.busy = True
+        self.thread = threading.Thread(target=self._loop, name=f"dbo-ubatch-worker{index}", daemon=True)
+        self.thread.start()
+
+    def _loop(self) -> None:
+        while True:
+            job = self.jobs.get()
+            try:
+                job()
+            finally:
+                self.busy = False
+
+
+_POOL: list[_Worker] = []
+_POOL_LOCK = threading.Lock()
+
+
+def _acquire_workers(n: int) -> list[_Worker]:
+    """``n`` idle workers, marked busy; new ones are started when too few are idle (a stuck one stays busy)."""
+    with _POOL_LOCK:
+        chosen = []
+        for worker in _POOL:
+            if len(chosen) == n:
+                break
+            if not worker.busy:
+                worker.busy = True
+                chosen.append(worker)
+        while len(chosen) < n:
+            worker = _Worker(len(_POOL))
+            _POOL.append(worker)
+            chosen.append(worker)
+        return chosen
+
+
+def busy_workers() -> int:
+    """How many micro-batch threads are still running a micro-batch (0 once every run has ended)."""
+    with _POOL_LOCK:
+        return sum(1 for w in _POOL if w.busy)
+
+
 def _ubatch_main(ctx: UBatchContext, fn: Callable[[], Any], barrier: threading.Barrier) -> None:
     run = ctx._run
     _THREAD_CONTEXTS[threading.get_ident()] = ctx
@@ -453,6 +501,7 @@ def run_ubatches(
     :class:`DBOWorkerError` for an exception inside a micro-batch (``__cause__`` is the original) and
     :class:`DBOTimeoutError` when no handoff happens within ``timeout_s`` (naming the micro-batch and hook site).
     A micro-batch stuck outside the hooks cannot be killed; its thread is a daemon and stops at its next hook.
+    The micro-batch threads are long-lived workers, reused by the next call.
     """
     if len(fns) != NUM_UBATCHES:
         raise DBOConfigError(f"run_ubatches got {len(fns)} micro-batches; accepted: exactly {NUM_UBATCHES}")
@@ -470,12 +519,9 @@ def run_ubatches(
     comm_stream = backend.new_stream()
     run.contexts = [UBatchContext(i, run, backend, compute_stream, comm_stream) for i in range(len(fns))]
     barrier = threading.Barrier(len(fns) + 1, timeout=timeout_s)
-    threads = [
-        threading.Thread(target=_ubatch_main, args=(ctx, fn, barrier), name=f"dbo-ubatch{ctx.id}", daemon=True)
-        for ctx, fn in zip(run.contexts, fns, strict=True)
-    ]
-    for thread in threads:
-        thread.start()
+    workers = _acquire_workers(len(fns))
+    for worker, ctx, fn in zip(workers, run.contexts, fns, strict=True):
+        worker.jobs.put(lambda ctx=ctx, fn=fn: _ubatch_main(ctx, fn, barrier))
     try:
         barrier.wait()
     except threading.BrokenBarrierError as exc:
@@ -485,7 +531,7 @@ def run_ubatches(
     run.contexts[0].cpu_wait_event.set()
 
     with run.cond:
-        while run.exited < len(threads) and run.error is None:
+        while run.exited < len(fns) and run.error is None:
             run.cond.wait(_WATCHDOG_PERIOD_S)
             if run.error is None and time.monotonic() - run.last_progress > timeout_s:
                 holder = run.holder
@@ -504,11 +550,9 @@ def run_ubatches(
                 finally:
                     run.cond.acquire()
     if run.error is not None:
-        # Give the other threads a moment to stop at their hooks; a thread stuck outside them stays behind (daemon).
-        deadline = time.monotonic() + min(1.0, timeout_s)
-        for thread in threads:
-            thread.join(max(0.0, deadline - time.monotonic()))
+        # Give the other threads a moment to stop at their hooks; one stuck outside them stays behind (daemon,
+        # never reused).
+        with run.cond:
+            run.cond.wait_for(lambda: run.exited == len(fns), timeout=min(1.0, timeout_s))
         _raise_failure(run)
-    for thread in threads:
-        thread.join(timeout_s)
     return list(run.results)

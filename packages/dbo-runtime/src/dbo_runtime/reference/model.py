@@ -54,7 +54,7 @@ class MoEConfig:
     num_layers: int = 4
     num_experts: int = 8
     top_k: int = 2
-    expert_intermediate: int = 256
+    expert_intermediate: int = 512
     shared_intermediate: int = 512
     rope_theta: float = 10000.0
     seed: int = 0

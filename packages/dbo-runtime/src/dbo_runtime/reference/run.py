@@ -163,13 +163,14 @@ def calibrate_link(
     *,
     latency_us: float = 20.0,
     share: float = COMM_SHARE_TARGET,
-    steps: int = 3,
+    steps: int = 4,
     timeout_s: float = 60.0,
 ) -> LinkModel:
     """A link such that communication is ``share`` of a DBO-off step of ``batch`` on this machine.
 
-    Runs DBO-off steps with a latency-only link, takes the median compute time and wire bytes (the largest
-    over ranks, so every rank computes the same link), and solves latency x collectives + bytes / bandwidth =
+    Runs DBO-off steps with a latency-only link (the first one as warm-up), takes the smallest compute time (the
+    least disturbed by other work on the machine) and the wire bytes, the largest over ranks so that every rank
+    computes the same link, and solves latency x collectives + bytes / bandwidth =
     compute x share / (1 - share).
     """
     saved = model.comm.link
@@ -181,12 +182,13 @@ def calibrate_link(
             kv = KVCache(model.config, batch, rank=model.rank, dtype=dtype)
             dist.barrier()
             r = forward_step(model, batch, x, kv, dbo=False, timeout_s=timeout_s)
-            computes.append(r.compute_s)
+            if step > 0 or steps == 1:
+                computes.append(r.compute_s)
             wires.append(r.wire_bytes)
             counts.append(r.num_collectives)
     finally:
         model.comm.link = saved
-    compute = _max_over_ranks(_median(computes))
+    compute = _max_over_ranks(min(computes))
     wire = _max_over_ranks(float(max(wires)))
     count = _max_over_ranks(float(max(counts)))
     target = compute * share / (1.0 - share)
@@ -217,38 +219,56 @@ class RunSpec:
     compare_off: bool = False
 
 
-def measure(model: ReferenceMoE, spec: RunSpec, *, dbo: bool, trace_dir: str | None = None) -> dict[str, Any]:
-    """Median timings of ``spec.steps`` steps (after ``spec.warmup``), as seen by this rank."""
+def measure(
+    model: ReferenceMoE, spec: RunSpec, *, modes: tuple[bool, ...] = (True,), trace_dir: str | None = None
+) -> list[dict[str, Any]]:
+    """Median timings of ``spec.steps`` steps (after ``spec.warmup``) per DBO mode in ``modes``, as this rank saw.
+
+    The modes alternate step by step, so that a machine shared with other work slows them alike. A trace, if
+    asked for, covers one extra step of the first mode after the timed ones.
+    """
     dtype = DTYPES[spec.dtype]
-    steps, computes, comms = [], [], []
-    split = False
-    wire = count = 0
-    for step in range(spec.warmup + spec.steps):
-        x = batch_inputs(model.config, spec.batch, rank=model.rank, step=step, dtype=dtype)
-        kv = KVCache(model.config, spec.batch, rank=model.rank, dtype=dtype)
-        dist.barrier()
-        tracing = trace_dir if step == spec.warmup + spec.steps - 1 else None
-        with kineto_trace(tracing, model.rank):
+    acc: list[dict[str, Any]] = [
+        {"dbo": dbo, "split": False, "steps_s": [], "compute": [], "comm": [], "wire_bytes": 0, "num_collectives": 0}
+        for dbo in modes
+    ]
+    total = spec.warmup + spec.steps
+    for step in range(total):
+        for i, dbo in enumerate(modes):
+            x = batch_inputs(model.config, spec.batch, rank=model.rank, step=step, dtype=dtype)
+            kv = KVCache(model.config, spec.batch, rank=model.rank, dtype=dtype)
+            dist.barrier()
             r = forward_step(
                 model, spec.batch, x, kv, dbo=dbo, decode_threshold=spec.decode_threshold,
                 prefill_threshold=spec.prefill_threshold, timeout_s=spec.timeout_s,
             )  # fmt: skip
-        if step >= spec.warmup:
-            steps.append(r.step_s)
-            computes.append(r.compute_s)
-            comms.append(r.comm_s)
-        split, wire, count = r.split, r.wire_bytes, r.num_collectives
-    return {
-        "dbo": dbo,
-        "split": split,
-        "step_s": _median(steps),
-        "step_min_s": min(steps) if steps else 0.0,
-        "compute_s": _median(computes),
-        "comm_s": _median(comms),
-        "steps_s": steps,
-        "wire_bytes": wire,
-        "num_collectives": count,
-    }
+            a = acc[i]
+            if step >= spec.warmup:
+                a["steps_s"].append(r.step_s)
+                a["compute"].append(r.compute_s)
+                a["comm"].append(r.comm_s)
+            a["split"], a["wire_bytes"], a["num_collectives"] = r.split, r.wire_bytes, r.num_collectives
+    if trace_dir is not None:
+        # One more step of the first mode, profiled and not timed (starting the profiler takes a while).
+        x = batch_inputs(model.config, spec.batch, rank=model.rank, step=total, dtype=dtype)
+        kv = KVCache(model.config, spec.batch, rank=model.rank, dtype=dtype)
+        with kineto_trace(trace_dir, model.rank, total, sync=dist.barrier):
+            forward_step(
+                model, spec.batch, x, kv, dbo=modes[0], decode_threshold=spec.decode_threshold,
+                prefill_threshold=spec.prefill_threshold, timeout_s=spec.timeout_s,
+            )  # fmt: skip
+    out = []
+    for a in acc:
+        steps = a.pop("steps_s")
+        out.append({
+            **{k: v for k, v in a.items() if k not in ("compute", "comm")},
+            "step_s": _median(steps),
+            "step_min_s": min(steps) if steps else 0.0,
+            "compute_s": _median(a["compute"]),
+            "comm_s": _median(a["comm"]),
+            "steps_s": steps,
+        })  # fmt: skip
+    return out
 
 
 def reference_task(rank: int, world_size: int, spec: RunSpec) -> dict[str, Any]:
@@ -263,9 +283,8 @@ def reference_task(rank: int, world_size: int, spec: RunSpec) -> dict[str, Any]:
             comm.link = calibrate_link(model, spec.batch, dtype, timeout_s=spec.timeout_s)
         else:
             comm.link = LinkModel.parse(spec.link)
-        runs = [measure(model, spec, dbo=spec.dbo, trace_dir=spec.trace_dir)]
-        if spec.compare_off:
-            runs.append(measure(model, replace(spec, trace_dir=None), dbo=not spec.dbo))
+        modes = (spec.dbo, not spec.dbo) if spec.compare_off else (spec.dbo,)
+        runs = measure(model, spec, modes=modes, trace_dir=spec.trace_dir)
         return {
             "rank": rank,
             "link": comm.link.spec(),
