@@ -104,7 +104,7 @@ def test_debug_and_sizing_scripts_on_a_real_server(tmp_path: Path, vllm_python: 
             "report_json": str(report_json),
             "bench_cmd": f"{vllm_python} {SKILLS / 'vllm-serve-bench/scripts/vllm_bench_serve.py'}",
             "analyzer": f"{sys.executable} -m profile_analyzer", "num_prompts": 4, "input_len": 32, "output_len": 8,
-            "concurrency": 2, "bench_timeout_s": 180, "stop_timeout_s": 180, "flush_timeout_s": 120,
+            "concurrency": 2, "health_timeout_s": 30, "bench_timeout_s": 180, "stop_timeout_s": 180, "flush_timeout_s": 120,
             "analyse_timeout_s": 60,
         }))
         captured = _run(capture, timeout=420)
