@@ -288,3 +288,39 @@ def test_ascend_sites_command_lists_the_table(capsys: pytest.CaptureFixture[str]
     assert [s["name"] for s in payload["sites"]] == [s.name for s in SITES]
     # every site named in the per-family map exists in the table
     assert {n for names in payload["families"].values() for n in names} <= {s.name for s in SITES}
+
+
+def test_site_outputs_are_marked_for_the_compute_stream(standin: Any) -> None:
+    """What a site returns was made on the communication stream and is read on the compute stream: every tensor
+    in it (plain, tuple, dataclass like vLLM-Ascend's MoEPrepareOutput) is recorded for the compute stream.
+    The stream is a stand-in object and the record function a recorder (CPU tensors have no streams)."""
+
+    @dataclasses.dataclass
+    class PrepareOutputStandin:
+        hidden_states: torch.Tensor
+        router_logits: torch.Tensor
+        mc2_mask: torch.Tensor | None = None
+
+    marks: list[tuple[int, str]] = []
+    switch = ForwardContextSwitch(lambda ctx: None, record=lambda t, s: marks.append((id(t), s)))
+    h, r, out = torch.ones(2), torch.zeros(2), torch.full((2,), 3.0)
+    prepared = PrepareOutputStandin(h, r)
+    standin.BEHAVIOR["a2.moe_prepare"] = lambda obj, hs, rl: prepared
+    standin.BEHAVIOR["a3.moe_combine"] = lambda obj, hs, meta: (out, None)
+    pf = _mod("vllm_ascend.ops.fused_moe.prepare_finalize").PrepareAndFinalizeWithAllGather()
+    td = _mod("vllm_ascend.ops.fused_moe.token_dispatcher").TokenDispatcherWithAll2AllV()
+    inst = install_sites([site_by_name("a2.moe_prepare"), site_by_name("a3.moe_combine")], module_prefix=PREFIX,
+                         wrap=ascend_site_wrapper(switch))
+    try:
+        def ub() -> None:
+            pf.prepare(h, r)
+            td.token_combine(h, None)
+
+        run_ubatches([ub, ub], backend=get_backend("cpu"), timeout_s=20)
+        assert marks == []  # no compute stream known (CPU): nothing to record
+        switch.compute_stream = "compute-stream"
+        run_ubatches([ub, ub], backend=get_backend("cpu"), timeout_s=20)
+    finally:
+        inst.uninstall()
+    # the micro-batches ping-pong: both prepares complete before either combine
+    assert marks == [(id(t), "compute-stream") for t in (h, r, h, r, out, out)]

@@ -35,7 +35,7 @@ import functools
 import logging
 import os
 import threading
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
 import torch
@@ -191,12 +191,43 @@ def pad_last_slice(slices: Sequence[Any], num_tokens_padded: int) -> list[UBatch
     return out
 
 
-class ForwardContextSwitch:
-    """Which forward context belongs to which micro-batch thread, and re-installing it on resume."""
+def _tensors(value: Any, depth: int = 0) -> Iterator[torch.Tensor]:
+    """Tensors in a site's result: a tensor, tuples/lists/dicts of them, or a dataclass's fields (one level)."""
+    if isinstance(value, torch.Tensor):
+        yield value
+    elif depth > 2 or value is None:
+        return
+    elif isinstance(value, list | tuple):
+        for item in value:
+            yield from _tensors(item, depth + 1)
+    elif isinstance(value, dict):
+        for item in value.values():
+            yield from _tensors(item, depth + 1)
+    elif dataclasses.is_dataclass(value) and not isinstance(value, type):
+        for f in dataclasses.fields(value):
+            yield from _tensors(getattr(value, f.name), depth + 1)
 
-    def __init__(self, install: Callable[[Any], None]) -> None:
+
+class ForwardContextSwitch:
+    """Which forward context belongs to which micro-batch thread, and re-installing it on resume.
+
+    It also carries the step's compute stream: what a site produces on the communication stream is marked as used
+    by the compute stream (``record(tensor, compute_stream)``, ``Tensor.record_stream`` by default), so that the
+    caching allocator does not hand the block back to the communication stream before the compute stream read it.
+    """
+
+    def __init__(self, install: Callable[[Any], None],
+                 record: Callable[[torch.Tensor, Any], None] | None = None) -> None:
         self._install = install
         self._by_thread: dict[int, Any] = {}
+        self.compute_stream: Any = None
+        self._record = record or (lambda tensor, stream: tensor.record_stream(stream))
+
+    def mark_used_by_compute(self, result: Any) -> None:
+        if self.compute_stream is None:
+            return
+        for tensor in _tensors(result):
+            self._record(tensor, self.compute_stream)
 
     def register(self, ctx: Any) -> None:
         self._by_thread[threading.get_ident()] = ctx
@@ -260,7 +291,9 @@ def ascend_site_wrapper(switch: ForwardContextSwitch | None, state: PerUBatchSta
             @functools.wraps(fn)
             def inner(*args: Any, **kwargs: Any) -> Any:  # runs after the yield: this micro-batch resumed
                 switch.restore()
-                return body(*args, **kwargs)
+                result = body(*args, **kwargs)
+                switch.mark_used_by_compute(result)  # produced on the comm stream, read on the compute stream
+                return result
 
         return wrap_stream_site(site, inner)
 
@@ -491,10 +524,14 @@ def install_runner_patches(runner_cls: type, switch: ForwardContextSwitch, *, ti
 
             return run
 
+        device_backend = backend()
+        # run_ubatches uses the caller's current stream as the compute stream
+        switch.compute_stream = device_backend.current_stream() if device_backend.has_streams else None
         try:
-            outputs = run_ubatches([one(i, ub) for i, ub in enumerate(slices)], backend=backend(),
+            outputs = run_ubatches([one(i, ub) for i, ub in enumerate(slices)], backend=device_backend,
                                    timeout_s=timeout_s)
         finally:
+            switch.compute_stream = None
             set_vllm_forward_context(outer)
         first = outputs[0]
         if isinstance(first, tuple):  # (hidden_states, aux_hidden_states)
