@@ -63,6 +63,10 @@ def test_gpu_trace_overlap_is_hta_definition(tmp_path):
     # rank 1: (100,180) is covered 10 + 60 by compute
     assert rows[(1, 1)]["overlapped"] == 70.0
     assert rep["summary"]["overlap_pct"] == pytest.approx(100 * (50 + 10 + 70 + 10) / (110 + 110 + 130 + 110))
+    # idle gaps on the compute stream of rank 0: 110..120 (next kernel launched at 115: 5 µs host-bound),
+    # 200..380 (ends at a memcpy with no known launch), 390..450 (next kernel launched at 445: 55 µs)
+    g = next(x for x in rep["idle_gaps"] if x["rank"] == 0)["per_stream"][0]
+    assert (g["gaps"], g["idle_us"], g["host_bound_us"]) == (3, 250.0, 60.0)
 
 
 def _cpu_dbo_trace() -> dict:

@@ -156,6 +156,11 @@ def verdict(report: Report) -> str:
             parts.append(f"Most exposed communication follows {prev['preceding_compute']}.")
         if wall:
             parts.append(f"The device was free (neither computing nor communicating) {100 * s['free_us'] / wall:.1f}% of the time.")
+    idle = sum(g["idle_us"] for x in report.idle_gaps for g in x["per_stream"])
+    host = sum(g["host_bound_us"] for x in report.idle_gaps for g in x["per_stream"])
+    if idle > 0 and host > 0:
+        parts.append(f"Of the compute streams' idle time ({idle:.1f} µs), {100 * host / idle:.0f}% was spent waiting for "
+                     f"the host to launch the next kernel (host-bound).")
     det = [d for d in report.dual_batch if d["detected"]]
     if det:
         pct = [u["covered_pct"] for d in det for u in d["ubatches"]]

@@ -14,7 +14,8 @@ array           dtype    meaning
 ``name_id``     int32    index into ``RankTimeline.names``
 ==============  =======  =====================================================================
 
-Tasks are sorted by ``start_ns``. ``Kind`` says what a task means for the overlap analyses:
+Tasks are sorted by ``start_ns``. ``RankTimeline.launch_ns`` (optional, same length) is when the host
+launched each device task, -1 when unknown. ``Kind`` says what a task means for the overlap analyses:
 
 * ``COMPUTE``: a device compute kernel (AI Core / AI Vector / AI CPU / MIX op, a CUDA compute kernel).
 * ``COMMUNICATION``: a whole collective or point-to-point operator span (HCCL ``hcom_*`` big op on a
@@ -111,6 +112,8 @@ class RankTimeline:
     device_id: int | None = None
     # the profiler's communication.json totals per step (None key: no steps): elapse/transit/wait/sync in µs
     profiler_comm: dict[int | None, dict[str, float]] | None = None
+    # per task: when the host launched it (ns, same clock), -1 when unknown (from async_npu flows / correlation)
+    launch_ns: np.ndarray | None = None
 
     def __post_init__(self) -> None:
         if self.start_ns.size and np.any(np.diff(self.start_ns) < 0):
@@ -120,6 +123,8 @@ class RankTimeline:
             self.stream = self.stream[order]
             self.kind = self.kind[order]
             self.name_id = self.name_id[order]
+            if self.launch_ns is not None:
+                self.launch_ns = self.launch_ns[order]
 
     def __len__(self) -> int:
         return int(self.start_ns.size)

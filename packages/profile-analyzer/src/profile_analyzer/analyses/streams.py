@@ -37,11 +37,15 @@ def stream_utilisation(rt: RankTimeline, lo: int, hi: int) -> list[dict[str, obj
 def idle_gaps(rt: RankTimeline, lo: int, hi: int, top: int = 20, min_gap_ns: int = 0) -> dict[str, object]:
     """Gaps between consecutive tasks on each compute stream (within its first..last task in the window).
 
-    Returns per-stream totals and the ``top`` longest gaps with the tasks on either side.
+    Each gap is split by cause where the launch time of the task that ends it is known (``launch_ns``):
+    the part before the host launched that task is *host-bound* (the device waited for the host, like
+    HTA's ``host_wait``); the rest is the device waiting on something else (an event/notify, a dependency
+    on another stream). Returns per-stream totals and the ``top`` longest gaps with the tasks around them.
     """
     per_stream = []
-    all_gaps: list[tuple[int, int, int, int, int]] = []  # (dur, start, end, stream, before idx)
+    cand: list[tuple[int, int, int, int, int, int, int]] = []  # dur, start, end, stream, before, after, host
     t0 = rt.t0_ns()
+    launch = rt.launch_ns
     for s in rt.streams:
         if s.kind != "compute":
             continue
@@ -53,25 +57,34 @@ def idle_gaps(rt: RankTimeline, lo: int, hi: int, top: int = 20, min_gap_ns: int
         gs, ge = iv.gaps(busy)
         keep = (ge - gs) > min_gap_ns
         gs, ge = gs[keep], ge[keep]
-        ends_sorted = np.sort(rt.end_ns[idx])
-        order_end = idx[np.argsort(rt.end_ns[idx], kind="stable")]
         dur = ge - gs
-        per_stream.append({"rank": rt.rank, "stream": s.label, "gaps": int(gs.size), "idle_us": int(dur.sum()) / 1000.0,
-                           "max_gap_us": (int(dur.max()) / 1000.0) if dur.size else 0.0,
-                           "median_gap_us": float(np.median(dur)) / 1000.0 if dur.size else 0.0})
-        if dur.size:
-            sel = np.argsort(-dur, kind="stable")[:top]
-            for j in sel:
-                b = np.searchsorted(ends_sorted, gs[j], side="right") - 1
-                all_gaps.append((int(dur[j]), int(gs[j]), int(ge[j]), s.index, int(order_end[b]) if b >= 0 else -1))
-    all_gaps.sort(key=lambda g: -g[0])
-    starts_sorted = None
+        starts = rt.start_ns[idx]
+        after = idx[np.clip(np.searchsorted(starts, ge), 0, idx.size - 1)]
+        order_end = idx[np.argsort(rt.end_ns[idx], kind="stable")]
+        before_pos = np.searchsorted(rt.end_ns[order_end], gs, side="right") - 1
+        before = np.where(before_pos >= 0, order_end[np.maximum(before_pos, 0)], -1)
+        if launch is not None:
+            la = launch[after]
+            known = la >= 0
+            host = np.where(known, np.clip(la - gs, 0, dur), 0)
+        else:
+            known = np.zeros(dur.size, dtype=bool)
+            host = np.zeros(dur.size, dtype=np.int64)
+        per_stream.append({
+            "rank": rt.rank, "stream": s.label, "gaps": int(gs.size), "idle_us": int(dur.sum()) / 1000.0,
+            "host_bound_us": int(host.sum()) / 1000.0,
+            "launch_known_pct": 100.0 * float(known.mean()) if known.size else 0.0,
+            "max_gap_us": (int(dur.max()) / 1000.0) if dur.size else 0.0,
+            "median_gap_us": float(np.median(dur)) / 1000.0 if dur.size else 0.0})
+        for j in np.argsort(-dur, kind="stable")[:top]:
+            cand.append((int(dur[j]), int(gs[j]), int(ge[j]), s.index, int(before[j]), int(after[j]),
+                         int(host[j]) if known[j] else -1))
+    cand.sort(key=lambda g: -g[0])
     gaps = []
-    for dur, s0, e0, si, bi in all_gaps[:top]:
-        on = np.flatnonzero((rt.stream == si) & (rt.start_ns >= e0))
-        after = rt.names[int(rt.name_id[on[np.argmin(rt.start_ns[on])]])] if on.size else None
+    for dur_, s0, e0, si, bi, ai, host_ns in cand[:top]:
         gaps.append({"rank": rt.rank, "stream": rt.streams[si].label, "start_us": (s0 - t0) / 1000.0,
-                     "end_us": (e0 - t0) / 1000.0, "dur_us": dur / 1000.0,
-                     "before": rt.names[int(rt.name_id[bi])] if bi >= 0 else None, "after": after})
-    del starts_sorted
+                     "end_us": (e0 - t0) / 1000.0, "dur_us": dur_ / 1000.0,
+                     "host_bound_us": host_ns / 1000.0 if host_ns >= 0 else None,
+                     "before": rt.names[int(rt.name_id[bi])] if bi >= 0 else None,
+                     "after": rt.names[int(rt.name_id[ai])]})
     return {"per_stream": per_stream, "largest": gaps}

@@ -337,7 +337,8 @@ def _int_or(v: object, default: int) -> int:
     return default
 
 
-def columnarise(path: Path, flow_cats: frozenset[str] = frozenset({"async_npu", "ac2g"}), kineto_args: bool = True) -> Columns:
+def columnarise(path: Path, flow_cats: frozenset[str] = frozenset({"async_npu", "ac2g", "HostToDevice"}),
+                kineto_args: bool = True) -> Columns:
     # millions of short-lived tuples and lists: the cyclic GC would rescan them over and over
     enabled = gc.isenabled()
     gc.disable()

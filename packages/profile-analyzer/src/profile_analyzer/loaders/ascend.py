@@ -199,6 +199,17 @@ def columns_to_rank(cols: Columns, *, rank: int, source: str, fmt: str, kernel_d
     b.names.extend(names)
     b._name_idx.update({n: i for i, n in enumerate(names)})
     b.add(start, end, track_stream[cols.track[keep]], kind[keep].astype(np.int8), cols.name_id[keep])
+    lh, ld_s, ld_e = _launch_links(cols, ev_role, "HostToDevice")
+    if lh.size == 0:
+        lh, ld_s, ld_e = _launch_links(cols, ev_role, "async_npu")
+    launch = np.full(start.size, -1, dtype=np.int64)
+    if lh.size:
+        order = np.argsort(ld_s, kind="stable")
+        dev_sorted, host_sorted = ld_s[order], lh[order]
+        hw_kept = np.flatnonzero(ev_role[keep] == 1)
+        pos = np.clip(np.searchsorted(dev_sorted, start[hw_kept]), 0, dev_sorted.size - 1)
+        hit = dev_sorted[pos] == start[hw_kept]
+        launch[hw_kept[hit]] = host_sorted[pos[hit]]
 
     # streams that mostly carry communication tasks are communication streams
     st = track_stream[cols.track[keep]]
@@ -235,11 +246,11 @@ def columns_to_rank(cols: Columns, *, rank: int, source: str, fmt: str, kernel_d
                 step_ids_l.append(step_name_ids[int(cols.name_id[i])])
                 hs_l.append(int(cols.start_ns[i]))
                 he_l.append(int(cols.start_ns[i] + cols.dur_ns[i]))
-    lh, ld_s, ld_e = _launch_links(cols, ev_role)
     dev = (kind >= 0) & (kind != int(Kind.HOST))
     dev_start = int(cols.start_ns[dev].min()) if dev.any() else 0
     dev_end = int((cols.start_ns + cols.dur_ns)[dev].max()) if dev.any() else 0
-    steps = build_steps(np.array(step_ids_l, np.int64), np.array(hs_l, np.int64), np.array(he_l, np.int64), lh, ld_s, ld_e,
+    sh, sd_s, sd_e = _launch_links(cols, ev_role, "async_npu")
+    steps = build_steps(np.array(step_ids_l, np.int64), np.array(hs_l, np.int64), np.array(he_l, np.int64), sh, sd_s, sd_e,
                         dev_start, dev_end)
     if kernel_details:
         type_by_name: dict[str, str] = kernel_details["types"]  # type: ignore[assignment]
@@ -249,14 +260,15 @@ def columns_to_rank(cols: Columns, *, rank: int, source: str, fmt: str, kernel_d
     device_id = min(devices) if devices else None
     if step_trace is not None and device_id is not None and step_trace and "Device_id" in step_trace[0]:
         step_trace = [r for r in step_trace if r.get("Device_id") in (device_id, float(device_id), -1, -1.0)] or step_trace
-    return b.build(rank, source, fmt, steps=steps, op_types=op_types, profiler_overlap=profiler_overlap,
+    return b.build(rank, source, fmt, steps=steps, op_types=op_types, profiler_overlap=profiler_overlap, launch_ns=launch,
                    profiler_step_trace=step_trace, warnings=warnings, device_id=device_id)
 
 
-def _launch_links(cols: Columns, ev_role: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """(host launch ts, device task start, device task end) from the ``async_npu`` flows."""
-    starts: dict[object, int] = dict(zip(*cols.flows.get(("async_npu", "s"), ([], []))))
-    ends: dict[object, int] = dict(zip(*cols.flows.get(("async_npu", "f"), ([], []))))
+def _launch_links(cols: Columns, ev_role: np.ndarray, cat: str = "async_npu") -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(host ts, device task start, device task end) from one kind of flow: ``async_npu`` (torch op ->
+    kernel, what torch_npu uses for steps) or ``HostToDevice`` (the CANN launch -> kernel)."""
+    starts: dict[object, int] = dict(zip(*cols.flows.get((cat, "s"), ([], []))))
+    ends: dict[object, int] = dict(zip(*cols.flows.get((cat, "f"), ([], []))))
     common = [k for k in starts if k in ends]
     if not common:
         z = np.zeros(0, np.int64)

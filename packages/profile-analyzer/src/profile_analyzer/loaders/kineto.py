@@ -137,6 +137,7 @@ def load_kineto(path: Path, rank_hint: int) -> RankTimeline:
             hs_l.append(int(start[i]))
             he_l.append(int(end[i]))
     lh = ld_s = ld_e = np.zeros(0, np.int64)
+    launch_ns = np.full(cols.track.size, -1, dtype=np.int64)
     if ev_gpu.any():
         launch = host & np.isin(cols.cat_id, np.array([i for i, c in enumerate(cats) if c in _LAUNCH_CATS], np.int32)) & (cols.correlation >= 0)
         kern = ev_gpu & (cols.correlation >= 0)
@@ -148,6 +149,7 @@ def load_kineto(path: Path, rank_hint: int) -> RankTimeline:
         lh = start[li_all[pos[ok]]]
         ld_s = start[kern][ok]
         ld_e = end[kern][ok]
+        launch_ns[np.flatnonzero(kern)[ok]] = lh
     dev = kind != int(Kind.HOST)
     ds = int(start[dev].min()) if dev.any() else 0
     de = int(end[dev].max()) if dev.any() else 0
@@ -155,4 +157,4 @@ def load_kineto(path: Path, rank_hint: int) -> RankTimeline:
     if not dev.any():
         raise ProfileError(path, "no compute or communication events (no GPU kernels, no aten ops or collectives); "
                                  "expected a PyTorch profiler trace of a model run")
-    return b.build(rank, str(path), "kineto", steps=steps, warnings=warnings)
+    return b.build(rank, str(path), "kineto", steps=steps, warnings=warnings, launch_ns=launch_ns)

@@ -56,8 +56,10 @@ def tables(d: dict[str, Any], top: int = 10, short: bool = False) -> list[tuple[
     idle = []
     for g in d["idle_gaps"]:
         for s in g["per_stream"]:
-            idle.append([_f(s["rank"]), s["stream"], _f(s["gaps"]), _f(s["idle_us"]), _f(s["max_gap_us"]), _f(s["median_gap_us"], 2)])
-    out.append(("Idle gaps on compute streams", ["rank", "stream", "gaps", "idle µs", "max gap µs", "median gap µs"], idle))
+            idle.append([_f(s["rank"]), s["stream"], _f(s["gaps"]), _f(s["idle_us"]), _f(s["host_bound_us"]),
+                         _f(s["max_gap_us"]), _f(s["median_gap_us"], 2)])
+    out.append(("Idle gaps on compute streams (host-bound: the next kernel was launched after the stream went idle)",
+                ["rank", "stream", "gaps", "idle µs", "host-bound µs", "max gap µs", "median gap µs"], idle))
     db_rows = []
     for db in d["dual_batch"]:
         if not db["detected"]:
