@@ -143,3 +143,12 @@ def test_parallel_load_equals_sequential(dbo_profile):
         assert a.ranks[r].start_ns.tolist() == b.ranks[r].start_ns.tolist()
         assert a.ranks[r].kind.tolist() == b.ranks[r].kind.tolist()
     assert pa.analyze(a).to_dict()["breakdown"] == pa.analyze(b).to_dict()["breakdown"]
+
+
+def test_ranks_one_level_down(dbo_profile, tmp_path):
+    """A folder per node, each holding its ranks' *_ascend_pt directories."""
+    root, _ = dbo_profile
+    for i, d in enumerate(sorted(p for p in root.iterdir() if p.is_dir())):
+        shutil.copytree(d, tmp_path / f"node{i}" / d.name)
+    tl = pa.load(tmp_path)
+    assert sorted(tl.ranks) == [0, 1] and tl.format == "multi_rank"

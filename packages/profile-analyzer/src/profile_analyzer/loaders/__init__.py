@@ -69,14 +69,22 @@ def detect(path: str | Path) -> str:
     raise ProfileError(p, f"not a profile; {ACCEPTED}")
 
 
-def _rank_entries(p: Path) -> list[tuple[Path, str]]:
+def _rank_entries(p: Path, depth: int = 2) -> list[tuple[Path, str]]:
+    """Profiles directly in ``p``; if there are none, profiles one level further down (e.g. one folder per
+    node, each holding its ranks' ``*_ascend_pt``)."""
     out = []
+    subdirs = []
     for c in sorted(p.iterdir()):
         if c.name.startswith("."):
             continue
         f = _single_format(c)
         if f is not None:
             out.append((c, f))
+        elif c.is_dir():
+            subdirs.append(c)
+    if not out and depth > 1:
+        for d in subdirs:
+            out.extend(_rank_entries(d, depth - 1))
     return out
 
 
