@@ -99,44 +99,48 @@ def _rank_of(entry: Path, fmt: str) -> int | None:
     return None
 
 
-def _load_single(p: Path, fmt: str, rank: int) -> RankTimeline:
+def _load_single(p: Path, fmt: str, rank: int, host_events: bool = False) -> RankTimeline:
     from profile_analyzer.loaders import ascend, kineto
 
     if fmt == "torch_npu":
         if p.is_file():
-            return ascend.load_torch_npu(p.parent, rank) if p.name == "trace_view.json" else _trace_file(p, rank)
-        return ascend.load_torch_npu(p, rank)
+            return (ascend.load_torch_npu(p.parent, rank, host_events) if p.name == "trace_view.json"
+                    else _trace_file(p, rank, host_events))
+        return ascend.load_torch_npu(p, rank, host_events)
     if fmt == "msprof":
-        return ascend.load_msprof(p, rank)
+        return ascend.load_msprof(p, rank, host_events)
     if fmt == "kineto":
-        return kineto.load_kineto(p, rank)
+        return kineto.load_kineto(p, rank, host_events)
     raise ProfileError(p, f"unknown format {fmt}")
 
 
-def _trace_file(p: Path, rank: int) -> RankTimeline:
+def _trace_file(p: Path, rank: int, host_events: bool = False) -> RankTimeline:
     from profile_analyzer.loaders import ascend
     from profile_analyzer.loaders._trace import columnarise
 
     cols = columnarise(p, kineto_args=False)
     rt = ascend.columns_to_rank(cols, rank=rank, source=str(p), fmt="torch_npu", kernel_details=None, step_trace=None,
-                                warnings=[])
+                                warnings=[], host_events=host_events)
     ascend._check_tracks(rt, p)
     return rt
 
 
 def load(path: str | Path, *, ranks: list[int] | None = None,
-         progress: Callable[[int, int, str], None] | None = None, workers: int = 1) -> Timeline:
+         progress: Callable[[int, int, str], None] | None = None, workers: int = 1,
+         host_events: bool = False) -> Timeline:
     """Load any supported profile. ``ranks`` restricts a multi-rank directory to those ranks.
 
     ``progress(done, total, label)`` is called after each rank is loaded (the CLI shows a bar on a terminal).
     ``workers`` > 1 loads the ranks of a multi-rank directory in that many processes (each process peaks at
-    about twice the size of the rank it loads).
+    about twice the size of the rank it loads). ``host_events=True`` keeps CPU-side events (torch ops, CANN
+    API calls) as ``Kind.HOST`` tasks; by default they are read for steps and launch times and then dropped
+    (CPU-only Kineto traces keep them, since there they are the work).
     """
     p = Path(path)
     fmt = detect(p)
     if fmt != "multi_rank":
         r = _rank_of(p, fmt)
-        rt = _load_single(p, fmt, r if r is not None else 0)
+        rt = _load_single(p, fmt, r if r is not None else 0, host_events)
         if fmt == "kineto" and rt.rank != (r or 0):
             pass
         tl = Timeline(source=str(p), format=fmt, ranks={rt.rank: rt})
@@ -170,12 +174,12 @@ def load(path: str | Path, *, ranks: list[int] | None = None,
 
         ctx = multiprocessing.get_context("fork" if "fork" in multiprocessing.get_all_start_methods() else "spawn")
         with ProcessPoolExecutor(max_workers=min(workers, total), mp_context=ctx) as pool:
-            futures = [(entry, pool.submit(_load_single, entry, f, rank)) for entry, f, rank in jobs]
+            futures = [(entry, pool.submit(_load_single, entry, f, rank, host_events)) for entry, f, rank in jobs]
             for done, (entry, fut) in enumerate(futures, 1):
                 add(entry, fut.result(), done)
     else:
         for done, (entry, f, rank) in enumerate(jobs, 1):
-            add(entry, _load_single(entry, f, rank), done)
+            add(entry, _load_single(entry, f, rank, host_events), done)
     if ranks is not None:
         loaded = {k: v for k, v in loaded.items() if k in ranks}
         if not loaded:

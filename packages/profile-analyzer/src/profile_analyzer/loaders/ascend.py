@@ -140,7 +140,8 @@ def read_step_trace_time(path: Path) -> list[dict[str, float | str]]:
 
 
 def columns_to_rank(cols: Columns, *, rank: int, source: str, fmt: str, kernel_details: dict[str, object] | None,
-                    step_trace: list[dict[str, float | str]] | None, warnings: list[Warning_]) -> RankTimeline:
+                    step_trace: list[dict[str, float | str]] | None, warnings: list[Warning_],
+                    host_events: bool = False) -> RankTimeline:
     comm_names: frozenset[str] = kernel_details["comm_names"] if kernel_details else frozenset()  # type: ignore[assignment]
     b = TimelineBuilder()
     n_tracks = len(cols.tracks)
@@ -191,7 +192,8 @@ def columns_to_rank(cols: Columns, *, rank: int, source: str, fmt: str, kernel_d
         wait_ids = np.array([i for i, n in enumerate(names) if n in _WAIT_NAMES], dtype=np.int32)
         is_wait = np.isin(cols.name_id[plane], wait_ids)
         kind[plane] = np.where(is_wait, int(Kind.IDLE_WAIT), int(Kind.COMM_TASK))
-    kind[ev_role == 4] = int(Kind.HOST)
+    if host_events:
+        kind[ev_role == 4] = int(Kind.HOST)
 
     keep = kind >= 0
     start = cols.start_ns[keep]
@@ -294,7 +296,7 @@ def msprof_json_files(output_dir: Path) -> list[Path]:
     return [f for f in files if re.match(r"^msprof_(slice_\d+_)?\d+\.json$", f.name)] or files
 
 
-def load_torch_npu(root: Path, rank: int) -> RankTimeline:
+def load_torch_npu(root: Path, rank: int, host_events: bool = False) -> RankTimeline:
     """``*_ascend_pt`` (or its ASCEND_PROFILER_OUTPUT) -> one rank."""
     out = root / "ASCEND_PROFILER_OUTPUT" if (root / "ASCEND_PROFILER_OUTPUT").is_dir() else root
     warnings: list[Warning_] = []
@@ -323,7 +325,8 @@ def load_torch_npu(root: Path, rank: int) -> RankTimeline:
                                   "compute/communication classification (falls back to the task-name rule)"]))
     st_path = out / "step_trace_time.csv"
     st = read_step_trace_time(st_path) if st_path.is_file() else None
-    rt = columns_to_rank(cols, rank=rank, source=source, fmt=fmt, kernel_details=kd, step_trace=st, warnings=warnings)
+    rt = columns_to_rank(cols, rank=rank, source=source, fmt=fmt, kernel_details=kd, step_trace=st, warnings=warnings,
+                         host_events=host_events)
     cj = out / "communication.json"
     if cj.is_file():
         rt.profiler_comm = read_communication_json(cj, rt.warnings)
@@ -331,7 +334,7 @@ def load_torch_npu(root: Path, rank: int) -> RankTimeline:
     return rt
 
 
-def load_msprof(prof_dir: Path, rank: int) -> RankTimeline:
+def load_msprof(prof_dir: Path, rank: int, host_events: bool = False) -> RankTimeline:
     """A plain ``PROF_*`` directory (or its mindstudio_profiler_output, or one msprof_*.json) -> one rank."""
     if prof_dir.is_file():
         files = [prof_dir]
@@ -342,7 +345,7 @@ def load_msprof(prof_dir: Path, rank: int) -> RankTimeline:
             raise ProfileError(out, "no msprof_*.json; expected a PROF_*/mindstudio_profiler_output directory written by msprof --export=on")
     cols = merge_columns([columnarise(f, kineto_args=False) for f in files])
     rt = columns_to_rank(cols, rank=rank, source=str(files[0] if len(files) == 1 else files[0].parent), fmt="msprof",
-                         kernel_details=None, step_trace=None, warnings=[])
+                         kernel_details=None, step_trace=None, warnings=[], host_events=host_events)
     if rt.steps.ids.tolist() == [-1]:
         rt.warnings.append(Warning_(str(files[0].parent), "framework ProfilerStep#N ranges",
                                     ["steps (the whole capture is one step)", "Preparing"]))

@@ -39,7 +39,7 @@ _LAUNCH_CATS = frozenset({"cuda_runtime", "cuda_driver", "Runtime", "runtime"})
 _COMPUTE_RANGE_CATS = frozenset({"cpu_op", "user_annotation"})
 
 
-def load_kineto(path: Path, rank_hint: int) -> RankTimeline:
+def load_kineto(path: Path, rank_hint: int, host_events: bool = False) -> RankTimeline:
     cols = columnarise(path)
     if cols.n_events == 0 or cols.track.size == 0:
         raise ProfileError(path, "no complete ('X') events; expected a PyTorch profiler trace with traceEvents")
@@ -124,7 +124,8 @@ def load_kineto(path: Path, rank_hint: int) -> RankTimeline:
         for t, s in tmap.items():
             lut[t] = s
         stream_idx[hi] = lut[cols.track[hi]]
-    b.add(start, end, stream_idx, kind, cols.name_id)
+    # host events are kept where they are the work (CPU-only traces) or on request
+    keep_mask = None if (host_events or not ev_gpu.any()) else ((kind != int(Kind.HOST)) | gpu_annotation)
 
     # steps
     step_rows = [(int(m.group(1)), i) for i, n in enumerate(names) if (m := STEP_NAME.match(n))]
@@ -157,4 +158,9 @@ def load_kineto(path: Path, rank_hint: int) -> RankTimeline:
     if not dev.any():
         raise ProfileError(path, "no compute or communication events (no GPU kernels, no aten ops or collectives); "
                                  "expected a PyTorch profiler trace of a model run")
+    if keep_mask is None:
+        b.add(start, end, stream_idx, kind, cols.name_id)
+    else:
+        b.add(start[keep_mask], end[keep_mask], stream_idx[keep_mask], kind[keep_mask], cols.name_id[keep_mask])
+        launch_ns = launch_ns[keep_mask]
     return b.build(rank, str(path), "kineto", steps=steps, warnings=warnings, launch_ns=launch_ns)
