@@ -14,7 +14,7 @@ def test_bench_measures_report_on_a_cached_profile(tmp_path: Path) -> None:
     cache, out = tmp_path / "cache", tmp_path / "out"
     lines: list[str] = []
     res = bench.run_bench(out, cache=cache, ranks=2, target_bytes=400_000, with_msprof=False, timeout_s=300,
-                          log=lines.append, layers=4, phases=True)
+                          log=lines.append, layers=4, phases=True, jobs=2)
     written = json.loads((out / "profile_analyzer.json").read_text())
     assert written == res
     inp, ours = res["input"], res["ours"]
@@ -28,6 +28,8 @@ def test_bench_measures_report_on_a_cached_profile(tmp_path: Path) -> None:
     check = ours["check_computing_us"]
     assert check["report"] == pytest.approx(check["ground_truth"], abs=0.01)
     assert "msprof_analyze" not in res and isinstance(res["meets_memory_target"], bool)
+    assert res["ours"]["jobs"] == 2 and "--jobs 2" in res["ours"]["command"]
+    assert res["ours_jobs1"]["wall_s"] > 0 and res["ours_jobs1"]["tree_peak_rss_bytes"] > 5e6
     ph = res["ours_phases"]
     assert ph["load_s"] > 0 and ph["analyze_s"] > 0 and ph["report_json_bytes"] > 1000
     assert ph["rss_hwm_after_import"] <= ph["rss_hwm_after_load"] <= ph["rss_hwm_after_render"]
