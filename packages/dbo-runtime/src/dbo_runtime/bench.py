@@ -6,11 +6,13 @@ Measures, on 2 local gloo ranks (one CPU thread each):
   ``(T_off - T_on) / (T_off - max(T_compute, T_comm))`` (T_compute and T_comm measured in the DBO-off step), for
   both patterns (A2, A3), several token counts and several settings of the modelled link (a stand-in for HCCS;
   the default is calibrated so communication is about 40% of a DBO-off step);
+- the same efficiency with T_compute taken from the DBO-on steps (``eff(on)``; on CPU half-size micro-batches
+  compute faster than the whole batch, which alone can push the first figure past 100%);
 - the median cost of one yield handoff between the two micro-batch threads, in microseconds;
 - the cost of DBO on a batch below the split thresholds, where the plain path runs (expected: none).
 
 Off and on steps alternate, and medians are reported, because the machine may be shared with other work.
-Writes ``<out>/dbo_runtime.json`` (atomically) and prints a table.
+Writes ``<out>/dbo_runtime.json`` and ``<out>/dbo_runtime.md`` (atomically) and prints a table.
 """
 
 from __future__ import annotations
@@ -81,7 +83,7 @@ class BenchPlan:
         LinkVariant("bw x2", bandwidth_scale=2.0),
         LinkVariant("latency 200us", latency_us=200.0),
     )
-    steps: int = 5
+    steps: int = 7
     warmup: int = 1
     no_split_tokens: int = 256  # below the 512-token prefill threshold
     hidden_size: int = 256
@@ -171,6 +173,8 @@ def summarize(per_rank: list[dict[str, Any]], handoff: dict[str, float], plan: B
             "comm_share_off": t_comm / t_off if t_off else float("nan"),
             "speedup": t_off / t_on if t_on else float("nan"),
             "efficiency": efficiency(t_off, t_on, t_comp, t_comm),
+            # The same formula with the compute time DBO-on steps showed: T_off' = T_compute_on + T_comm.
+            "efficiency_on_compute": efficiency(t_comp_on + t_comm, t_on, t_comp_on, t_comm),
             "steps": plan.steps,
         })  # fmt: skip
     no_split = []
@@ -203,13 +207,13 @@ def format_table(summary: dict[str, Any]) -> str:
     lines = [
         f"DBO reference benchmark ({summary['benchmark']}); {summary['link_note']}",
         f"{'pattern':7} {'tokens':>6} {'link':14} {'comm%':>6} {'T_off ms':>9} {'T_on ms':>9} {'compute':>8} "
-        f"{'cmp(on)':>8} {'comm':>8} {'speedup':>7} {'effic.':>7}",
+        f"{'cmp(on)':>8} {'comm':>8} {'speedup':>7} {'effic.':>7} {'eff(on)':>7}",
     ]
     for r in summary["rows"]:
         lines.append(
             f"{r['pattern']:7} {r['tokens']:6d} {r['link']:14} {r['comm_share_off'] * 100:5.1f}% {r['t_off_ms']:9.1f} "
             f"{r['t_on_ms']:9.1f} {r['t_compute_ms']:8.1f} {r['t_compute_on_ms']:8.1f} {r['t_comm_ms']:8.1f} "
-            f"{r['speedup']:6.2f}x {r['efficiency'] * 100:6.1f}%"
+            f"{r['speedup']:6.2f}x {r['efficiency'] * 100:6.1f}% {r['efficiency_on_compute'] * 100:6.1f}%"
         )
     h = summary["handoff_us"]
     lines.append(f"yield handoff: median {h['median_us']:.1f} us, p99 {h['p99_us']:.1f} us ({h['samples']} samples)")
@@ -224,6 +228,46 @@ def format_table(summary: dict[str, Any]) -> str:
     for name, row in (summary.get("default_links") or {}).items():
         lines.append(f"default link ({name}): {row}")
     return "\n".join(lines)
+
+
+def format_markdown(summary: dict[str, Any]) -> str:
+    """The table as Markdown (written next to the JSON, for docs/dbo.md)."""
+    lines = [
+        "| pattern | tokens/rank | link | comm share (off) | T_off ms | T_on ms | T_compute off / on ms | T_comm ms "
+        "| speedup | efficiency | eff. (on-compute) |",
+        "|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for r in summary["rows"]:
+        lines.append(
+            f"| {r['pattern']} | {r['tokens']} | {r['link']} | {r['comm_share_off'] * 100:.0f}% | {r['t_off_ms']:.0f} "
+            f"| {r['t_on_ms']:.0f} | {r['t_compute_ms']:.0f} / {r['t_compute_on_ms']:.0f} | {r['t_comm_ms']:.0f} "
+            f"| {r['speedup']:.2f}x | {r['efficiency'] * 100:.0f}% | {r['efficiency_on_compute'] * 100:.0f}% |"
+        )
+    h = summary["handoff_us"]
+    lines += ["", f"Yield handoff: median {h['median_us']:.1f} µs, p99 {h['p99_us']:.1f} µs ({h['samples']} samples).", ""]
+    for r in summary["no_split"]:
+        lines.append(
+            f"Below the threshold ({r['pattern']}, {r['tokens']} tokens, not split): DBO off {r['t_off_ms']:.1f} ms, "
+            f"on {r['t_on_ms']:.1f} ms ({r['overhead_pct']:+.1f}%; the same code path)."
+        )
+    for name, text in (summary.get("default_links") or {}).items():
+        lines.append(f"Default link ({name}): {text}.")
+    load = summary["machine"].get("loadavg_1m")
+    lines.append(f"Machine: {summary['machine']['cpus']} CPUs, torch {summary['machine']['torch']}, "
+                 f"1-minute load average at the end {load:.1f}." if load is not None else "")  # fmt: skip
+    return "\n".join(lines) + "\n"
+
+
+def _write_text_atomic(path: Path, text: str) -> None:
+    fd, tmp = tempfile.mkstemp(prefix=".tmp-", suffix=".md", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w") as f:
+            f.write(text)
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
 
 
 def _write_json_atomic(path: Path, data: dict[str, Any]) -> None:
@@ -251,6 +295,7 @@ def run_bench(out_dir: str | os.PathLike[str], plan: BenchPlan | None = None, *,
         r["pattern"]: r["link_text"] for r in summary["rows"] if r["link"] == "default" and r["tokens"] == plan.default_tokens
     }
     _write_json_atomic(Path(out_dir) / "dbo_runtime.json", summary)
+    _write_text_atomic(Path(out_dir) / "dbo_runtime.md", format_markdown(summary))
     return summary
 
 

@@ -297,18 +297,17 @@ class ReferenceMoE:
         return ids, weights.to(h.dtype)
 
     def _local_experts(self, xs: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor, layer: int) -> torch.Tensor:
-        """Sum over top-k slots of weight x expert(x), for the experts this rank owns (others contribute 0)."""
-        k = self.config.top_k
-        contrib = xs.new_zeros((xs.shape[0], k, xs.shape[1]))
+        """Sum of weight x expert(x) over the experts this rank owns (the others contribute nothing).
+
+        Each token's terms are added in expert order, whatever the batch: every split of the batch sums alike.
+        """
+        out = xs.new_zeros(xs.shape)
         for e, (w13, w2) in self.layers[layer]["experts"].items():
             rows, slots = (ids == e).nonzero(as_tuple=True)
             if rows.numel() == 0:
                 continue
             y = self._mlp(xs[rows], w13, w2)
-            contrib[rows, slots] = y * weights[rows, slots, None]
-        out = contrib[:, 0]
-        for j in range(1, k):  # fixed order, so that every split of the batch sums alike
-            out = out + contrib[:, j]
+            out.index_add_(0, rows, y * weights[rows, slots, None])  # a token picks an expert at most once
         return out
 
     # -- expert parallel MoE, both patterns ------------------------------------------------------------------

@@ -224,7 +224,8 @@ def measure(
 ) -> list[dict[str, Any]]:
     """Median timings of ``spec.steps`` steps (after ``spec.warmup``) per DBO mode in ``modes``, as this rank saw.
 
-    The modes alternate step by step, so that a machine shared with other work slows them alike. A trace, if
+    The modes alternate step by step (in alternating order), so that a machine shared with other work slows them
+    alike. A trace, if
     asked for, covers one extra step of the first mode after the timed ones.
     """
     dtype = DTYPES[spec.dtype]
@@ -234,7 +235,10 @@ def measure(
     ]
     total = spec.warmup + spec.steps
     for step in range(total):
-        for i, dbo in enumerate(modes):
+        order = list(enumerate(modes))
+        if step % 2:
+            order.reverse()  # neither mode always runs right after the other
+        for i, dbo in order:
             x = batch_inputs(model.config, spec.batch, rank=model.rank, step=step, dtype=dtype)
             kv = KVCache(model.config, spec.batch, rank=model.rank, dtype=dtype)
             dist.barrier()
