@@ -141,19 +141,34 @@ def _step_ranges(events: list[dict]) -> dict[int, tuple[int, int, int]]:
     return out
 
 
-def test_step_trace_time_follows_torch_npu_rules(dbo_profile: GroundTruth) -> None:
-    for rank, rank_dir in dbo_profile.profile_dirs.items():
+@pytest.fixture(scope="module")
+def pp_profile(tmp_path_factory: pytest.TempPathFactory) -> GroundTruth:
+    return write_profile(tmp_path_factory.mktemp("pp"), ranks=2, steps=2, layers=2, pp_receive_us=150, seed=4)
+
+
+@pytest.mark.parametrize("which", ["dbo_profile", "pp_profile"])
+def test_step_trace_time_follows_torch_npu_rules(which: str, request: pytest.FixtureRequest) -> None:
+    truth: GroundTruth = request.getfixturevalue(which)
+    procs_seen_receive = 0
+    for rank, rank_dir in truth.profile_dirs.items():
         events = _load(rank_dir)
         ranges = _step_ranges(events)
         sums: dict[int, dict[str, int]] = defaultdict(lambda: defaultdict(int))
         first_cc: dict[int, int] = {}
-        for name, iv in _overlap_track(events).items():
-            for s, e in iv:
-                owner = [n for n, (lo, hi, _) in ranges.items() if lo <= s < hi]
-                assert len(owner) == 1, f"overlap event at {s} belongs to {owner}"
-                sums[owner[0]][name] += int(e - s)
-                if name in ("Computing", "Communication"):
-                    first_cc[owner[0]] = min(first_cc.get(owner[0], s), int(s))
+        span: dict[int, list[int]] = {}
+        counted = [(name, s, e) for name, iv in _overlap_track(events).items() for s, e in iv]
+        counted += [("hcom_receive", _ns(e["ts"]), _ns(e["ts"]) + _ns(e["dur"])) for e in events
+                    if e["ph"] == "X" and e["name"].startswith("hcom_receive")]
+        procs_seen_receive += sum(1 for c in counted if c[0] == "hcom_receive")
+        for name, s, e in counted:
+            owner = [n for n, (lo, hi, _) in ranges.items() if lo <= s < hi]
+            assert len(owner) == 1, f"event at {s} belongs to {owner}"
+            n = owner[0]
+            sums[n][name] += int(e - s)
+            lo_hi = span.setdefault(n, [int(s), int(e)])
+            lo_hi[0], lo_hi[1] = min(lo_hi[0], int(s)), max(lo_hi[1], int(e))
+            if name in ("Computing", "Communication"):
+                first_cc[n] = min(first_cc.get(n, s), int(s))
         with open(rank_dir / "ASCEND_PROFILER_OUTPUT" / "step_trace_time.csv", newline="") as f:
             rows = list(csv.DictReader(f))
         assert [int(r["Step"]) for r in rows] == sorted(ranges)
@@ -169,16 +184,25 @@ def test_step_trace_time_follows_torch_npu_rules(dbo_profile: GroundTruth) -> No
                 (s["Communication"] - s["Communication(Not Overlapped)"]) / 1000, abs=1e-3)
             assert float(r["Free"]) == pytest.approx(s["Free"] / 1000, abs=1e-3)
             assert float(r["Preparing"]) == pytest.approx((first_cc[n] - ranges[n][2]) / 1000, abs=1e-3)
-            gt = dbo_profile.step(rank, n)
-            assert gt["computing_us"] == pytest.approx(float(r["Computing"]), abs=1e-3)
-            assert gt["free_us"] == pytest.approx(float(r["Free"]), abs=1e-3)
+            bubble = s["hcom_receive"]
+            assert float(r["Bubble"]) == pytest.approx(bubble / 1000, abs=1e-3)
+            assert float(r["Stage"]) == pytest.approx((span[n][1] - span[n][0] - bubble) / 1000, abs=1e-3)
+            assert float(r["Communication(Not Overlapped and Exclude Receive)"]) == pytest.approx(
+                (s["Communication(Not Overlapped)"] - bubble) / 1000, abs=1e-3)
+            gt = truth.step(rank, n)
+            for key, col in (("computing_us", "Computing"), ("free_us", "Free"), ("bubble_us", "Bubble"),
+                             ("stage_us", "Stage")):
+                assert gt[key] == pytest.approx(float(r[col]), abs=1e-3)
+    assert (procs_seen_receive > 0) == (which == "pp_profile")
 
 
-def test_ground_truth_is_self_consistent(dbo_profile: GroundTruth, plain_profile: GroundTruth) -> None:
-    for truth in (dbo_profile, plain_profile):
+def test_ground_truth_is_self_consistent(dbo_profile: GroundTruth, plain_profile: GroundTruth,
+                                        pp_profile: GroundTruth) -> None:
+    for truth in (dbo_profile, plain_profile, pp_profile):
         for rank in truth.ranks:
             for st in truth.steps(rank):
-                exposed = sum(layer["exposed_comm_us"] for layer in st["layers"])
+                exposed = sum(layer["exposed_comm_us"] for layer in st["layers"]) + sum(
+                    op["exposed_us"] for op in st["comm_ops"] if op["role"] == "receive")
                 # a single communication stream: per-layer exposure adds up to Communication(Not Overlapped)
                 assert exposed == pytest.approx(st["communication_not_overlapped_us"], abs=0.01)
                 assert st["overlapped_us"] == pytest.approx(
@@ -228,6 +252,7 @@ def test_plain_profile_tracks_and_files(plain_profile: GroundTruth) -> None:
         assert big and all(n.startswith("hcom_alltoallv__") for n in big)
         comm_json = json.loads((rank_dir / "ASCEND_PROFILER_OUTPUT" / "communication.json").read_text())
         assert sorted(comm_json) == ["step1", "step2"]
+        assert comm_json["step1"]["p2p"] == {}  # no send/receive in this profile
         ops = [k for k in comm_json["step1"]["collective"] if k != "Total Op Info"]
         assert len(ops) == len(plain_profile.step(rank, 1)["comm_ops"])
         info = comm_json["step1"]["collective"][ops[0]]["Communication Time Info"]
@@ -288,3 +313,15 @@ def test_cli_writes_profile_and_rejects_bad_input(tmp_path: Path, capsys: pytest
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "ranks" in err[0]
     assert not bad.exists() or not any(bad.iterdir())
+
+
+def test_pipeline_receive_goes_to_p2p_and_bubble(pp_profile: GroundTruth) -> None:
+    for rank, rank_dir in pp_profile.profile_dirs.items():
+        comm_json = json.loads((rank_dir / "ASCEND_PROFILER_OUTPUT" / "communication.json").read_text())
+        p2p = [k for k in comm_json["step1"]["p2p"] if k != "Total Op Info"]
+        assert len(p2p) == 1 and p2p[0].startswith("hcom_receive__")
+        assert not any(k.startswith("hcom_receive") for k in comm_json["step1"]["collective"])
+        st = pp_profile.step(rank, 1)
+        assert st["bubble_us"] >= 150 * 0.9
+        assert st["communication_not_overlapped_exclude_receive_us"] == pytest.approx(
+            st["communication_not_overlapped_us"] - st["bubble_us"], abs=1e-3)

@@ -115,7 +115,8 @@ def write_profile(out_dir: str | Path, *, ranks: int = 2, steps: int = 2, layers
     are ``exposed_factor`` times too long to hide), ``cann`` ("new"/"old"), ``comm_process_name``
     ("Communication"/"HCCL"), ``stream_id_key`` ("Physic Stream Id"/"Stream Id"), ``ts_as_string``,
     ``large_pids``, ``host_tracks``, ``sync_tasks``, ``planes``, ``slow_rank``, ``slow_factor``,
-    ``layer_compute_us``, ``shared_expert_cover``. ``workers`` > 1 writes ranks in parallel processes.
+    ``layer_compute_us``, ``shared_expert_cover``, ``pp_receive_us`` (each step starts with an
+    ``hcom_receive`` of about that length: the Bubble column). ``workers`` > 1 writes ranks in parallel.
 
     Nothing partial is left behind: ranks are written into a temporary folder inside ``out_dir`` and moved
     into place at the end (existing rank folders of the same name are replaced).
@@ -191,6 +192,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
                     help="DBO: comma-separated layers whose collectives are too long to hide")
     ap.add_argument("--exposed-factor", type=float, default=6.0)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--pp-receive-us", type=float, default=0.0,
+                    help="start every step with an hcom_receive of this length (a pipeline-stage wait: Bubble)")
     ap.add_argument("--cann", choices=("new", "old"), default="new",
                     help="CANN generation: new = Communication / Physic Stream Id / NPU <id>; old = HCCL / Stream Id")
     ap.add_argument("--comm-process-name", choices=("Communication", "HCCL"), default=None)
@@ -210,7 +213,8 @@ def run_cli(args: argparse.Namespace) -> int:
             comm_fraction=args.comm_fraction, seed=args.seed, workers=args.workers,
             exposed_layers=args.exposed_layers, exposed_factor=args.exposed_factor, cann=args.cann,
             comm_process_name=args.comm_process_name, stream_id_key=args.stream_id_key,
-            ts_as_string=not args.numeric_ts, large_pids=args.large_pids, host_tracks=not args.no_host_tracks)
+            ts_as_string=not args.numeric_ts, large_pids=args.large_pids, host_tracks=not args.no_host_tracks,
+            pp_receive_us=args.pp_receive_us)
     except ValueError as exc:
         print(f"profile-analyzer synth: {exc}", file=sys.stderr)
         return 2

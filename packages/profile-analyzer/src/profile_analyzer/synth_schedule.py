@@ -55,6 +55,7 @@ class SynthParams:
     stream_id_key: str | None = None  # "Physic Stream Id" (new) or "Stream Id" (old)
     ts_as_string: bool = True
     large_pids: bool = False  # host pids that make the synthetic device pids exceed 2**32
+    pp_receive_us: float = 0.0  # > 0: each step starts with an hcom_receive (pipeline stage waiting): Bubble
 
     def resolved(self) -> SynthParams:
         new = self.cann == "new"
@@ -86,6 +87,8 @@ class SynthParams:
             raise ValueError("planes must be at least 1")
         if self.slow_rank is not None and not 0 <= self.slow_rank < self.ranks:
             raise ValueError("slow_rank must be a rank index")
+        if self.pp_receive_us < 0:
+            raise ValueError("pp_receive_us must be >= 0")
         if any(not 0 <= i < self.layers for i in self.exposed_layers):
             raise ValueError("exposed_layers must be layer indices in [0, layers)")
 
@@ -216,7 +219,11 @@ class RankStep:
 
     @property
     def first_task_start(self) -> int:
-        return self.kernels[0].start
+        """Device start of the task launched first in the step (torch_npu's step range starts there)."""
+        first_k = self.kernels[0]
+        if self.comm_ops and self.comm_ops[0].launch < first_k.launch:
+            return self.comm_ops[0].start
+        return first_k.start
 
     @property
     def device_end(self) -> int:
@@ -327,6 +334,10 @@ def simulate(p: SynthParams, t0_ns: int) -> Iterator[list[RankStep]]:
             st.last_combine_end = {}
         sim = _StepSim(p, states, out, step, seq)
         block, coll = sim.compute_block, sim.collective
+        if p.pp_receive_us > 0:  # the stage waits for the previous pipeline stage's activations
+            recv = coll("receive", "receive", p.pp_receive_us, [0] * p.ranks, -1, "-")
+            for r, st in enumerate(states):
+                st.last_combine_end = dict.fromkeys(("A", "B") if p.dbo else ("-",), recv[r])
         for layer in range(p.layers):
             factor = p.exposed_factor if layer in p.exposed_layers else 1.0
             transfer_us = p.comm_fraction * per_ub_us / 2 * factor
@@ -482,12 +493,12 @@ def step_truth(rs: RankStep, ov: StepOverlap, free: list[tuple[int, int]], step_
             "wait_us": us(c.arrive + HANDSHAKE_NS - c.start - NOTIFY_NS),
             "compute_before": before,
         }
-        if len(ubatches) == 2:
+        if len(ubatches) == 2 and c.ubatch in ubatches:
             other = "B" if c.ubatch == "A" else "A"
             op["ubatch"] = c.ubatch
             op["covered_by_other_ubatch_us"] = us(iv_intersect_len(span, comp_by_ub[other]))
         ops.append(op)
-    for layer in sorted({c.layer for c in rs.comm_ops}):
+    for layer in sorted({c.layer for c in rs.comm_ops if c.role != "receive"}):
         lops = [o for o in ops if o["layer"] == layer]
         entry = {
             "layer": layer,
@@ -512,6 +523,11 @@ def step_truth(rs: RankStep, ov: StepOverlap, free: list[tuple[int, int]], step_
         busy = iv_total(iv_union([(k.start, k.end) for k in rs.kernels if k.is_compute and k.stream == sid]))
         streams[f"Stream {sid}"] = {"busy_us": us(busy), "kernels": sum(1 for k in rs.kernels
                                                                         if k.is_compute and k.stream == sid)}
+    # Bubble: the hcom_receive ops (pipeline-stage waits); torch_npu counts them into the step's e2e span too
+    receives = [c for c in rs.comm_ops if c.role == "receive"]
+    bubble = sum(c.end - c.start for c in receives)
+    if receives:
+        e2e = max(max(ends), max(c.end for c in receives)) - min(min(starts), min(c.start for c in receives))
     return {
         "step": rs.step,
         "computing_us": us(computing),
@@ -519,9 +535,9 @@ def step_truth(rs: RankStep, ov: StepOverlap, free: list[tuple[int, int]], step_
         "communication_not_overlapped_us": us(not_overlapped),
         "overlapped_us": us(communication - not_overlapped),
         "free_us": us(free_ns),
-        "stage_us": us(e2e),  # no hcom_receive ops: Bubble is 0
-        "bubble_us": 0.0,
-        "communication_not_overlapped_exclude_receive_us": us(not_overlapped),
+        "stage_us": us(e2e - bubble),
+        "bubble_us": us(bubble),
+        "communication_not_overlapped_exclude_receive_us": us(not_overlapped - bubble),
         "preparing_us": us(first_cc - rs.host_start),
         "step_range_us": [us(lo), us(hi)],
         "device_span_us": [us(ov.span[0]), us(ov.span[1])],

@@ -34,9 +34,11 @@ from profile_analyzer.synth_schedule import (
 T0_NS = 1_764_487_800_000_000_000  # 2025-11-30 07:30:00 UTC: the synthetic profiler clock starts here
 SECTIONS = ("python", "meta", "device", "flows")
 TORCH_COMM_OP = {"allGather": "c10d::_allgather_base_", "reduceScatter": "c10d::_reduce_scatter_base_",
-                 "alltoallv": "c10d::alltoall_base_"}
-ACL_COMM_API = {"allGather": "HcclAllGather", "reduceScatter": "HcclReduceScatter", "alltoallv": "HcclAlltoAllV"}
-ALG_TYPE = {"allGather": "MESH-RING", "reduceScatter": "MESH-RING", "alltoallv": "MESH"}
+                 "alltoallv": "c10d::alltoall_base_", "receive": "c10d::recv_"}
+ACL_COMM_API = {"allGather": "HcclAllGather", "reduceScatter": "HcclReduceScatter", "alltoallv": "HcclAlltoAllV",
+                "receive": "HcclRecv"}
+ALG_TYPE = {"allGather": "MESH-RING", "reduceScatter": "MESH-RING", "alltoallv": "MESH", "receive": "NA"}
+P2P_PREFIXES = ("hcom_send", "hcom_receive", "hcom_batchsendrecv")  # torch_npu files these under "p2p"
 
 KERNEL_DETAILS_HEADER = {
     "new": "Step Id,Device_id,Model ID,Task ID,Stream ID,Name,Type,OP State,Accelerator Core,Start Time(us),"
@@ -231,7 +233,7 @@ class RankWriter:
             self.stream_prev_end[k.stream] = k.end
             kd_rows.append((k.start, self._kd_row(rs.step, k.task_id, str(k.stream), k.name, k.op_type, k.core,
                                                   k.start, dur, max(wait, 0))))
-        comm_step: dict[str, dict] = {}
+        comm_step: dict[str, dict] = {"collective": {}, "p2p": {}}
         for c in rs.comm_ops:
             self._write_comm(rs, c, py, dev, flows, kd_rows, comm_step)
         self.emit("python", py)
@@ -337,7 +339,8 @@ class RankWriter:
                                               c.end - c.start, max(wait, 0))))
         elapse = c.end - c.start
         size_mb = c.nbytes / p.planes / 1e6
-        comm_step[f"{c.name}@{GROUP_NAME}"] = {
+        section = comm_step["p2p" if c.name.startswith(P2P_PREFIXES) else "collective"]
+        section[f"{c.name}@{GROUP_NAME}"] = {
             "Communication Time Info": {
                 "Start Timestamp(us)": float(_us_str(c.start)),
                 "Elapse Time(ms)": elapse / 1e6,
@@ -354,7 +357,14 @@ class RankWriter:
             },
         }
 
-    def _write_comm_json(self, step: int, ops: dict[str, dict]) -> None:
+    def _write_comm_json(self, step: int, sections: dict[str, dict[str, dict]]) -> None:
+        body = {name: ({**ops, "Total Op Info": self._total_op_info(ops)} if ops else {})
+                for name, ops in sections.items()}
+        self.cj.write(("" if self.cj_first else ", ") + json.dumps(f"step{step}") + ": " + json.dumps(body))
+        self.cj_first = False
+
+    @staticmethod
+    def _total_op_info(ops: dict[str, dict]) -> dict:
         total: dict = {"Communication Time Info": {}, "Communication Bandwidth Info": {}}
         keys = ("Elapse Time(ms)", "Transit Time(ms)", "Wait Time(ms)", "Synchronization Time(ms)", "Idle Time(ms)")
         ti = {k: sum(o["Communication Time Info"][k] for o in ops.values()) for k in keys}
@@ -368,9 +378,7 @@ class RankWriter:
             size = sum(o["Communication Bandwidth Info"][link]["Transit Size(MB)"] for o in ops.values())
             t_ms = sum(o["Communication Bandwidth Info"][link]["Transit Time(ms)"] for o in ops.values())
             total["Communication Bandwidth Info"][link] = _bw(size, int(t_ms * 1e6))
-        body = {"collective": {**ops, "Total Op Info": total}, "p2p": {}}
-        self.cj.write(("" if self.cj_first else ", ") + json.dumps(f"step{step}") + ": " + json.dumps(body))
-        self.cj_first = False
+        return total
 
     def write_overlap(self, step_events: list[tuple[int, int, int]]) -> None:
         """(tid, start, end) Overlap Analysis events, tid 0..3 = Computing, Communication, Not Overlapped, Free."""
