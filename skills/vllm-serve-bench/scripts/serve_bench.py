@@ -460,11 +460,25 @@ def wait_for_health(proc: subprocess.Popen[Any], url: str, timeout_s: float, log
         time.sleep(poll_s)
 
 
+_EXCEPTION_LINE = re.compile(r"\b([A-Z]\w*(?:Error|Exception)): (.+)")
+
+
 def _log_tail(log_path: Path, lines: int = 3) -> str:
+    """A one-line digest of a log: the first and last exception messages, else its last lines."""
     try:
         text = log_path.read_text(encoding="utf-8", errors="replace").strip().splitlines()
     except OSError:
         return f"log {log_path} unreadable"
+    messages: list[str] = []
+    for line in text:
+        if re.search(r"\b(WARNING|INFO|DEBUG)\b", line):  # e.g. a warning that *mentions* an OSError
+            continue
+        match = _EXCEPTION_LINE.search(line)
+        if match and f"{match[1]}: {match[2]}"[:200] not in messages:
+            messages.append(f"{match[1]}: {match[2]}"[:200])
+    if messages:  # the first is usually the root cause (a worker's), the last what the top level raised
+        picked = messages[:1] + messages[-1:] if len(messages) > 1 else messages
+        return f"log {log_path}: " + " | ".join(picked)
     interesting = [line for line in text if re.search(r"error|exception|failed", line, re.I)] or text
     tail = " | ".join(line.strip()[:200] for line in interesting[-lines:])
     return f"log {log_path}: {tail or '(empty)'}"
