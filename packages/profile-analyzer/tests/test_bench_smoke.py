@@ -27,6 +27,7 @@ def test_bench_measures_report_on_a_cached_profile(tmp_path: Path) -> None:
     # the report it timed is right: its Computing equals the generator's ground truth
     check = ours["check_computing_us"]
     assert check["report"] == pytest.approx(check["ground_truth"], abs=0.01)
+    assert ours["matches_ground_truth"] is True
     assert "msprof_analyze" not in res and isinstance(res["meets_memory_target"], bool)
     assert res["ours"]["jobs"] == 2 and "--jobs 2" in res["ours"]["command"]
     assert res["ours_jobs1"]["wall_s"] > 0 and res["ours_jobs1"]["tree_peak_rss_bytes"] > 5e6
