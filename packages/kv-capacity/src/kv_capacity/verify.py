@@ -186,6 +186,7 @@ class VLLMRun:
     log_tail: list[str] = field(default_factory=list)
     log_path: str | None = None
     plugin_messages: list[str] = field(default_factory=list)
+    loaded_weights: bool = False  # the log shows vLLM loading the model before it stopped
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -204,6 +205,7 @@ class VLLMRun:
             "error": self.error,
             "error_type": self.error_type,
             "generated": self.generated,
+            "loaded_weights": self.loaded_weights,
         }
 
 
@@ -345,11 +347,16 @@ def run_vllm(
         log_tail=[ln for ln in snapshot if not ln.startswith(MARKER)][-_LOG_TAIL_LINES:],
         log_path=str(log_path) if log_path else None,
         plugin_messages=[ln for ln in snapshot if "kv_capacity plugin" in ln],
+        loaded_weights=any("Starting to load model" in ln or "Loading weights took" in ln for ln in snapshot),
     )
     failed = markers.get("failed")
     if outcome == "startup_error":
-        run.error = parse_startup_error(snapshot) or (failed or {}).get("message")
-        run.error_type = (failed or {}).get("type", "ValueError")
+        failed = failed if isinstance(failed, dict) else {}
+        logged = parse_startup_error(snapshot)
+        run.error = logged or failed.get("message")
+        # With vLLM's engine core in its own process the child only sees "Engine core initialization
+        # failed"; the ValueError itself is in the engine core's log.
+        run.error_type = failed.get("type", "ValueError") if run.error == failed.get("message") else "ValueError"
     if isinstance(markers.get("generated"), dict):
         run.generated = markers["generated"].get("text")
     if outcome == "exited":
@@ -408,6 +415,9 @@ def _child_main(argv: list[str]) -> int:
             out = outputs[0].outputs[0]
             emit("generated", {"text": out.text, "num_tokens": len(out.token_ids)})
     except BaseException as exc:  # report every start-up failure to the parent, then exit non-zero
+        import traceback
+
+        traceback.print_exc(file=sys.stdout)
         message = str(exc).splitlines()[0] if str(exc) else ""
         emit("failed", {"type": type(exc).__name__, "message": message})
         if isinstance(exc, ValueError):
@@ -603,6 +613,45 @@ def run_seed_cases(
     return cases
 
 
+def run_plugin_timing(
+    model: str,
+    *,
+    budget: int | None,
+    max_model_len: int | None,
+    extra_args: list[str],
+    python: str | None,
+    timeout_s: float,
+    block_size_hint: int = 128,
+    progress: Any = None,
+) -> list[dict[str, Any]]:
+    """Seed case 3 (a budget too small for max_model_len) started twice: without and with the plugin.
+
+    Returns, per start, how long it took from launch until the start-up error, and the error.
+    """
+    s = seed_settings(model, None, None, block_size_hint)
+    tight = budget or s["tight_budget"]
+    length = max_model_len or s["long_max_model_len"]
+    args = ["--model", model, "--kv-cache-memory-bytes", str(tight), "--max-model-len", str(length), *extra_args]
+    rows = []
+    for plugin in (False, True):
+        label = f"{'with' if plugin else 'without'} the kv_capacity plugin"
+        if progress:
+            progress(label)
+        run = run_vllm(args, python=python, timeout_s=timeout_s, plugin=plugin)
+        rows.append({
+            "plugin": plugin,
+            "label": label,
+            "kv_cache_memory_bytes": tight,
+            "max_model_len": length,
+            "outcome": run.outcome,
+            "seconds_to_error": round(run.elapsed_s, 2) if run.outcome == "startup_error" else None,
+            "error_type": run.error_type,
+            "error": run.error,
+            "weights_loaded_before_error": run.loaded_weights,
+        })
+    return rows
+
+
 # --------------------------------------------------------------------------------------------------
 # CLI
 
@@ -657,7 +706,9 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--kv-cache-memory-bytes", "--kv-cache-memory", dest="kv_cache_memory_bytes", type=_size_arg,
                    metavar="SIZE", help="per-device KV cache budget (e.g. 64M, 1G, 8GiB)")
     p.add_argument("--max-model-len", type=_positive("max model len"), metavar="N")
-    p.add_argument("--cases", choices=("seed",), help="run the seed's three verification cases instead of one start")
+    p.add_argument("--cases", choices=("seed", "plugin-timing"),
+                   help="seed: the seed's three verification cases; plugin-timing: seed case 3 without and with "
+                   "the kv_capacity plugin, timed from launch to the start-up error")
     p.add_argument("--format", choices=("text", "json"), default="text")
     p.add_argument("--timeout", type=_positive_float, default=DEFAULT_TIMEOUT_S, metavar="SECONDS",
                    help=f"longest wait for each vLLM start (default {DEFAULT_TIMEOUT_S:.0f})")
@@ -736,6 +787,29 @@ def run_cli(args: argparse.Namespace) -> int:
                     for comparison in case.comparisons:
                         show(_comparison_table(comparison))
             return 0 if all(c.passed for c in cases) else 1
+
+        if args.cases == "plugin-timing":
+            rows = run_plugin_timing(
+                args.model, budget=args.kv_cache_memory_bytes, max_model_len=args.max_model_len, extra_args=extra,
+                python=python, timeout_s=args.timeout,
+                progress=lambda label: show(f"[dim]starting vLLM {label}[/]") if sys.stdout.isatty() else None,
+            )
+            if args.format == "json":
+                print(json.dumps({"model": args.model, "runs": rows}, indent=2))
+            else:
+                from rich.table import Table
+
+                table = Table(title=f"Launch to start-up error: {Path(args.model).name}, "
+                              f"budget {rows[0]['kv_cache_memory_bytes']:,} B, max_model_len {rows[0]['max_model_len']:,}",
+                              title_justify="left")
+                for column in ("run", "seconds to error", "error", "weights loaded first"):
+                    table.add_column(column, overflow="fold")
+                for row in rows:
+                    table.add_row(row["label"], f"{row['seconds_to_error']}", f"{row['error_type']}: {row['error']}",
+                                  "yes" if row["weights_loaded_before_error"] else "no")
+                show(table)
+            ok = all(r["outcome"] == "startup_error" for r in rows)
+            return 0 if ok else 1
 
         if args.kv_cache_memory_bytes is None:
             return _fail("--kv-cache-memory-bytes is required without --cases; expected a size such as 64M or 1G")
