@@ -44,6 +44,7 @@ def test_harness_runs_a_real_vllm_matrix(tmp_path: Path, vllm_python: str, rende
         "port": 0,
         "startup_timeout_s": 360,
         "bench_timeout_s": 180,
+        "repeats": 1,
         # A fixed KV budget: the CPU worker then skips its free-memory check, which fails on a busy machine.
         "server_args": {"dtype": "bfloat16", "max-model-len": 256, "max-num-seqs": 8, "enforce-eager": True,
                         "kv-cache-memory-bytes": "64M"},

@@ -55,6 +55,8 @@ FAKE_VLLM = textwrap.dedent(
     opt = lambda name: args[args.index(name) + 1]
     label, conc = opt("--label"), int(opt("--max-concurrency"))
     speed = 1.25 if label.startswith("dbo-on") else 1.0
+    if ".r2." in opt("--result-filename"):  # a repeated run that came out 10% faster
+        speed *= 1.1
     if os.environ.get("FAKE_BENCH_FAIL") == label:
         print("Traceback: bench failed", flush=True)
         sys.exit(1)
@@ -258,6 +260,24 @@ def test_full_run_with_stand_in_server_writes_summary_and_deltas(tmp_path: Path,
     assert rows[1]["vs_baseline"]["request_throughput"] == pytest.approx(-0.2)
     assert harness("table", str(out), "--baseline", "nope").returncode == 2
     assert "| dbo-off | max-concurrency=1 | ok |" in harness("table", str(out), "--format", "md").stdout
+
+
+def test_repeats_are_averaged_with_their_spread(tmp_path: Path, fake_vllm: Path) -> None:
+    out = tmp_path / "out"
+    matrix = write_matrix(tmp_path, repeats=2, variants=[{"name": "dbo-off"}], sweep={"max-concurrency": [2]})
+    dry = harness("run", str(matrix), "--out", str(out), "--python", str(fake_vllm), "--dry-run", env=fake_env(tmp_path, "healthy"))
+    assert [line.rsplit(" ", 1)[-1] for line in dry.stdout.splitlines()[2:]] == ["max-concurrency-2.r1.json", "max-concurrency-2.r2.json"]
+    proc = harness("run", str(matrix), "--out", str(out), "--python", str(fake_vllm), env=fake_env(tmp_path, "healthy"))
+    assert proc.returncode == 0, proc.stderr
+    (row,) = json.loads((out / "summary.json").read_text())["rows"]
+    assert row["repeats"] == 2 and [r["result_file"] for r in row["runs"]] == [
+        "dbo-off/max-concurrency-2.r1.json", "dbo-off/max-concurrency-2.r2.json"]
+    assert [r["request_throughput"] for r in row["runs"]] == pytest.approx([4.0, 4.4])
+    assert row["request_throughput"] == pytest.approx(4.2) and row["completed"] == 16
+    assert row["request_throughput_spread"] == pytest.approx(0.4 / 4.2)
+    assert "| dbo-off | max-concurrency=2 | ok | 4.20 ±4.8% |" in (out / "summary.md").read_text()
+    bad = harness("run", str(write_matrix(tmp_path, repeats=0)), "--out", str(out), "--python", str(fake_vllm))
+    assert bad.returncode == 2 and "repeats 0; accepted: an integer from 1 to 100" in bad.stderr
 
 
 def test_failed_bench_point_is_reported_and_the_run_continues(tmp_path: Path, fake_vllm: Path) -> None:

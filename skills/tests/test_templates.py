@@ -92,7 +92,7 @@ def test_matrix_template_gives_a_matrix_the_harness_accepts(render_mod, serve_be
         "enable-dbo": True, "dbo-prefill-token-threshold": 512, "dbo-decode-token-threshold": 32,
     }
     assert matrix.server_env == {"HCCL_OP_EXPANSION_MODE": "AI_CPU"}
-    assert matrix.baseline == "dbo-off" and len(matrix.points()) == 2
+    assert matrix.baseline == "dbo-off" and len(matrix.points()) == 2 and matrix.repeats == 3
     assert matrix.bench_args["temperature"] == 0 and matrix.bench_args["random-input-len"] == 4096
 
 

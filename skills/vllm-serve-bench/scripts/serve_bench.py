@@ -24,6 +24,7 @@ Matrix file (all keys except `model` and `variants` optional):
     launcher: auto               # auto | cli (`-m vllm.entrypoints.cli.main serve`) | module (api_server)
     startup_timeout_s: 900
     bench_timeout_s: 1800
+    repeats: 3                   # runs per sweep point against the same server; the row has their mean
     server_args: {tensor-parallel-size: 2, enable-expert-parallel: true}
     server_env: {HCCL_OP_EXPANSION_MODE: AI_CPU}
     bench_args: {dataset-name: random, random-input-len: 4096, random-output-len: 16, num-prompts: 500}
@@ -79,7 +80,7 @@ SUMMARY_METRICS: tuple[str, ...] = (
 )
 MATRIX_KEYS = {
     "model", "python", "host", "port", "launcher", "startup_timeout_s", "bench_timeout_s", "server_args",
-    "server_env", "bench_args", "baseline", "variants", "sweep", "served_model_name",
+    "server_env", "bench_args", "baseline", "variants", "sweep", "served_model_name", "repeats",
 }
 VARIANT_KEYS = {"name", "server_args", "server_env"}
 # Options the harness sets itself; a matrix that sets them would silently point the bench elsewhere.
@@ -129,6 +130,7 @@ class Matrix:
     bench_args: dict[str, Any] = field(default_factory=dict)
     baseline: str | None = None
     served_model_name: str | None = None
+    repeats: int = 1
 
     def points(self) -> list[dict[str, Any]]:
         """The client sweep as a list of option mappings (one per `vllm bench serve` run)."""
@@ -233,6 +235,9 @@ def parse_matrix(document: Any, where: str = "matrix") -> Matrix:
     if python is not None and not isinstance(python, str):
         raise BenchError(f"{where}: python must be a path to the vLLM interpreter")
     served = document.get("served_model_name")
+    repeats = document.get("repeats", 1)
+    if isinstance(repeats, bool) or not isinstance(repeats, int) or not 1 <= repeats <= 100:
+        raise BenchError(f"{where}: repeats {repeats!r}; accepted: an integer from 1 to 100 (runs per sweep point)")
     return Matrix(
         model=model,
         variants=variants,
@@ -248,6 +253,7 @@ def parse_matrix(document: Any, where: str = "matrix") -> Matrix:
         bench_args=bench_args,
         baseline=baseline if baseline is not None else variants[0].name,
         served_model_name=str(served) if served is not None else None,
+        repeats=repeats,
     )
 
 
@@ -315,8 +321,15 @@ def server_command(python: str, launcher: str, matrix: Matrix, variant: Variant,
     return [python, "-m", "vllm.entrypoints.openai.api_server", "--model", model, *tail]
 
 
+def run_names(point: dict[str, Any], repeats: int) -> list[str]:
+    """File stems of the runs of one sweep point: `max-concurrency-4`, or `max-concurrency-4.r1`... when repeated."""
+    name = point_name(point)
+    return [name] if repeats == 1 else [f"{name}.r{r}" for r in range(1, repeats + 1)]
+
+
 def bench_command(
-    python: str, launcher: str, matrix: Matrix, variant: Variant, point: dict[str, Any], port: int, result_dir: Path
+    python: str, launcher: str, matrix: Matrix, variant: Variant, point: dict[str, Any], port: int, result_dir: Path,
+    result_name: str | None = None,
 ) -> list[str]:
     model = _model_reference(matrix.model)
     head = [python, "-m", "vllm.entrypoints.cli.main", "bench", "serve"] if launcher == "cli" else [python, str(BENCH_ENTRY)]
@@ -332,7 +345,7 @@ def bench_command(
         "--label", variant.name,
         "--save-result",
         "--result-dir", str(result_dir),
-        "--result-filename", point_name(point) + ".json",
+        "--result-filename", (result_name or point_name(point)) + ".json",
     ]
 
 
@@ -573,9 +586,12 @@ def _run_variant(matrix: Matrix, variant: Variant, out_dir: Path, python: str, l
     port = matrix.port or free_port(matrix.host)
     server_cmd = server_command(python, launcher, matrix, variant, port)
     env_overrides = {**matrix.server_env, **variant.server_env}
-    bench_cmds = [(p, bench_command(python, launcher, matrix, variant, p, port, vdir)) for p in matrix.points()]
+    bench_cmds = [
+        (p, [(name, bench_command(python, launcher, matrix, variant, p, port, vdir, name)) for name in run_names(p, matrix.repeats)])
+        for p in matrix.points()
+    ]
     commands.append({"variant": variant.name, "server": server_cmd, "server_env": env_overrides,
-                     "bench": [c for _, c in bench_cmds]})
+                     "bench": [cmd for _, runs in bench_cmds for _, cmd in runs]})
     if dry_run:
         return
     vdir.mkdir(parents=True, exist_ok=True)
@@ -585,8 +601,9 @@ def _run_variant(matrix: Matrix, variant: Variant, out_dir: Path, python: str, l
         with running_server(server_cmd, _env_for(env_overrides), vdir / "server.log",
                             f"http://{matrix.host}:{port}/health", matrix.startup_timeout_s):
             say(f"[{variant.name}] healthy after {time.monotonic() - started:.0f} s")
-            for point, cmd in bench_cmds:
-                rows.append(_run_point(variant, point, cmd, vdir, matrix.bench_timeout_s, say))
+            for point, runs in bench_cmds:
+                outcomes = [_run_once(variant, name, cmd, vdir, matrix.bench_timeout_s, say) for name, cmd in runs]
+                rows.append(_point_row(variant.name, point, outcomes))
     except BenchError as exc:
         done = {json.dumps(r["point"], sort_keys=True) for r in rows if r["variant"] == variant.name}
         for point, _ in bench_cmds:
@@ -603,8 +620,8 @@ def _run_variant(matrix: Matrix, variant: Variant, out_dir: Path, python: str, l
             say(f"[{variant.name}] warning: {warning}")
 
 
-def _run_point(variant: Variant, point: dict[str, Any], cmd: list[str], vdir: Path, timeout_s: float, say: Any) -> dict[str, Any]:
-    name = point_name(point)
+def _run_once(variant: Variant, name: str, cmd: list[str], vdir: Path, timeout_s: float, say: Any) -> dict[str, Any]:
+    """One `vllm bench serve` run: {status, reason, result, result_file}."""
     result_path = vdir / f"{name}.json"
     with contextlib.suppress(FileNotFoundError):
         result_path.unlink()
@@ -612,17 +629,46 @@ def _run_point(variant: Variant, point: dict[str, Any], cmd: list[str], vdir: Pa
     code = run_bounded(cmd, _env_for({}), vdir / f"{name}.bench.log", timeout_s)
     rel = f"{variant.name}/{name}.json"
     if code is None:
-        return _row(variant.name, point, "timeout", f"bench ran past {timeout_s:.0f} s", result_file=None)
+        return {"status": "timeout", "reason": f"bench ran past {timeout_s:.0f} s", "result": None, "result_file": None}
     if code != 0 or not result_path.is_file():
-        return _row(variant.name, point, "failed", f"bench exit code {code}; {_log_tail(vdir / f'{name}.bench.log')}")
+        return {"status": "failed", "reason": f"bench exit code {code}; {_log_tail(vdir / f'{name}.bench.log')}",
+                "result": None, "result_file": None}
     try:
         result = json.loads(result_path.read_text(encoding="utf-8"))
     except ValueError as exc:
-        return _row(variant.name, point, "failed", f"unreadable result {rel}: {exc}")
+        return {"status": "failed", "reason": f"unreadable result {rel}: {exc}", "result": None, "result_file": None}
     if not result.get("completed"):
-        return _row(variant.name, point, "failed", "no request completed", result, rel)
-    status = "ok" if not result.get("failed") else "partial"
-    return _row(variant.name, point, status, "" if status == "ok" else f"{result['failed']} requests failed", result, rel)
+        return {"status": "failed", "reason": "no request completed", "result": result, "result_file": rel}
+    if result.get("failed"):
+        return {"status": "partial", "reason": f"{result['failed']} requests failed", "result": result, "result_file": rel}
+    return {"status": "ok", "reason": "", "result": result, "result_file": rel}
+
+
+_STATUS_ORDER = ("ok", "partial", "failed", "timeout")
+
+
+def _point_row(variant: str, point: dict[str, Any], outcomes: list[dict[str, Any]]) -> dict[str, Any]:
+    """One summary row from the repeated runs of a point: means of the metrics, the worst status, the spread."""
+    worst = max(outcomes, key=lambda o: _STATUS_ORDER.index(o["status"]))
+    measured = [o["result"] for o in outcomes if o["status"] in ("ok", "partial")]
+    merged: dict[str, Any] | None = None
+    if measured:
+        merged = {}
+        for key in SUMMARY_METRICS:
+            values = [r[key] for r in measured if isinstance(r.get(key), (int, float)) and not isinstance(r.get(key), bool)]
+            merged[key] = (sum(values) / len(values)) if values and key not in ("completed", "failed") else (
+                sum(values) if values else None)
+    first_file = next((o["result_file"] for o in outcomes if o["result_file"]), None)
+    row = _row(variant, point, worst["status"], worst["reason"], merged, first_file)
+    row["repeats"] = len(outcomes)
+    if len(outcomes) > 1:
+        row["runs"] = [{"status": o["status"], "result_file": o["result_file"],
+                        **{k: (o["result"] or {}).get(k) for k in ("request_throughput", "mean_ttft_ms", "mean_tpot_ms")}}
+                       for o in outcomes]
+        throughputs = [r["request_throughput"] for r in measured if isinstance(r.get("request_throughput"), (int, float))]
+        mean = sum(throughputs) / len(throughputs) if throughputs else 0.0
+        row["request_throughput_spread"] = (max(throughputs) - min(throughputs)) / mean if len(throughputs) > 1 and mean else None
+    return row
 
 
 def add_baseline_deltas(rows: list[dict[str, Any]], baseline: str | None) -> list[dict[str, Any]]:
@@ -657,7 +703,10 @@ def table_rows(summary: dict[str, Any]) -> list[list[str]]:
         point = ", ".join(f"{k}={v}" for k, v in row["point"].items()) or "-"
         d = row.get("vs_baseline") or {}
         out.append([
-            row["variant"], point, row["status"], _num(row.get("request_throughput")), _num(row.get("output_throughput"), ".1f"),
+            row["variant"], point, row["status"],
+            _num(row.get("request_throughput")) + (f" ±{row['request_throughput_spread'] * 50:.1f}%"
+                                                   if row.get("request_throughput_spread") is not None else ""),
+            _num(row.get("output_throughput"), ".1f"),
             _num(row.get("mean_ttft_ms")), _num(row.get("p99_ttft_ms")), _num(row.get("mean_tpot_ms")),
             _pct(d.get("request_throughput")), _pct(d.get("mean_ttft_ms")),
         ])
