@@ -99,7 +99,25 @@ def _rank_of(entry: Path, fmt: str) -> int | None:
     return None
 
 
+def _release_memory() -> None:
+    """Hand freed heap pages back to the OS between ranks (glibc keeps them otherwise, and the next rank's
+    peak would stack on top). A no-op where malloc_trim does not exist."""
+    try:
+        import ctypes
+
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):
+        pass
+
+
 def _load_single(p: Path, fmt: str, rank: int, host_events: bool = False) -> RankTimeline:
+    try:
+        return _load_single_inner(p, fmt, rank, host_events)
+    finally:
+        _release_memory()
+
+
+def _load_single_inner(p: Path, fmt: str, rank: int, host_events: bool = False) -> RankTimeline:
     from profile_analyzer.loaders import ascend, kineto
 
     if fmt == "torch_npu":

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import csv
-import io
 import re
 from collections.abc import Iterator
 from pathlib import Path
@@ -47,9 +46,12 @@ def merge_columns(parts: list) -> object:
         tn.update(c.thread_name)
         for k, (ids, ts) in c.flows.items():
             e = flows.setdefault(k, ([], []))
-            e[0].extend(ids)
-            e[1].extend(ts)
+            e[0].append(ids)
+            e[1].append(ts)
         n += c.n_events
+    from profile_analyzer.loaders._trace import concat_ids
+
+    flows = {k: (concat_ids(v[0]), np.concatenate(v[1])) for k, v in flows.items()}
     cols = [np.concatenate(a) for a in arrays]
     return Columns(track=cols[0].astype(np.int32), start_ns=cols[1], dur_ns=cols[2], name_id=cols[3].astype(np.int32),
                    cat_id=cols[4].astype(np.int32), task_type_id=cols[5].astype(np.int32), stream_arg=cols[6],
@@ -89,25 +91,27 @@ def read_csv_rows(path: Path, materialise: bool = True) -> tuple[list[str], Iter
     """Header and rows of a CSV file; with ``materialise=False`` the rows are streamed (decode errors then
     surface while iterating, as ProfileError)."""
     try:
-        text = path.read_text(encoding="utf-8-sig")
+        f = open(path, newline="", encoding="utf-8-sig")
     except OSError as exc:
         raise ProfileError(path, f"cannot be read ({exc})") from None
-    except UnicodeDecodeError as exc:
-        raise ProfileError(path, f"not a CSV file ({exc}); expected the profiler's CSV output") from None
-    reader = csv.reader(io.StringIO(text, newline=""))
+    reader = csv.reader(f)
     try:
         first = next(reader)
     except StopIteration:
+        f.close()
         raise ProfileError(path, "empty CSV; expected a header row and data rows") from None
-    except csv.Error as exc:
+    except (csv.Error, UnicodeDecodeError) as exc:
+        f.close()
         raise ProfileError(path, f"not a CSV file ({exc}); expected the profiler's CSV output") from None
     header = [h.strip() for h in first]
 
     def rows() -> Iterator[list[str]]:
         try:
             yield from reader
-        except csv.Error as exc:
+        except (csv.Error, UnicodeDecodeError) as exc:
             raise ProfileError(path, f"malformed CSV ({exc})") from None
+        finally:
+            f.close()
 
     return header, (list(rows()) if materialise else rows())
 

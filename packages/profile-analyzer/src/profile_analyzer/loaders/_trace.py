@@ -22,7 +22,7 @@ import numpy as np
 
 from profile_analyzer.errors import ProfileError
 
-CHUNK_BYTES = 8 << 20
+CHUNK_BYTES = 4 << 20
 
 
 class Args(msgspec.Struct, gc=False):
@@ -103,47 +103,6 @@ def read_bytes(path: Path) -> bytearray:
 _CUT = re.compile(rb"\}\s*,\s*\{")
 
 
-def _array_chunks(path: Path, buf: bytearray) -> Iterator[list[Event]]:
-    """Decode a top-level JSON array in slices without copying: for each slice, the byte after its last
-    ``}`` is overwritten with ``]`` and the byte before its first ``{`` with ``[``."""
-    n = len(buf)
-    view = memoryview(buf)
-    open_at = buf.find(b"[")
-    if n <= CHUNK_BYTES:
-        yield _decode_list(path, view[open_at:])
-        return
-    while True:
-        target = open_at + CHUNK_BYTES
-        if target >= n:
-            buf[open_at] = 0x5B  # '['
-            yield _decode_list(path, view[open_at:])
-            return
-        decoded: list[Event] | None = None
-        pos = target
-        for _attempt in range(64):
-            m = _CUT.search(buf, pos)
-            if m is None:
-                break
-            close = m.start() + 1
-            saved = buf[close]
-            buf[open_at] = 0x5B
-            buf[close] = 0x5D  # ']'
-            try:
-                decoded = _list_decoder.decode(view[open_at:close + 1])
-            except (msgspec.DecodeError, msgspec.ValidationError):
-                buf[close] = saved
-                pos = m.end()
-                continue
-            buf[close] = saved
-            open_at = m.end() - 2  # the byte just before the next '{'
-            break
-        if decoded is None:  # no safe cut: decode the rest at once (and report its error if any)
-            buf[open_at] = 0x5B
-            yield _decode_list(path, view[open_at:])
-            return
-        yield decoded
-
-
 def _decode_list(path: Path, data: bytes | memoryview) -> list[Event]:
     try:
         return _list_decoder.decode(data)
@@ -153,12 +112,80 @@ def _decode_list(path: Path, data: bytes | memoryview) -> list[Event]:
         raise ProfileError(path, f"truncated or invalid JSON ({exc}); expected a complete Chrome trace") from None
 
 
+def _open_binary(path: Path):
+    try:
+        return gzip.open(path, "rb") if path.suffix == ".gz" else open(path, "rb")
+    except FileNotFoundError:
+        raise ProfileError(path, "file not found") from None
+    except OSError as exc:
+        raise ProfileError(path, f"cannot be read ({exc.__class__.__name__}: {exc})") from None
+
+
+_TAIL = 1 << 20
+
+
+def _stream_array_chunks(path: Path) -> Iterator[list[Event]]:
+    """Decode a top-level JSON array while reading it in ``CHUNK_BYTES`` blocks: memory stays at a few
+    blocks whatever the file size. Each slice ends at a ``}`` followed by ``,`` and ``{`` near the end of the
+    data read so far; the byte after that ``}`` is overwritten with ``]`` and the first byte of the slice
+    with ``[`` for decoding. A cut inside a nested value fails to decode and an earlier one is tried."""
+    f = _open_binary(path)
+    try:
+        carry = bytearray()
+        started = False
+        while True:
+            try:
+                block = f.read(CHUNK_BYTES)
+            except (OSError, EOFError, gzip.BadGzipFile) as exc:
+                raise ProfileError(path, f"cannot be read ({exc.__class__.__name__}: {exc})") from None
+            if block:
+                carry += block
+            if not started:
+                stripped = carry.lstrip()
+                if not stripped and block:
+                    continue
+                if not stripped.startswith(b"["):
+                    raise ProfileError(path, "not a JSON array of trace events; expected trace_view.json / msprof_*.json")
+                del carry[: len(carry) - len(stripped)]
+                started = True
+            if not block:  # end of file: the rest must close the array
+                end = len(carry.rstrip())
+                if end == 0 or carry[end - 1] != 0x5D:
+                    raise ProfileError(path, "truncated JSON: the top-level array is not closed; expected a complete "
+                                             "Chrome trace (JSON list of events)")
+                carry[0] = 0x5B
+                yield _decode_list(path, bytes(carry[:end]) if len(carry) > end else carry)
+                return
+            if len(carry) < CHUNK_BYTES:
+                continue
+            decoded = None
+            cands = [m for m in _CUT.finditer(carry, max(1, len(carry) - _TAIL))]
+            for m in reversed(cands[-8:]):
+                close = m.start() + 1
+                saved = carry[close]
+                carry[0] = 0x5B
+                carry[close] = 0x5D
+                try:
+                    with memoryview(carry) as view:
+                        decoded = _list_decoder.decode(view[: close + 1])
+                except (msgspec.DecodeError, msgspec.ValidationError):
+                    decoded = None
+                carry[close] = saved
+                if decoded is not None:
+                    del carry[: m.end() - 2]  # keep from the byte just before the next '{'
+                    break
+            if decoded is not None:
+                yield decoded
+    finally:
+        f.close()
+
+
 def decode_trace(path: Path) -> DecodedFile:
-    buf = read_bytes(path)
-    head = buf[:4096].lstrip()
-    if head.startswith(b"["):
-        return DecodedFile(_array_chunks(path, buf), None, False)
-    if head.startswith(b"{"):
+    kind = peek_kind(path, strict=False)
+    if kind == "list":
+        return DecodedFile(_stream_array_chunks(path), None, False)
+    if kind == "object":
+        buf = read_bytes(path)
         try:
             f = _kineto_decoder.decode(buf)
         except msgspec.ValidationError as exc:
@@ -166,11 +193,14 @@ def decode_trace(path: Path) -> DecodedFile:
         except msgspec.DecodeError as exc:
             raise ProfileError(path, f"truncated or invalid JSON ({exc}); expected a complete Chrome/Kineto trace") from None
         return DecodedFile(iter([f.traceEvents]), f.distributedInfo, True)
+    if not path.exists():
+        raise ProfileError(path, "file not found")
     raise ProfileError(path, "not JSON; expected a Chrome trace (trace_view.json, msprof_*.json or a Kineto trace)")
 
 
-def peek_kind(path: Path) -> str:
-    """'list' (Ascend style top-level array), 'object' (Kineto style), or 'other', from the first bytes."""
+def peek_kind(path: Path, strict: bool = True) -> str:
+    """'list' (Ascend style top-level array), 'object' (Kineto style), or 'other', from the first bytes.
+    With ``strict`` an object must show a ``traceEvents`` key in its first 64 KiB to count as Kineto."""
     try:
         if path.suffix == ".gz":
             with gzip.open(path, "rb") as f:
@@ -184,7 +214,7 @@ def peek_kind(path: Path) -> str:
     if head.startswith(b"["):
         return "list"
     if head.startswith(b"{"):
-        return "object" if b'"traceEvents"' in head else "other"
+        return "object" if (b'"traceEvents"' in head or not strict) else "other"
     return "other"
 
 
@@ -304,7 +334,7 @@ class Columns:
     process_name: dict[object, str]
     process_label: dict[object, str]
     thread_name: dict[tuple[object, object], str]
-    flows: dict[tuple[str, str], tuple[list[object], list[int]]]  # (cat, ph) -> (flow ids, ts_ns)
+    flows: dict[tuple[str, str], tuple[np.ndarray, np.ndarray]]  # (cat, ph) -> (flow ids, ts_ns)
     distributed_info: dict[str, object] | None
     n_events: int
 
@@ -324,6 +354,38 @@ def _track_ids(tracks: _Interner, pids: list, tids: list) -> np.ndarray:
     uk, kinv = np.unique(key, return_inverse=True)
     pairs = [(int(up[k // ut.size]), int(ut[k % ut.size])) for k in uk.tolist()]
     return tracks.ids(pairs)[kinv]
+
+
+def flow_id_array(ids: list[object]) -> np.ndarray:
+    """Flow ids as int64 when they all are integers that fit, else as strings."""
+    try:
+        a = np.array(ids)
+    except (OverflowError, ValueError):
+        a = None
+    if a is None or a.dtype.kind not in "iu" or a.dtype == np.uint64:
+        return np.array([str(i) for i in ids])
+    return a.astype(np.int64)
+
+
+def concat_ids(parts: list[np.ndarray]) -> np.ndarray:
+    if not parts:
+        return np.zeros(0, np.int64)
+    if any(p.dtype.kind not in "iu" for p in parts):
+        parts = [p.astype(str) for p in parts]
+    return np.concatenate(parts)
+
+
+def match_flows(flows: dict[tuple[str, str], tuple[np.ndarray, np.ndarray]], cat: str) -> tuple[np.ndarray, np.ndarray]:
+    """(start ts, end ts) of the flows of ``cat`` whose 's' and 'f' ids match."""
+    z = np.zeros(0, np.int64)
+    sid, sts = flows.get((cat, "s"), (z, z))
+    fid, fts = flows.get((cat, "f"), (z, z))
+    if sid.size == 0 or fid.size == 0:
+        return z, z
+    if sid.dtype.kind != fid.dtype.kind:
+        sid, fid = sid.astype(str), fid.astype(str)
+    _, si, fi = np.intersect1d(sid, fid, return_indices=True)
+    return sts[si], fts[fi]
 
 
 def _int_or(v: object, default: int) -> int:
@@ -358,7 +420,7 @@ def _columnarise(path: Path, flow_cats: frozenset[str], kineto_args: bool) -> Co
     process_name: dict[object, str] = {}
     process_label: dict[object, str] = {}
     thread_name: dict[tuple[object, object], str] = {}
-    flows: dict[tuple[str, str], tuple[list[object], list[int]]] = {}
+    flows: dict[tuple[str, str], tuple[list[np.ndarray], list[np.ndarray]]] = {}
     parts: list[tuple[np.ndarray, ...]] = []
     n_events = 0
     for chunk in decoded.chunks:
@@ -382,14 +444,13 @@ def _columnarise(path: Path, flow_cats: frozenset[str], kineto_args: bool) -> Co
             elif ph in ("s", "f", "t") and e.cat in flow_cats and e.ts is not None:
                 flow_evs.append(e)
         if flow_evs:
-            fts = to_ns([e.ts for e in flow_evs], path).tolist()
-            for e, t in zip(flow_evs, fts):
-                key = (e.cat or "", e.ph)
-                entry = flows.get(key)
-                if entry is None:
-                    entry = flows[key] = ([], [])
-                entry[0].append(e.id)
-                entry[1].append(t)
+            groups: dict[tuple[str, str], list[Event]] = {}
+            for e in flow_evs:
+                groups.setdefault((e.cat or "", e.ph), []).append(e)
+            for key, evs in groups.items():
+                entry = flows.setdefault(key, ([], []))
+                entry[0].append(flow_id_array([e.id for e in evs]))
+                entry[1].append(to_ns([e.ts for e in evs], path))
         del flow_evs
         if not xs:
             continue
@@ -411,6 +472,7 @@ def _columnarise(path: Path, flow_cats: frozenset[str], kineto_args: bool) -> Co
             stream_arg = corr = np.full(len(xs), -1, dtype=np.int64)
         parts.append((track, start, dur, name_id, cat_id, ttype, stream_arg, corr))
         del xs, argl
+    flow_arrays = {k: (concat_ids(v[0]), np.concatenate(v[1])) for k, v in flows.items()}
     if parts:
         cols = [np.concatenate([p[i] for p in parts]) for i in range(8)]
     else:
@@ -418,5 +480,5 @@ def _columnarise(path: Path, flow_cats: frozenset[str], kineto_args: bool) -> Co
     return Columns(track=cols[0], start_ns=cols[1], dur_ns=cols[2], name_id=cols[3], cat_id=cols[4],
                    task_type_id=cols[5], stream_arg=cols[6], correlation=cols[7], tracks=tracks.values,
                    names=names.values, cats=cats.values, task_types=ttypes.values, process_name=process_name,
-                   process_label=process_label, thread_name=thread_name, flows=flows,
+                   process_label=process_label, thread_name=thread_name, flows=flow_arrays,
                    distributed_info=decoded.distributed_info, n_events=n_events)

@@ -23,11 +23,12 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
+import msgspec
 import numpy as np
 
 from profile_analyzer.errors import ProfileError
 from profile_analyzer.loaders._common import STEP_NAME, build_steps, merge_columns, read_csv_rows, to_float
-from profile_analyzer.loaders._trace import Columns, columnarise
+from profile_analyzer.loaders._trace import Columns, columnarise, match_flows
 from profile_analyzer.timeline import Kind, RankTimeline, TimelineBuilder, Warning_
 
 HCCL_PROCESS_NAMES = frozenset({"Communication", "HCCL"})
@@ -93,36 +94,48 @@ def read_kernel_details(path: Path) -> dict[str, object]:
     return {"types": types, "comm_names": comm, "rows": n}
 
 
-_COMM_TIME_KEYS = {"Elapse Time(ms)": "elapse_us", "Transit Time(ms)": "transit_us", "Wait Time(ms)": "wait_us",
-                   "Synchronization Time(ms)": "sync_wait_us"}
+class _CommTimeInfo(msgspec.Struct, gc=False):
+    elapse: float = msgspec.field(default=0.0, name="Elapse Time(ms)")
+    transit: float = msgspec.field(default=0.0, name="Transit Time(ms)")
+    wait: float = msgspec.field(default=0.0, name="Wait Time(ms)")
+    sync: float = msgspec.field(default=0.0, name="Synchronization Time(ms)")
+
+
+class _CommOpInfo(msgspec.Struct, gc=False):
+    time: _CommTimeInfo | None = msgspec.field(default=None, name="Communication Time Info")
+
+
+_comm_json_decoder = msgspec.json.Decoder(dict[str, dict[str, dict[str, _CommOpInfo]]])
 
 
 def read_communication_json(path: Path, warnings: list[Warning_]) -> dict[int | None, dict[str, float]] | None:
     """torch_npu communication.json -> per step, the 'Total Op Info' time figures (µs) of collective + p2p.
 
-    A file that does not have the expected shape is not fatal (it only feeds a cross-check): it adds a warning.
+    Decoded into small typed structs (bandwidth tables are skipped). A file without the expected shape is
+    not fatal (it only feeds a cross-check): it adds a warning.
     """
-    import msgspec
-
     try:
-        data = msgspec.json.decode(path.read_bytes())
-        out: dict[int | None, dict[str, float]] = {}
-        for step_key, kinds in data.items():
-            m = re.match(r"^step(\d*)$", step_key)
-            if not m or not isinstance(kinds, dict):
-                continue
-            step = int(m.group(1)) if m.group(1) else None
-            tot = {v: 0.0 for v in _COMM_TIME_KEYS.values()}
-            for kind in ("collective", "p2p"):
-                info = (kinds.get(kind) or {}).get("Total Op Info", {}).get("Communication Time Info", {})
-                for k, v in _COMM_TIME_KEYS.items():
-                    tot[v] += float(info.get(k, 0.0)) * 1000.0
-            out[step] = tot
-        return out or None
-    except (OSError, msgspec.DecodeError, AttributeError, TypeError, ValueError) as exc:
+        data = _comm_json_decoder.decode(path.read_bytes())
+    except (OSError, msgspec.DecodeError, msgspec.ValidationError) as exc:
         warnings.append(Warning_(str(path), f"a readable communication.json ({exc.__class__.__name__})",
-                                 ["profiler_agreement of communication wait"]))
+                                 ["profiler_agreement of communication elapse and wait"]))
         return None
+    out: dict[int | None, dict[str, float]] = {}
+    for step_key, kinds in data.items():
+        m = re.match(r"^step(\d*)$", step_key)
+        if not m:
+            continue
+        step = int(m.group(1)) if m.group(1) else None
+        tot = {"elapse_us": 0.0, "transit_us": 0.0, "wait_us": 0.0, "sync_wait_us": 0.0}
+        for kind in ("collective", "p2p"):
+            info = kinds.get(kind, {}).get("Total Op Info")
+            if info is not None and info.time is not None:
+                tot["elapse_us"] += info.time.elapse * 1000.0
+                tot["transit_us"] += info.time.transit * 1000.0
+                tot["wait_us"] += info.time.wait * 1000.0
+                tot["sync_wait_us"] += info.time.sync * 1000.0
+        out[step] = tot
+    return out or None
 
 
 def read_step_trace_time(path: Path) -> list[dict[str, float | str]]:
@@ -269,14 +282,9 @@ def columns_to_rank(cols: Columns, *, rank: int, source: str, fmt: str, kernel_d
 def _launch_links(cols: Columns, ev_role: np.ndarray, cat: str = "async_npu") -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(host ts, device task start, device task end) from one kind of flow: ``async_npu`` (torch op ->
     kernel, what torch_npu uses for steps) or ``HostToDevice`` (the CANN launch -> kernel)."""
-    starts: dict[object, int] = dict(zip(*cols.flows.get((cat, "s"), ([], []))))
-    ends: dict[object, int] = dict(zip(*cols.flows.get((cat, "f"), ([], []))))
-    common = [k for k in starts if k in ends]
-    if not common:
-        z = np.zeros(0, np.int64)
-        return z, z, z
-    host = np.array([starts[k] for k in common], np.int64)
-    dev = np.array([ends[k] for k in common], np.int64)
+    host, dev = match_flows(cols.flows, cat)
+    if host.size == 0:
+        return host, dev, dev
     hw = ev_role == 1
     hs = cols.start_ns[hw]
     he = hs + cols.dur_ns[hw]
