@@ -386,8 +386,11 @@ def _kill_group(proc: subprocess.Popen[Any], grace_s: float) -> None:
             break
         deadline = time.monotonic() + wait_s
         while time.monotonic() < deadline:
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                proc.wait(timeout=0.2)
+            if proc.poll() is None:
+                with contextlib.suppress(subprocess.TimeoutExpired):
+                    proc.wait(timeout=0.2)
+            else:  # the leader is gone; its children may still be shutting down
+                time.sleep(0.2)
             if not _group_alive(pgid):
                 return
     with contextlib.suppress(subprocess.TimeoutExpired):
