@@ -136,7 +136,7 @@ def _trace_file(p: Path, rank: int, host_events: bool = False) -> RankTimeline:
     from profile_analyzer.loaders import ascend
     from profile_analyzer.loaders._trace import columnarise
 
-    cols = columnarise(p, kineto_args=False)
+    cols = columnarise(p, kineto_args=False, keep_host_x=host_events)
     rt = ascend.columns_to_rank(cols, rank=rank, source=str(p), fmt="torch_npu", kernel_details=None, step_trace=None,
                                 warnings=[], host_events=host_events)
     ascend._check_tracks(rt, p)

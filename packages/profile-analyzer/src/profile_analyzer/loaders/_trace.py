@@ -400,18 +400,25 @@ def _int_or(v: object, default: int) -> int:
 
 
 def columnarise(path: Path, flow_cats: frozenset[str] = frozenset({"async_npu", "ac2g", "HostToDevice"}),
-                kineto_args: bool = True) -> Columns:
+                kineto_args: bool = True, keep_host_x: bool = True) -> Columns:
+    """All 'X' events of a trace file as columns. With ``keep_host_x=False``, 'X' events of processes already
+    known (from metadata seen earlier in the file) to be CPU-side are dropped on the fly, except the
+    ``ProfilerStep#N`` ranges; events of processes not yet named are always kept."""
     # millions of short-lived tuples and lists: the cyclic GC would rescan them over and over
     enabled = gc.isenabled()
     gc.disable()
     try:
-        return _columnarise(path, flow_cats, kineto_args)
+        return _columnarise(path, flow_cats, kineto_args, keep_host_x)
     finally:
         if enabled:
             gc.enable()
 
 
-def _columnarise(path: Path, flow_cats: frozenset[str], kineto_args: bool) -> Columns:
+def _is_host_process(name: str | None, label: str | None) -> bool:
+    return (label or "").startswith("CPU") or (name or "").startswith(("Python", "CANN"))
+
+
+def _columnarise(path: Path, flow_cats: frozenset[str], kineto_args: bool, keep_host_x: bool) -> Columns:
     decoded = decode_trace(path)
     tracks = _Interner()
     names = _Interner()
@@ -452,6 +459,11 @@ def _columnarise(path: Path, flow_cats: frozenset[str], kineto_args: bool) -> Co
                 entry[0].append(flow_id_array([e.id for e in evs]))
                 entry[1].append(to_ns([e.ts for e in evs], path))
         del flow_evs
+        if not keep_host_x and xs:
+            host_pids = {pid for pid in set(process_name) | set(process_label)
+                         if _is_host_process(process_name.get(pid), process_label.get(pid))}
+            if host_pids:
+                xs = [e for e in xs if e.pid not in host_pids or e.name.startswith("ProfilerStep#")]
         if not xs:
             continue
         track = _track_ids(tracks, list(map(_PID, xs)), list(map(_TID, xs)))

@@ -311,7 +311,7 @@ def load_torch_npu(root: Path, rank: int, host_events: bool = False) -> RankTime
     trace = out / "trace_view.json"
     fmt = "torch_npu"
     if trace.is_file():
-        cols = columnarise(trace, kineto_args=False)
+        cols = columnarise(trace, kineto_args=False, keep_host_x=host_events)
         source = str(trace)
     else:
         base = out.parent if out.name == "ASCEND_PROFILER_OUTPUT" else out
@@ -320,7 +320,7 @@ def load_torch_npu(root: Path, rank: int, host_events: bool = False) -> RankTime
         if not files:
             raise ProfileError(out, "no trace_view.json (and no PROF_*/mindstudio_profiler_output/msprof_*.json); "
                                     "expected a torch_npu ASCEND_PROFILER_OUTPUT directory")
-        cols = merge_columns([columnarise(f, kineto_args=False) for f in files])
+        cols = merge_columns([columnarise(f, kineto_args=False, keep_host_x=host_events) for f in files])
         source = str(files[0].parent)
         warnings.append(Warning_(str(trace), "trace_view.json", ["host events and steps (read from msprof_*.json instead)"]))
     kd_path = out / "kernel_details.csv"
@@ -351,7 +351,7 @@ def load_msprof(prof_dir: Path, rank: int, host_events: bool = False) -> RankTim
         files = msprof_json_files(out)
         if not files:
             raise ProfileError(out, "no msprof_*.json; expected a PROF_*/mindstudio_profiler_output directory written by msprof --export=on")
-    cols = merge_columns([columnarise(f, kineto_args=False) for f in files])
+    cols = merge_columns([columnarise(f, kineto_args=False, keep_host_x=host_events) for f in files])
     rt = columns_to_rank(cols, rank=rank, source=str(files[0] if len(files) == 1 else files[0].parent), fmt="msprof",
                          kernel_details=None, step_trace=None, warnings=[], host_events=host_events)
     if rt.steps.ids.tolist() == [-1]:
