@@ -60,3 +60,15 @@ def test_truncated_json_is_reported(tmp_path, monkeypatch):
     monkeypatch.setattr(_trace, "CHUNK_BYTES", 4096)
     with pytest.raises(ProfileError, match="truncated|invalid"):
         columnarise(p)
+
+
+def test_args_null_and_missing(tmp_path):
+    ev = _events(5)
+    ev[3]["args"] = None
+    del ev[4]["args"]
+    ev.append({"ph": "M", "name": "thread_name", "pid": 5_000_000_001, "tid": 9, "args": None})
+    p = tmp_path / "trace_view.json"
+    p.write_text(json.dumps(ev))
+    cols = columnarise(p)
+    assert cols.start_ns.size == 5
+    assert [cols.task_types[i] for i in cols.task_type_id] == ["AI_CORE", None, None, "AI_CORE", "AI_CORE"]

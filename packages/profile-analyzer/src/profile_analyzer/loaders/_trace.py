@@ -45,7 +45,7 @@ class Event(msgspec.Struct, gc=False):
     dur: float | int | str | None = 0.0
     cat: str | None = None
     id: int | str | None = None
-    args: Args = msgspec.field(default_factory=Args)
+    args: Args | None = msgspec.field(default_factory=Args)  # None only for an explicit "args": null
 
 
 _PID = attrgetter("pid")
@@ -56,6 +56,9 @@ _NAME = attrgetter("name")
 _CAT = attrgetter("cat")
 _ARGS = attrgetter("args")
 _TTYPE = attrgetter("args.task_type")
+_ID = attrgetter("id")
+_FLOW_KEY = attrgetter("cat", "ph")
+_FLOW_PH = frozenset({"s", "f", "t"})
 
 
 class KinetoFile(msgspec.Struct):
@@ -121,7 +124,7 @@ def _open_binary(path: Path):
         raise ProfileError(path, f"cannot be read ({exc.__class__.__name__}: {exc})") from None
 
 
-_TAIL = 1 << 20
+_TAIL = 1 << 16
 
 
 def _stream_array_chunks(path: Path) -> Iterator[list[Event]]:
@@ -160,6 +163,8 @@ def _stream_array_chunks(path: Path) -> Iterator[list[Event]]:
                 continue
             decoded = None
             cands = [m for m in _CUT.finditer(carry, max(1, len(carry) - _TAIL))]
+            if not cands:  # an unusually long event at the end: look further back
+                cands = [m for m in _CUT.finditer(carry, 1)]
             for m in reversed(cands[-8:]):
                 close = m.start() + 1
                 saved = carry[close]
@@ -435,29 +440,29 @@ def _columnarise(path: Path, flow_cats: frozenset[str], kineto_args: bool, keep_
         xs = [e for e in chunk if e.ph == "X"]
         others = [e for e in chunk if e.ph != "X"]
         del chunk
-        flow_evs = []
-        for e in others:
-            ph = e.ph
-            if ph == "M":
-                a = e.args
-                if a is None:
-                    continue
-                if e.name == "process_name" and a.name is not None:
-                    process_name[e.pid] = a.name
-                elif e.name == "thread_name" and a.name is not None:
-                    thread_name[(e.pid, e.tid)] = a.name
-                elif e.name == "process_labels" and a.labels is not None:
-                    process_label[e.pid] = a.labels
-            elif ph in ("s", "f", "t") and e.cat in flow_cats and e.ts is not None:
-                flow_evs.append(e)
+        for e in [e for e in others if e.ph == "M"]:
+            a = e.args
+            if a is None:
+                continue
+            if e.name == "process_name" and a.name is not None:
+                process_name[e.pid] = a.name
+            elif e.name == "thread_name" and a.name is not None:
+                thread_name[(e.pid, e.tid)] = a.name
+            elif e.name == "process_labels" and a.labels is not None:
+                process_label[e.pid] = a.labels
+        flow_evs = [e for e in others if e.cat in flow_cats and e.ph in _FLOW_PH and e.ts is not None]
+        del others
         if flow_evs:
-            groups: dict[tuple[str, str], list[Event]] = {}
-            for e in flow_evs:
-                groups.setdefault((e.cat or "", e.ph), []).append(e)
-            for key, evs in groups.items():
+            keys = list(map(_FLOW_KEY, flow_evs))
+            ids_all = flow_id_array(list(map(_ID, flow_evs)))
+            ts_all = to_ns(list(map(_TS, flow_evs)), path)
+            key_ids = _Interner()
+            kid = key_ids.ids(keys)
+            for k_i, key in enumerate(key_ids.values):
+                sel = kid == k_i
                 entry = flows.setdefault(key, ([], []))
-                entry[0].append(flow_id_array([e.id for e in evs]))
-                entry[1].append(to_ns([e.ts for e in evs], path))
+                entry[0].append(ids_all[sel])
+                entry[1].append(ts_all[sel])
         del flow_evs
         if not keep_host_x and xs:
             host_pids = {pid for pid in set(process_name) | set(process_label)
@@ -471,7 +476,10 @@ def _columnarise(path: Path, flow_cats: frozenset[str], kineto_args: bool, keep_
         dur = to_ns(list(map(_DUR, xs)), path)
         name_id = names.ids(list(map(_NAME, xs)))
         cat_id = cats.ids(list(map(_CAT, xs)))
-        ttype = ttypes.ids(list(map(_TTYPE, xs)))
+        try:
+            ttype = ttypes.ids(list(map(_TTYPE, xs)))
+        except AttributeError:  # some event has "args": null
+            ttype = ttypes.ids([e.args.task_type if e.args is not None else None for e in xs])
         argl = list(map(_ARGS, xs)) if kineto_args else []
         if kineto_args:
             stream_arg = np.fromiter(
