@@ -66,7 +66,10 @@ def test_compare_deltas(profiles, capsys):
     assert len(items) == 9
     for i in items.values():
         assert i["delta_us"] == pytest.approx(i["new_us"] - i["base_us"])
-    assert c["new"]["overlap_pct"] != c["base"]["overlap_pct"]
+    assert c["new"]["overlap_pct"] > c["base"]["overlap_pct"]  # DBO hides communication
+    ops = {o["operator"]: o for o in c["exposed_by_operator"]}
+    assert set(ops) == {"hcom_allGather", "hcom_reduceScatter"}
+    assert sum(o["delta_us"] for o in ops.values()) < 0
     assert main(["compare", str(base), str(new)]) == 0
     assert "Communication(Not Overlapped)" in capsys.readouterr().out
 
