@@ -182,6 +182,7 @@ class VLLMRun:
     error: str | None = None
     error_type: str | None = None
     generated: str | None = None
+    generated_tokens: int | None = None
     returncode: int | None = None
     log_tail: list[str] = field(default_factory=list)
     log_path: str | None = None
@@ -205,6 +206,7 @@ class VLLMRun:
             "error": self.error,
             "error_type": self.error_type,
             "generated": self.generated,
+            "generated_tokens": self.generated_tokens,
             "loaded_weights": self.loaded_weights,
         }
 
@@ -359,6 +361,7 @@ def run_vllm(
         run.error_type = failed.get("type", "ValueError") if run.error == failed.get("message") else "ValueError"
     if isinstance(markers.get("generated"), dict):
         run.generated = markers["generated"].get("text")
+        run.generated_tokens = markers["generated"].get("num_tokens")
     if outcome == "exited":
         message = (failed or {}).get("message") if isinstance(failed, dict) else None
         raise VerifyError(
