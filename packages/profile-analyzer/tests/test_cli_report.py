@@ -8,7 +8,6 @@ import subprocess
 import sys
 
 import pytest
-
 from profile_analyzer.cli import main
 
 synth = pytest.importorskip("profile_analyzer.synth")

@@ -4,13 +4,12 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-
 from profile_analyzer import intervals as iv
 
 
 def grid(starts, ends, n):
     g = np.zeros(n, dtype=bool)
-    for s, e in zip(starts, ends):
+    for s, e in zip(starts, ends, strict=False):
         g[s:e] = True
     return g
 
@@ -51,7 +50,7 @@ def test_ops_match_brute_force(seed):
     q_s = rng.integers(0, n - 1, 30)
     q_e = np.minimum(q_s + rng.integers(0, 60, 30), n)
     cov = iv.overlap_with_each(q_s, q_e, B)
-    assert cov.tolist() == [int(gb[s:e].sum()) for s, e in zip(q_s, q_e)]
+    assert cov.tolist() == [int(gb[s:e].sum()) for s, e in zip(q_s, q_e, strict=False)]
 
 
 def test_large_ns_values_are_exact():

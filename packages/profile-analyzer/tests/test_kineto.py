@@ -11,9 +11,8 @@ import json
 import os
 import socket
 
-import pytest
-
 import profile_analyzer as pa
+import pytest
 
 
 def _gpu_trace(rank: int, shift: int) -> dict:

@@ -7,10 +7,14 @@ import csv
 import shutil
 
 import numpy as np
-import pytest
-
 import profile_analyzer as pa
-from profile_analyzer.analyses.breakdown import derived_columns, overlap_sets, profiler_agreement, step_breakdown
+import pytest
+from profile_analyzer.analyses.breakdown import (
+    derived_columns,
+    overlap_sets,
+    profiler_agreement,
+    step_breakdown,
+)
 from profile_analyzer.loaders.ascend import read_kernel_details
 from profile_analyzer.timeline import Kind
 

@@ -7,7 +7,6 @@ from decimal import Decimal
 
 import numpy as np
 import pytest
-
 from profile_analyzer.errors import ProfileError
 from profile_analyzer.loaders import _trace
 from profile_analyzer.loaders._trace import columnarise, parse_decimal_us_to_ns, to_ns

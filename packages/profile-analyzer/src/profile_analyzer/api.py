@@ -7,7 +7,12 @@ from typing import Any
 import numpy as np
 
 from profile_analyzer import intervals as iv
-from profile_analyzer.analyses.breakdown import BREAKDOWN_ITEMS, overlap_sets, profiler_agreement, step_breakdown
+from profile_analyzer.analyses.breakdown import (
+    BREAKDOWN_ITEMS,
+    overlap_sets,
+    profiler_agreement,
+    step_breakdown,
+)
 from profile_analyzer.analyses.dual_batch import dual_batch
 from profile_analyzer.analyses.exposed import exposed_communication
 from profile_analyzer.analyses.ranks import rank_comparison
@@ -127,7 +132,7 @@ def _timeline_windows(ranks: dict[int, RankTimeline], exposed: list[dict[str, An
         out.append({"rank": g["rank"], "t0_ns": t0, "start_us": lo_us, "end_us": hi_us,
                     "title": f"rank {g['rank']}: {g['dur_us']:.1f} µs exposed in {g['comm_op']}",
                     "lanes": lanes,
-                    "exposed": [{"start_us": (int(a) - t0) / 1000.0, "end_us": (int(b) - t0) / 1000.0} for a, b in zip(ex_s, ex_e)]})
+                    "exposed": [{"start_us": (int(a) - t0) / 1000.0, "end_us": (int(b) - t0) / 1000.0} for a, b in zip(ex_s, ex_e, strict=False)]})
     return out
 
 

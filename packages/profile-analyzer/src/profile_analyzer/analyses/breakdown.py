@@ -169,7 +169,7 @@ def profiler_agreement(rt: RankTimeline, ours: list[dict[str, object]] | None = 
     out: list[dict[str, object]] = []
     theirs = profiler_breakdown(rt)
     if theirs is not None:
-        for a, b in zip(ours, theirs):
+        for a, b in zip(ours, theirs, strict=False):
             for key in ("computing", "communication", "communication_not_overlapped", "free"):
                 out.append({"rank": rt.rank, "step": a["step"], "item": key, "source": "overlap_analysis_track",
                             "ours_us": a[key] / 1000.0, "profiler_us": b[key] / 1000.0,

@@ -121,7 +121,7 @@ def dual_batch(rt: RankTimeline, lo: int, hi: int) -> dict[str, object]:
         dur = rt.end_ns[o] - rt.start_ns[o]
         ukinds = [kinds[j] for j in mine]
         period = _period(ukinds)
-        for k, (j, c, d) in enumerate(zip(o, covered, dur)):
+        for k, (j, c, d) in enumerate(zip(o, covered, dur, strict=False)):
             layers.append({"rank": rt.rank, "ubatch": u, "layer": k // period, "index": k, "op": ukinds[k],
                            "start_us": (int(rt.start_ns[j]) - t0) / 1000.0,
                            "comm_us": int(d) / 1000.0, "covered_us": int(c) / 1000.0,

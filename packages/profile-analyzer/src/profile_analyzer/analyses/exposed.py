@@ -47,7 +47,7 @@ def exposed_communication(rt: RankTimeline, comp: iv.IntervalSet, comm_not_overl
     by_prev: dict[str, list[float]] = defaultdict(lambda: [0, 0.0, 0.0])
     kinds = [op_kind(rt.names[int(i)]) for i in rt.name_id[ops]]
     prev_names = [compute_label(rt, int(rt.name_id[comp_end_order[b]])) if b >= 0 else "(start of trace)" for b in before]
-    for k, p, ex, s, e in zip(kinds, prev_names, per_op, os_, oe):
+    for k, p, ex, s, e in zip(kinds, prev_names, per_op, os_, oe, strict=False):
         for d, key in ((by_op, k), (by_prev, p)):
             row = d[key]
             row[0] += 1

@@ -31,38 +31,56 @@ def _op_instances(rt: RankTimeline, lo: int | None, hi: int | None) -> dict[tupl
     return out
 
 
-def sync_wait_ns(rt: RankTimeline, lo: int | None = None, hi: int | None = None) -> int:
-    """msprof's Synchronization time summed over the communication operators in ``[lo, hi)``: on each plane,
-    the Notify_Wait time inside the operator before the plane's first transit task (not Notify_*); per operator the plane
-    with the least such wait counts (msprof-analyze's choice). 0 without plane tasks (Level0)."""
-    planes = [s.index for s in rt.streams if s.kind == "communication" and s.label.startswith("Plane")]
-    if not planes:
-        return 0
+def op_sync_wait(rt: RankTimeline) -> tuple[np.ndarray, np.ndarray]:
+    """(indices of communication operators, synchronization wait of each in ns), vectorised per plane.
+
+    On each plane the wait of an operator is the Notify_Wait time inside its span before the plane's
+    first transit task (not ``Notify_*``); the operator's value is the least over planes that have tasks
+    inside it (msprof-analyze's choice), 0 without plane tasks (Level0 profiles).
+    """
+    cached = getattr(rt, "_op_sync_wait", None)
+    if cached is not None:
+        return cached
     ops = np.flatnonzero(rt.kind == int(Kind.COMMUNICATION))
-    if lo is not None and hi is not None:
-        ops = ops[(rt.start_ns[ops] >= lo) & (rt.start_ns[ops] < hi)]
+    best = np.full(ops.size, np.iinfo(np.int64).max, dtype=np.int64)
+    planes = [s.index for s in rt.streams if s.kind == "communication" and s.label.startswith("Plane")]
     notify_ids = np.array([i for i, n in enumerate(rt.names) if n.startswith("Notify")], dtype=np.int32)
-    per_plane = []
+    os_, oe = rt.start_ns[ops], rt.end_ns[ops]
     for p in planes:
         idx = np.flatnonzero(rt.stream == p)
+        if idx.size == 0:
+            continue
+        ps, pe = rt.start_ns[idx], rt.end_ns[idx]
         wait = rt.kind[idx] == int(Kind.IDLE_WAIT)
         transit = ~wait & ~np.isin(rt.name_id[idx], notify_ids)
-        per_plane.append((rt.start_ns[idx], rt.end_ns[idx], wait, transit))
-    total = 0
-    for i in ops:
-        s, e = rt.start_ns[i], rt.end_ns[i]
-        best = None
-        for ps, pe, pw, pt in per_plane:
-            a, b = np.searchsorted(ps, s, side="left"), np.searchsorted(ps, e, side="right")
-            if a == b:
-                continue
-            w, ts, te = pw[a:b], ps[a:b], pe[a:b]
-            first_transfer = np.flatnonzero(pt[a:b])
-            cut = first_transfer[0] if first_transfer.size else w.size
-            val = int((te[:cut] - ts[:cut])[w[:cut]].sum())
-            best = val if best is None else min(best, val)
-        total += best or 0
-    return total
+        n = idx.size
+        # next transit task at or after each position (n when none)
+        nxt = np.where(transit, np.arange(n), n)
+        nxt = np.minimum.accumulate(nxt[::-1])[::-1]
+        nxt = np.append(nxt, n)
+        wsum = np.concatenate([[0], np.cumsum(np.where(wait, pe - ps, 0))])
+        a = np.searchsorted(ps, os_, side="left")
+        b = np.searchsorted(ps, oe, side="right")
+        has = b > a
+        cut = np.minimum(nxt[a], b)
+        val = wsum[cut] - wsum[a]
+        best = np.where(has, np.minimum(best, val), best)
+    best = np.where(best == np.iinfo(np.int64).max, 0, best)
+    result = (ops, best)
+    try:
+        rt._op_sync_wait = result  # type: ignore[attr-defined]
+    except AttributeError:
+        pass
+    return result
+
+
+def sync_wait_ns(rt: RankTimeline, lo: int | None = None, hi: int | None = None) -> int:
+    """msprof's Synchronization time summed over the communication operators starting in ``[lo, hi)``."""
+    ops, wait = op_sync_wait(rt)
+    if lo is not None and hi is not None:
+        sel = (rt.start_ns[ops] >= lo) & (rt.start_ns[ops] < hi)
+        return int(wait[sel].sum())
+    return int(wait.sum())
 
 
 def rank_comparison(ranks: dict[int, RankTimeline], per_rank: dict[int, dict[str, float]],

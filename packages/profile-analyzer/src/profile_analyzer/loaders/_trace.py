@@ -12,9 +12,9 @@ from __future__ import annotations
 import gc
 import gzip
 import re
-from operator import attrgetter
 from collections.abc import Iterator
 from dataclasses import dataclass
+from operator import attrgetter
 from pathlib import Path
 
 import msgspec
@@ -352,7 +352,7 @@ def _track_ids(tracks: _Interner, pids: list, tids: list) -> np.ndarray:
         if pa.dtype.kind not in "iu" or ta.dtype.kind not in "iu" or pa.ndim != 1 or ta.ndim != 1:
             raise TypeError
     except (TypeError, ValueError, OverflowError):
-        return tracks.ids(list(zip(pids, tids)))
+        return tracks.ids(list(zip(pids, tids, strict=False)))
     up, pinv = np.unique(pa, return_inverse=True)
     ut, tinv = np.unique(ta, return_inverse=True)
     key = pinv.astype(np.int64) * ut.size + tinv

@@ -145,7 +145,7 @@ def read_step_trace_time(path: Path) -> list[dict[str, float | str]]:
     out: list[dict[str, float | str]] = []
     for r in rows:
         d: dict[str, float | str] = {}
-        for h, v in zip(header, r):
+        for h, v in zip(header, r, strict=False):
             f = to_float(v)
             d[h] = f if f is not None else v
         out.append(d)

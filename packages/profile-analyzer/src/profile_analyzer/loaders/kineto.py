@@ -74,10 +74,10 @@ def load_kineto(path: Path, rank_hint: int, host_events: bool = False) -> RankTi
         # one stream per (device pid, stream id)
         gi = np.flatnonzero(ev_gpu)
         pairs: dict[tuple[object, int], int | None] = {}
-        keys = [(cols.tracks[t][0], int(s)) for t, s in zip(cols.track[gi], cols.stream_arg[gi])]
-        for j, k in zip(gi, keys):
+        keys = [(cols.tracks[t][0], int(s)) for t, s in zip(cols.track[gi], cols.stream_arg[gi], strict=False)]
+        for k in keys:
             pairs.setdefault(k, None)
-        comm_keys = {k for j, k in zip(gi, keys) if kind[j] == int(Kind.COMMUNICATION)}
+        comm_keys = {k for j, k in zip(gi, keys, strict=False) if kind[j] == int(Kind.COMMUNICATION)}
         for k in pairs:
             pairs[k] = b.stream_index(("gpu",) + k, f"stream {k[1]}", "communication" if k in comm_keys else "compute", k[1])
         stream_idx[gi] = np.array([pairs[k] for k in keys], dtype=np.int32)

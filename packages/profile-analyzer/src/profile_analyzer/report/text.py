@@ -10,7 +10,6 @@ from rich.table import Table
 
 from profile_analyzer.report.tables import tables
 
-
 _LEFT = {"item", "source", "worst item", "within 1 µs", "operator", "preceding compute", "stream", "kind", "after compute", "op", "method / reason"}
 
 
