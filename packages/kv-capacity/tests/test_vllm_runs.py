@@ -179,3 +179,27 @@ def test_mla_fp8_on_cpu_sizes_as_planned_but_the_cpu_mla_kernel_refuses_to_decod
     assert run.capacity.kv_cache_tokens == expected.kv_cache_tokens
     assert run.generated is None
     assert run.error == "expected scalar type BFloat16 but found Float8_e4m3fn"
+
+
+def test_plugin_refuses_in_the_openai_api_server_before_the_engine_starts(tiny_models, vllm_python):
+    # The serving entry point (`python -m vllm.entrypoints.openai.api_server`, what `vllm serve` runs) in
+    # vLLM's default multi-process layout: the refusal comes from the front end, no engine core is started.
+    env = {**os.environ, "KV_CAPACITY_PLUGIN": "on", "HF_HUB_OFFLINE": "1", "VLLM_ENABLE_V1_MULTIPROCESSING": "1"}
+    proc = subprocess.Popen(
+        [vllm_python, "-m", "vllm.entrypoints.openai.api_server", "--model", tiny_models["qwen3"],
+         "--kv-cache-memory-bytes", "8M", "--max-model-len", "8192", "--host", "127.0.0.1", "--port", "0",
+         *EAGER],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env, start_new_session=True,
+    )
+    try:
+        output, _ = proc.communicate(timeout=300)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, 9)
+            proc.wait()
+    with pytest.raises(InsufficientKVCacheError) as predicted:
+        check(load_model(tiny_models["qwen3"]), kv_cache_memory_bytes=8 << 20, max_model_len=8192, block_size=128)
+    assert proc.returncode != 0
+    assert "EarlyKVCacheCheckError" in output and predicted.value.vllm_message in output
+    assert f"--max-model-len {predicted.value.estimated_max_model_len}" in output
+    assert "Initializing a V1 LLM engine" not in output and "Starting to load model" not in output
