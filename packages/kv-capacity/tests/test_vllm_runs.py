@@ -203,3 +203,16 @@ def test_plugin_refuses_in_the_openai_api_server_before_the_engine_starts(tiny_m
     assert "EarlyKVCacheCheckError" in output and predicted.value.vllm_message in output
     assert f"--max-model-len {predicted.value.estimated_max_model_len}" in output
     assert "Initializing a V1 LLM engine" not in output and "Starting to load model" not in output
+
+
+def test_verify_exits_1_when_vllm_and_the_planner_differ(tiny_models):
+    # --num-gpu-blocks-override makes vLLM size the cache from a block count instead of the budget, which
+    # the planner does not model: a real difference that verify must flag.
+    model = tiny_models["qwen3"]
+    rc, data, err = _verify("--model", model, "--kv-cache-memory-bytes", "64M", "--max-model-len", "1024",
+                            "--", *EAGER, "--num-gpu-blocks-override", "20")
+    assert rc == 1, err[-2000:]
+    assert data["agrees"] is False
+    rows = {r["quantity"]: r for r in data["rows"]}
+    assert rows["KV cache size (tokens)"]["equal"] is False
+    assert data["vllm"]["capacity"]["kv_cache_tokens"] == 20 * 128  # 20 blocks of 128 tokens, one group
