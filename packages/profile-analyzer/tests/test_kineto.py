@@ -217,3 +217,22 @@ def test_gpu_dual_batch_from_gpu_annotations(tmp_path):
     # annotations are markers, not work: stream 7 is busy exactly its kernels' time
     s7 = next(s for s in rep["streams"] if s["stream"] == "stream 7")
     assert s7["busy_us"] == 200.0 and s7["tasks"] == 4
+
+
+def test_dual_batch_two_alternating_comm_streams(tmp_path):
+    """No markers: collectives alternate between streams 20 and 21 -> one stream per micro-batch."""
+    ev = []
+
+    def k(name, stream, s, e):
+        ev.append({"ph": "X", "cat": "kernel", "name": name, "pid": 0, "tid": stream, "ts": s, "dur": e - s, "args": {"stream": stream}})
+
+    for i in range(4):
+        base = i * 100
+        k("gemm", 7, base, base + 60)
+        k("ncclDevKernel_AllToAll", 20 + i % 2, base + 40, base + 90)  # 20 µs under compute, 30 exposed
+    p = tmp_path / "t.json"
+    p.write_text(json.dumps({"traceEvents": ev}))
+    db = pa.analyze(pa.load(p)).to_dict()["dual_batch"][0]
+    assert db["detected"] and db["method"] == "two_comm_streams"
+    assert [(u["comm_ops"], u["comm_us"], u["covered_us"]) for u in db["ubatches"]] == [(2, 100.0, 40.0), (2, 100.0, 40.0)]
+    assert [x["layer"] for x in db["layers"] if x["ubatch"] == 0] == [0, 1]

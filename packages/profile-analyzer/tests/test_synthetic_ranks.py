@@ -152,3 +152,22 @@ def test_ranks_one_level_down(dbo_profile, tmp_path):
         shutil.copytree(d, tmp_path / f"node{i}" / d.name)
     tl = pa.load(tmp_path)
     assert sorted(tl.ranks) == [0, 1] and tl.format == "multi_rank"
+
+
+def test_exposed_grouping_matches_ground_truth(dbo_profile):
+    """Per operator kind and per preceding compute operator, exposed time equals the generator's per-op truth."""
+    root, truth = dbo_profile
+    rep = pa.analyze(pa.load(root), rank=1, step=1).to_dict()
+    ops = next(s for s in truth["ranks"]["1"]["steps"] if s["step"] == 1)["comm_ops"]
+    ex = rep["exposed_communication"][0]
+    by_kind: dict[str, float] = {}
+    by_prev: dict[str, float] = {}
+    for o in ops:
+        by_kind[o["type"].rstrip("_")] = by_kind.get(o["type"].rstrip("_"), 0.0) + o["exposed_us"]
+        by_prev[o["compute_before"]] = by_prev.get(o["compute_before"], 0.0) + o["exposed_us"]
+    assert {r["operator"]: pytest.approx(r["exposed_us"], abs=1e-3) for r in ex["by_operator"]} == by_kind
+    ours_prev = {}
+    for r in ex["by_preceding_compute"]:
+        name = r["preceding_compute"].split(" (")[-1].rstrip(")")  # "Type (kernel name)" when typed
+        ours_prev[name] = ours_prev.get(name, 0.0) + r["exposed_us"]
+    assert ours_prev == {k: pytest.approx(v, abs=1e-3) for k, v in by_prev.items()}
