@@ -6,9 +6,8 @@ from __future__ import annotations
 import json
 import shutil
 
-import pytest
-
 import profile_analyzer as pa
+import pytest
 
 synth = pytest.importorskip("profile_analyzer.synth")
 
