@@ -38,12 +38,13 @@ def tiny_models(vllm_python) -> dict[str, str]:
     return dict(zip(names, paths, strict=True))
 
 
-def _verify(*args: str, timeout: int = 600) -> tuple[int, dict, str]:
+def _verify(*args: str, timeout: int = 600, env: dict[str, str] | None = None) -> tuple[int, dict, str]:
     proc = subprocess.run(
         [sys.executable, "-m", "kv_capacity", "verify", "--format", "json", *args],
         capture_output=True,
         text=True,
         timeout=timeout,
+        env={**os.environ, **(env or {})},
     )
     data = json.loads(proc.stdout) if proc.stdout.strip().startswith("{") else {}
     return proc.returncode, data, proc.stderr
@@ -69,14 +70,18 @@ ARCH_CASES = [
     # so the sliding layers really need fewer blocks per request than the full ones.
     pytest.param("gemma2", 32 << 20, 4096, ["--max-num-batched-tokens", "256"], 128, id="sliding-gemma2"),
     pytest.param("qwen3", 24 << 20, 1024, ["--kv-cache-dtype", "fp8"], 128, id="gqa-qwen3-fp8"),
+    # Two CPU workers (gloo); each holds 1 of the 2 KV heads. vLLM cannot auto-bind two workers to one NUMA
+    # node, hence the explicit OpenMP binding (VLLM_CPU_OMP_THREADS_BIND, one core per worker).
+    pytest.param("qwen3", 24 << 20, 1024, ["--tensor-parallel-size", "2"], 128, id="gqa-qwen3-tp2"),
 ]
 
 
 @pytest.mark.parametrize("arch,budget,length,extra,block", ARCH_CASES)
 def test_verify_agrees_with_vllm(tiny_models, arch, budget, length, extra, block):
     model = tiny_models[arch]
+    env = {"VLLM_CPU_OMP_THREADS_BIND": "0|1"} if "--tensor-parallel-size" in extra else None
     rc, data, err = _verify("--model", model, "--kv-cache-memory-bytes", str(budget), "--max-model-len", str(length),
-                            "--", *EAGER, *extra)
+                            "--", *EAGER, *extra, env=env)
     assert rc == 0, f"verify exit {rc}: {err[-3000:]}\n{json.dumps(data, indent=1)[:3000]}"
     run = data["vllm"]
     resolved = run["resolved"]
@@ -89,6 +94,8 @@ def test_verify_agrees_with_vllm(tiny_models, arch, budget, length, extra, block
         assert expected.num_groups == 2  # one sliding group, one full group
         per_group = {g["kind"]: g["blocks_per_request"] for g in expected.to_dict()["kv_cache_groups"]}
         assert per_group["sliding_window"] < per_group["full_attention"]
+    if "--tensor-parallel-size" in extra:
+        assert resolved["tensor_parallel_size"] == 2 and expected.num_kv_heads_per_rank == 1
     if "fp8" in extra:
         assert resolved["kv_cache_dtype"] == "fp8" and expected.kv_dtype_bytes == 1
 
