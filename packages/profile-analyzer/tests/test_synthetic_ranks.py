@@ -170,3 +170,15 @@ def test_exposed_grouping_matches_ground_truth(dbo_profile):
         name = r["preceding_compute"].split(" (")[-1].rstrip(")")  # "Type (kernel name)" when typed
         ours_prev[name] = ours_prev.get(name, 0.0) + r["exposed_us"]
     assert ours_prev == {k: pytest.approx(v, abs=1e-3) for k, v in by_prev.items()}
+
+
+def test_progress_callback(dbo_profile):
+    root, _ = dbo_profile
+    ranks_seen: list[tuple[int, int, str]] = []
+    pa.load(root, progress=lambda d, t, label: ranks_seen.append((d, t, label)))
+    assert [(d, t) for d, t, _ in ranks_seen] == [(1, 2), (2, 2)]
+    one = next(p for p in root.iterdir() if p.is_dir())
+    bytes_seen: list[tuple[int, int, str]] = []
+    pa.load(one, progress=lambda d, t, label: bytes_seen.append((d, t, label)))
+    size = (one / "ASCEND_PROFILER_OUTPUT" / "trace_view.json").stat().st_size
+    assert (size, size, "trace_view.json") in bytes_seen  # bytes read, then one rank done

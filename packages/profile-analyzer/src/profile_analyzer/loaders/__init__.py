@@ -110,33 +110,36 @@ def _release_memory() -> None:
         pass
 
 
-def _load_single(p: Path, fmt: str, rank: int, host_events: bool = False) -> RankTimeline:
+def _load_single(p: Path, fmt: str, rank: int, host_events: bool = False,
+                 on_bytes: Callable[[int, int, str], None] | None = None) -> RankTimeline:
     try:
-        return _load_single_inner(p, fmt, rank, host_events)
+        return _load_single_inner(p, fmt, rank, host_events, on_bytes)
     finally:
         _release_memory()
 
 
-def _load_single_inner(p: Path, fmt: str, rank: int, host_events: bool = False) -> RankTimeline:
+def _load_single_inner(p: Path, fmt: str, rank: int, host_events: bool = False,
+                       on_bytes: Callable[[int, int, str], None] | None = None) -> RankTimeline:
     from profile_analyzer.loaders import ascend, kineto
 
     if fmt == "torch_npu":
         if p.is_file():
-            return (ascend.load_torch_npu(p.parent, rank, host_events) if p.name == "trace_view.json"
-                    else _trace_file(p, rank, host_events))
-        return ascend.load_torch_npu(p, rank, host_events)
+            return (ascend.load_torch_npu(p.parent, rank, host_events, on_bytes) if p.name == "trace_view.json"
+                    else _trace_file(p, rank, host_events, on_bytes))
+        return ascend.load_torch_npu(p, rank, host_events, on_bytes)
     if fmt == "msprof":
-        return ascend.load_msprof(p, rank, host_events)
+        return ascend.load_msprof(p, rank, host_events, on_bytes)
     if fmt == "kineto":
         return kineto.load_kineto(p, rank, host_events)
     raise ProfileError(p, f"unknown format {fmt}")
 
 
-def _trace_file(p: Path, rank: int, host_events: bool = False) -> RankTimeline:
+def _trace_file(p: Path, rank: int, host_events: bool = False,
+                on_bytes: Callable[[int, int, str], None] | None = None) -> RankTimeline:
     from profile_analyzer.loaders import ascend
     from profile_analyzer.loaders._trace import columnarise
 
-    cols = columnarise(p, kineto_args=False, keep_host_x=host_events)
+    cols = columnarise(p, kineto_args=False, keep_host_x=host_events, on_bytes=on_bytes)
     rt = ascend.columns_to_rank(cols, rank=rank, source=str(p), fmt="torch_npu", kernel_details=None, step_trace=None,
                                 warnings=[], host_events=host_events)
     ascend._check_tracks(rt, p)
@@ -148,7 +151,8 @@ def load(path: str | Path, *, ranks: list[int] | None = None,
          host_events: bool = False) -> Timeline:
     """Load any supported profile. ``ranks`` restricts a multi-rank directory to those ranks.
 
-    ``progress(done, total, label)`` is called after each rank is loaded (the CLI shows a bar on a terminal).
+    ``progress(done, total, label)`` reports bytes read for a single profile and ranks loaded for a
+    directory of ranks (the CLI shows it as a bar on a terminal).
     ``workers`` > 1 loads the ranks of a multi-rank directory in that many processes (each process peaks at
     about twice the size of the rank it loads). ``host_events=True`` keeps CPU-side events (torch ops, CANN
     API calls) as ``Kind.HOST`` tasks; by default they are read for steps and launch times and then dropped
@@ -158,7 +162,7 @@ def load(path: str | Path, *, ranks: list[int] | None = None,
     fmt = detect(p)
     if fmt != "multi_rank":
         r = _rank_of(p, fmt)
-        rt = _load_single(p, fmt, r if r is not None else 0, host_events)
+        rt = _load_single(p, fmt, r if r is not None else 0, host_events, progress)
         if fmt == "kineto" and rt.rank != (r or 0):
             pass
         tl = Timeline(source=str(p), format=fmt, ranks={rt.rank: rt})
@@ -197,7 +201,7 @@ def load(path: str | Path, *, ranks: list[int] | None = None,
                 add(entry, fut.result(), done)
     else:
         for done, (entry, f, rank) in enumerate(jobs, 1):
-            add(entry, _load_single(entry, f, rank, host_events), done)
+            add(entry, _load_single(entry, f, rank, host_events, progress if total == 1 else None), done)
     if ranks is not None:
         loaded = {k: v for k, v in loaded.items() if k in ranks}
         if not loaded:

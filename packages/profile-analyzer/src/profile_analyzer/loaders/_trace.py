@@ -12,7 +12,7 @@ from __future__ import annotations
 import gc
 import gzip
 import re
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from operator import attrgetter
 from pathlib import Path
@@ -127,13 +127,18 @@ def _open_binary(path: Path):
 _TAIL = 1 << 16
 
 
-def _stream_array_chunks(path: Path) -> Iterator[list[Event]]:
+ByteProgress = Callable[[int, int, str], None]
+
+
+def _stream_array_chunks(path: Path, on_bytes: ByteProgress | None = None) -> Iterator[list[Event]]:
     """Decode a top-level JSON array while reading it in ``CHUNK_BYTES`` blocks: memory stays at a few
     blocks whatever the file size. Each slice ends at a ``}`` followed by ``,`` and ``{`` near the end of the
     data read so far; the byte after that ``}`` is overwritten with ``]`` and the first byte of the slice
     with ``[`` for decoding. A cut inside a nested value fails to decode and an earlier one is tried."""
     f = _open_binary(path)
     try:
+        size = path.stat().st_size if on_bytes is not None and path.suffix != ".gz" else 0
+        done = 0
         carry = bytearray()
         started = False
         while True:
@@ -143,6 +148,9 @@ def _stream_array_chunks(path: Path) -> Iterator[list[Event]]:
                 raise ProfileError(path, f"cannot be read ({exc.__class__.__name__}: {exc})") from None
             if block:
                 carry += block
+                done += len(block)
+                if size:
+                    on_bytes(min(done, size), size, path.name)  # type: ignore[misc]
             if not started:
                 stripped = carry.lstrip()
                 if not stripped and block:
@@ -185,10 +193,10 @@ def _stream_array_chunks(path: Path) -> Iterator[list[Event]]:
         f.close()
 
 
-def decode_trace(path: Path) -> DecodedFile:
+def decode_trace(path: Path, on_bytes: ByteProgress | None = None) -> DecodedFile:
     kind = peek_kind(path, strict=False)
     if kind == "list":
-        return DecodedFile(_stream_array_chunks(path), None, False)
+        return DecodedFile(_stream_array_chunks(path, on_bytes), None, False)
     if kind == "object":
         buf = read_bytes(path)
         try:
@@ -405,7 +413,7 @@ def _int_or(v: object, default: int) -> int:
 
 
 def columnarise(path: Path, flow_cats: frozenset[str] = frozenset({"async_npu", "ac2g", "HostToDevice"}),
-                kineto_args: bool = True, keep_host_x: bool = True) -> Columns:
+                kineto_args: bool = True, keep_host_x: bool = True, on_bytes: ByteProgress | None = None) -> Columns:
     """All 'X' events of a trace file as columns. With ``keep_host_x=False``, 'X' events of processes already
     known (from metadata seen earlier in the file) to be CPU-side are dropped on the fly, except the
     ``ProfilerStep#N`` ranges; events of processes not yet named are always kept."""
@@ -413,7 +421,7 @@ def columnarise(path: Path, flow_cats: frozenset[str] = frozenset({"async_npu", 
     enabled = gc.isenabled()
     gc.disable()
     try:
-        return _columnarise(path, flow_cats, kineto_args, keep_host_x)
+        return _columnarise(path, flow_cats, kineto_args, keep_host_x, on_bytes)
     finally:
         if enabled:
             gc.enable()
@@ -423,8 +431,9 @@ def _is_host_process(name: str | None, label: str | None) -> bool:
     return (label or "").startswith("CPU") or (name or "").startswith(("Python", "CANN"))
 
 
-def _columnarise(path: Path, flow_cats: frozenset[str], kineto_args: bool, keep_host_x: bool) -> Columns:
-    decoded = decode_trace(path)
+def _columnarise(path: Path, flow_cats: frozenset[str], kineto_args: bool, keep_host_x: bool,
+                 on_bytes: ByteProgress | None) -> Columns:
+    decoded = decode_trace(path, on_bytes)
     tracks = _Interner()
     names = _Interner()
     cats = _Interner()

@@ -28,7 +28,7 @@ import numpy as np
 
 from profile_analyzer.errors import ProfileError
 from profile_analyzer.loaders._common import STEP_NAME, build_steps, merge_columns, read_csv_rows, to_float
-from profile_analyzer.loaders._trace import Columns, columnarise, match_flows
+from profile_analyzer.loaders._trace import ByteProgress, Columns, columnarise, match_flows
 from profile_analyzer.timeline import Kind, RankTimeline, TimelineBuilder, Warning_
 
 HCCL_PROCESS_NAMES = frozenset({"Communication", "HCCL"})
@@ -304,14 +304,14 @@ def msprof_json_files(output_dir: Path) -> list[Path]:
     return [f for f in files if re.match(r"^msprof_(slice_\d+_)?\d+\.json$", f.name)] or files
 
 
-def load_torch_npu(root: Path, rank: int, host_events: bool = False) -> RankTimeline:
+def load_torch_npu(root: Path, rank: int, host_events: bool = False, on_bytes: ByteProgress | None = None) -> RankTimeline:
     """``*_ascend_pt`` (or its ASCEND_PROFILER_OUTPUT) -> one rank."""
     out = root / "ASCEND_PROFILER_OUTPUT" if (root / "ASCEND_PROFILER_OUTPUT").is_dir() else root
     warnings: list[Warning_] = []
     trace = out / "trace_view.json"
     fmt = "torch_npu"
     if trace.is_file():
-        cols = columnarise(trace, kineto_args=False, keep_host_x=host_events)
+        cols = columnarise(trace, kineto_args=False, keep_host_x=host_events, on_bytes=on_bytes)
         source = str(trace)
     else:
         base = out.parent if out.name == "ASCEND_PROFILER_OUTPUT" else out
@@ -342,7 +342,7 @@ def load_torch_npu(root: Path, rank: int, host_events: bool = False) -> RankTime
     return rt
 
 
-def load_msprof(prof_dir: Path, rank: int, host_events: bool = False) -> RankTimeline:
+def load_msprof(prof_dir: Path, rank: int, host_events: bool = False, on_bytes: ByteProgress | None = None) -> RankTimeline:
     """A plain ``PROF_*`` directory (or its mindstudio_profiler_output, or one msprof_*.json) -> one rank."""
     if prof_dir.is_file():
         files = [prof_dir]
@@ -351,7 +351,7 @@ def load_msprof(prof_dir: Path, rank: int, host_events: bool = False) -> RankTim
         files = msprof_json_files(out)
         if not files:
             raise ProfileError(out, "no msprof_*.json; expected a PROF_*/mindstudio_profiler_output directory written by msprof --export=on")
-    cols = merge_columns([columnarise(f, kineto_args=False, keep_host_x=host_events) for f in files])
+    cols = merge_columns([columnarise(f, kineto_args=False, keep_host_x=host_events, on_bytes=on_bytes) for f in files])
     rt = columns_to_rank(cols, rank=rank, source=str(files[0] if len(files) == 1 else files[0].parent), fmt="msprof",
                          kernel_details=None, step_trace=None, warnings=[], host_events=host_events)
     if rt.steps.ids.tolist() == [-1]:
