@@ -47,7 +47,7 @@ def _progress_loader(path: str, ranks: list[int] | None, jobs: int = 1):
         task = prog.add_task(f"loading {Path(path).name}", total=None)
 
         def cb(done: int, total: int, label: str) -> None:
-            prog.update(task, completed=done, total=total, description=f"loaded {label}")
+            prog.update(task, completed=done, total=total, description=f"loading {label}")
 
         return load(path, ranks=ranks, progress=cb, workers=jobs)
 
