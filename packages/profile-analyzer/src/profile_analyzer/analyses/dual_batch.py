@@ -7,9 +7,13 @@ Finding the two micro-batches, in this order of preference:
    ``record_function`` / annotations) on the same stream that enclose them.
 2. ``two_comm_streams``: the communication operators of the window sit on two streams and alternate
    between them (at least 80 % of consecutive operators switch stream): one stream per micro-batch.
-3. ``paired_ops``: on one stream, operators of the same kind come in back-to-back pairs
-   (dispatch, dispatch, combine, combine, ...), at least 80 % of them: the first of each pair is
-   micro-batch 0. A single batch gives dispatch, combine, dispatch, combine and is *not* a ping-pong.
+   Both streams must carry the same sequence of operator kinds (the two micro-batches run the same
+   layers), within one operator.
+3. ``paired_ops``: operators of the same kind come in back-to-back pairs (dispatch, dispatch, combine,
+   combine, ...), at least 80 % of them, with at least two kinds and the kind changing from one pair to
+   the next at least half the time: the first of each pair is micro-batch 0. A single batch gives
+   dispatch, combine, dispatch, combine, and a run of one repeated collective (send/recv, all-to-all)
+   gives no pairs of different kinds; neither is taken for a ping-pong.
 
 Markers need one operator per micro-batch; the two heuristics need at least 4 operators. If none applies, ``detected`` is false and
 ``reason`` says what was looked for. Coverage of an operator of micro-batch *u* is the time of its span
@@ -41,6 +45,16 @@ def _marker_of_names(names: list[str]) -> np.ndarray:
         if m:
             out[i] = int(m.group(1))
     return out
+
+
+def _same_program(kinds: list[str], ub: np.ndarray) -> bool:
+    """Both micro-batches run the same layers, so their operator-kind sequences agree (up to one extra op)."""
+    a = [k for k, u in zip(kinds, ub.tolist(), strict=False) if u == 0]
+    b = [k for k, u in zip(kinds, ub.tolist(), strict=False) if u == 1]
+    n = min(len(a), len(b))
+    if n == 0 or abs(len(a) - len(b)) > 1:
+        return False
+    return sum(x == y for x, y in zip(a[:n], b[:n], strict=False)) >= 0.9 * n
 
 
 def _period(kinds: list[str]) -> int:
@@ -81,9 +95,11 @@ def dual_batch(rt: RankTimeline, lo: int, hi: int) -> dict[str, object]:
     else:
         streams = rt.stream[ops]
         uniq = np.unique(streams)
-        if uniq.size == 2 and np.mean(streams[1:] != streams[:-1]) >= 0.8:
+        two = (streams == uniq[-1]).astype(np.int64)
+        if (uniq.size == 2 and np.mean(streams[1:] != streams[:-1]) >= 0.8
+                and _same_program(kinds, two)):
             method = "two_comm_streams"
-            op_ub = (streams == uniq[1]).astype(np.int64)
+            op_ub = two
         else:
             pos_ub = np.full(ops.size, -1, np.int64)
             i = 0
@@ -95,12 +111,16 @@ def dual_batch(rt: RankTimeline, lo: int, hi: int) -> dict[str, object]:
                     i += 2
                 else:
                     i += 1
-            if paired >= 0.8 * ops.size and paired >= MIN_OPS:
+            pair_kinds = [kinds[j] for j in np.flatnonzero(pos_ub == 0)]
+            changes = sum(a != b for a, b in zip(pair_kinds, pair_kinds[1:], strict=False))
+            if (paired >= 0.8 * ops.size and paired >= MIN_OPS and len(set(pair_kinds)) >= 2
+                    and changes >= 0.5 * max(len(pair_kinds) - 1, 1)):
                 method = "paired_ops"
                 op_ub = pos_ub
     if method is None:
         result["reason"] = ("no ping-pong found: no ubatch markers in names, communication operators are not on two "
-                            "alternating streams, and operators of the same kind do not come in back-to-back pairs "
+                            "alternating streams running the same operator sequence, and operators do not come in back-to-back "
+                            "same-kind pairs that alternate between kinds "
                             f"(sequence starts {', '.join(kinds[:6])})")
         return result
     comp_idx = np.flatnonzero(rt.kind == int(Kind.COMPUTE))

@@ -21,14 +21,29 @@ from profile_analyzer.timeline import Kind, RankTimeline
 _INSTANCE_SUFFIX = re.compile(r"(__\d+(_\d+)*|_\d+(_\d+)+)$")
 
 
+def short_name(name: str) -> str:
+    """A kernel name without ``void`` and its parameter list: ``void k<int>(int*, ...)`` -> ``k<int>``."""
+    n = name[5:] if name.startswith("void ") else name
+    depth = 0
+    for i, ch in enumerate(n):
+        if ch == "<":
+            depth += 1
+        elif ch == ">":
+            depth -= 1
+        elif ch == "(" and depth == 0 and i > 0:
+            return n[:i]
+    return n
+
+
 def op_kind(name: str) -> str:
-    """``hcom_allGather__063_2_1`` -> ``hcom_allGather``; other names unchanged."""
-    return _INSTANCE_SUFFIX.sub("", name) or name
+    """``hcom_allGather__063_2_1`` -> ``hcom_allGather``; ``ncclKernel_X(ncclDevComm*, ...)`` -> ``ncclKernel_X``."""
+    n = short_name(name)
+    return _INSTANCE_SUFFIX.sub("", n) or n
 
 
 def compute_label(rt: RankTimeline, name_id: int) -> str:
     t = rt.op_types.get(name_id)
-    name = rt.names[name_id]
+    name = short_name(rt.names[name_id])
     return f"{t} ({name})" if t and t != name else name
 
 
