@@ -100,6 +100,9 @@ def test_cpu_trace_dual_batch_markers(tmp_path):
     assert by_ub[0]["covered_us"] == 20.0  # 30..50 under ubatch1's aten::mm
     assert by_ub[1]["covered_us"] == 20.0  # 70..90 under ubatch0's aten::mm
     assert any(w["missing"].startswith("device") for w in rep["warnings"])
+    ex = rep["exposed_communication"][0]
+    assert ex["exposed_us"] == 20.0  # 50..60 and 90..100
+    assert sum(r["exposed_us"] for r in ex["by_operator"]) == ex["exposed_us"]  # nothing charged twice
 
 
 def _free_port() -> int:

@@ -63,8 +63,8 @@ def analyze(timeline: Timeline, rank: int | None = None, step: int | None = None
             if not rows[0]["has_tasks"]:
                 raise ProfileError(rt.source, f"step {step} has no device tasks; expected a step that ran kernels")
             lo, hi = int(rows[0]["start_ns"]), int(rows[0]["end_ns"])
-        else:
-            lo, hi = sets.begin, sets.end + 1
+        else:  # the steps' extent, as the breakdown counts only what starts inside a step
+            lo, hi = int(rt.steps.start_ns.min()), int(rt.steps.end_ns.max())
         windows[r] = (lo, hi)
         t0 = rt.t0_ns()
         breakdown.extend(_us(x, t0) for x in rows)

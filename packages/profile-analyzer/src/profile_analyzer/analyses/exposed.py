@@ -4,8 +4,8 @@ The exposed set is ``comm - comp`` (msprof's Communication(Not Overlapped)). Eac
 is charged the exposed time inside its own span; operators are grouped by their *kind* (the op name with
 the per-instance suffix removed: ``hcom_allReduce__275_237_1`` -> ``hcom_allReduce``) and by the compute
 operator that ended last before the operator started (which tells the user which layer exposes it).
-When two communication operators run at once, each is charged the shared exposed time; the total
-``exposed_us`` is the union and never double counts.
+When communication operators run at once (nested ranges, two groups), each exposed instant is charged
+to the one that started last, so the per-operator figures add up to the total ``exposed_us``.
 """
 
 from __future__ import annotations
@@ -47,13 +47,44 @@ def compute_label(rt: RankTimeline, name_id: int) -> str:
     return f"{t} ({name})" if t and t != name else name
 
 
+def exclusive_exposure(starts: np.ndarray, ends: np.ndarray, exposed: iv.IntervalSet) -> np.ndarray:
+    """Exposed time charged to each operator so that nothing is counted twice: every exposed instant goes
+    to the operator that started last among those running then (the innermost one when ranges nest)."""
+    n = starts.size
+    out = np.zeros(n, dtype=np.int64)
+    es, ee = exposed
+    if n == 0 or es.size == 0:
+        return out
+    bounds = np.unique(np.concatenate([starts, ends, es, ee]))
+    mids_lo, mids_hi = bounds[:-1], bounds[1:]
+    k = np.searchsorted(es, mids_lo, side="right") - 1
+    is_exp = (k >= 0) & (mids_lo < ee[np.maximum(k, 0)])
+    seg_lo, seg_hi = mids_lo[is_exp], mids_hi[is_exp]
+    order = np.argsort(starts, kind="stable")
+    s_sorted = starts[order]
+    import heapq
+
+    heap: list[tuple[int, int]] = []  # (-start, op index)
+    j = 0
+    for a, b in zip(seg_lo.tolist(), seg_hi.tolist(), strict=True):
+        while j < n and s_sorted[j] <= a:
+            i = int(order[j])
+            heapq.heappush(heap, (-int(starts[i]), i))
+            j += 1
+        while heap and ends[heap[0][1]] <= a:
+            heapq.heappop(heap)
+        if heap:
+            out[heap[0][1]] += b - a
+    return out
+
+
 def exposed_communication(rt: RankTimeline, comp: iv.IntervalSet, comm_not_overlapped: iv.IntervalSet,
                           lo: int, hi: int, top: int = 20) -> dict[str, object]:
     exposed = iv.clip(comm_not_overlapped, lo, hi)
     total_exposed = iv.total(exposed)
     ops = np.flatnonzero((rt.kind == int(Kind.COMMUNICATION)) & (rt.start_ns >= lo) & (rt.start_ns < hi))
     os_, oe = rt.start_ns[ops], rt.end_ns[ops]
-    per_op = iv.overlap_with_each(os_, oe, exposed)
+    per_op = exclusive_exposure(os_, oe, exposed)
     comp_idx = np.flatnonzero(rt.kind == int(Kind.COMPUTE))
     comp_end_order = comp_idx[np.argsort(rt.end_ns[comp_idx], kind="stable")]
     comp_ends = rt.end_ns[comp_end_order]
