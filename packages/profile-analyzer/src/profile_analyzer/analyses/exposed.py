@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import re
 from collections import defaultdict
+from functools import lru_cache
 
 import numpy as np
 
@@ -21,9 +22,12 @@ from profile_analyzer.timeline import Kind, RankTimeline
 _INSTANCE_SUFFIX = re.compile(r"(__\d+(_\d+)*|_\d+(_\d+)+)$")
 
 
+@lru_cache(maxsize=1 << 16)
 def short_name(name: str) -> str:
     """A kernel name without ``void`` and its parameter list: ``void k<int>(int*, ...)`` -> ``k<int>``."""
     n = name[5:] if name.startswith("void ") else name
+    if "(" not in n:
+        return n
     depth = 0
     for i, ch in enumerate(n):
         if ch == "<":
@@ -35,6 +39,7 @@ def short_name(name: str) -> str:
     return n
 
 
+@lru_cache(maxsize=1 << 16)
 def op_kind(name: str) -> str:
     """``hcom_allGather__063_2_1`` -> ``hcom_allGather``; ``ncclKernel_X(ncclDevComm*, ...)`` -> ``ncclKernel_X``."""
     n = short_name(name)
