@@ -7,34 +7,15 @@ import time
 import pytest
 from dbo_runtime.cli import main
 from dbo_runtime.reference.launcher import RanksFailed, run_ranks
-from dbo_runtime.reference.model import Batch, MoEConfig
-from dbo_runtime.reference.run import EqualityCase, FaultSpec
+from dbo_runtime.reference.run import EQUALITY_CONFIG, FaultSpec, equality_cases
 
-SMALL = MoEConfig(hidden_size=64, num_heads=2, head_dim=32, num_layers=2, num_experts=4, top_k=2,
-                  expert_intermediate=64, shared_intermediate=96)  # fmt: skip
-
-# Uneven on purpose: the ranks run different batches (DP padding to the larger one), odd token totals, and the
-# token-balanced cut falls inside a request (it straddles the two micro-batches).
-PREFILL = (Batch((20, 13, 6), (5, 0, 9)), Batch((9, 30), (0, 3)))
-DECODE = (Batch.decode(40, 17), Batch.decode(33, 9))
-
-
-def _cases() -> list[EqualityCase]:
-    cases = []
-    for pattern in ("a2", "a3"):
-        for dtype in ("float32", "bfloat16"):
-            cases.append(EqualityCase(f"{pattern}-{dtype}-prefill", pattern, dtype, PREFILL))
-            cases.append(EqualityCase(f"{pattern}-{dtype}-decode", pattern, dtype, DECODE))
-    # Below vLLM's default thresholds (decode 32 / prefill 512): DBO on must not split.
-    small = (Batch.prefill([30, 20]), Batch.prefill([40]))
-    cases.append(EqualityCase("a2-below-threshold", "a2", "float32", small, decode_threshold=32, prefill_threshold=512))
-    return cases
-
+SMALL = EQUALITY_CONFIG
+PREFILL = next(c for c in equality_cases() if c.name == "a2-float32-prefill").batches
 
 @pytest.fixture(scope="module")
 def equality(tmp_path_factory):
     t0 = time.monotonic()
-    per_rank = run_ranks("dbo_runtime.reference.run:equality_task", (SMALL, _cases(), None), world_size=2, timeout_s=240)
+    per_rank = run_ranks("dbo_runtime.reference.run:equality_task", (SMALL, equality_cases(), None), world_size=2, timeout_s=240)
     return per_rank, time.monotonic() - t0
 
 

@@ -6,6 +6,8 @@ Measures, on 2 local gloo ranks (one CPU thread each):
   ``(T_off - T_on) / (T_off - max(T_compute, T_comm))`` (T_compute and T_comm measured in the DBO-off step), for
   both patterns (A2, A3), several token counts and several settings of the modelled link (a stand-in for HCCS;
   the default is calibrated so communication is about 40% of a DBO-off step);
+- the same efficiency per adjacent off/on pair of steps, median over the pairs (``pairs``; steady under a load
+  that changes from step to step);
 - the same efficiency with T_compute taken from the DBO-on steps (``eff(on)``; on CPU half-size micro-batches
   compute faster than the whole batch, which alone can push the first figure past 100%);
 - the median cost of one yield handoff between the two micro-batch threads, in microseconds;
@@ -165,7 +167,18 @@ def summarize(per_rank: list[dict[str, Any]], handoff: dict[str, float], plan: B
         t_comp = _slowest(per_rank, "rows", i, "off", "compute_s")
         t_comp_on = _slowest(per_rank, "rows", i, "on", "compute_s")
         t_comm = _slowest(per_rank, "rows", i, "off", "comm_s")
+        # Per adjacent off/on pair (they ran back to back, under the same load), then the median over pairs.
+        pairs = []
+        for k in range(len(row["off"]["steps_s"])):
+            p_off = max(r["rows"][i]["off"]["steps_s"][k] for r in per_rank)
+            p_on = max(r["rows"][i]["on"]["steps_s"][k] for r in per_rank)
+            p_comp = max(r["rows"][i]["off"]["computes_s"][k] for r in per_rank)
+            p_comm = max(r["rows"][i]["off"]["comms_s"][k] for r in per_rank)
+            value = efficiency(p_off, p_on, p_comp, p_comm)
+            if not math.isnan(value):
+                pairs.append(value)
         rows.append({
+            "efficiency_pairs": statistics.median(pairs) if pairs else float("nan"),
             "pattern": row["pattern"], "tokens": row["tokens"], "link": row["link"], "link_spec": row["link_spec"],
             "link_text": row["link_text"], "split_on": row["on"]["split"], "split_off": row["off"]["split"],
             "t_off_ms": t_off * 1e3, "t_on_ms": t_on * 1e3, "t_compute_ms": t_comp * 1e3,
@@ -207,13 +220,14 @@ def format_table(summary: dict[str, Any]) -> str:
     lines = [
         f"DBO reference benchmark ({summary['benchmark']}); {summary['link_note']}",
         f"{'pattern':7} {'tokens':>6} {'link':14} {'comm%':>6} {'T_off ms':>9} {'T_on ms':>9} {'compute':>8} "
-        f"{'cmp(on)':>8} {'comm':>8} {'speedup':>7} {'effic.':>7} {'eff(on)':>7}",
+        f"{'cmp(on)':>8} {'comm':>8} {'speedup':>7} {'effic.':>7} {'pairs':>7} {'eff(on)':>7}",
     ]
     for r in summary["rows"]:
         lines.append(
             f"{r['pattern']:7} {r['tokens']:6d} {r['link']:14} {r['comm_share_off'] * 100:5.1f}% {r['t_off_ms']:9.1f} "
             f"{r['t_on_ms']:9.1f} {r['t_compute_ms']:8.1f} {r['t_compute_on_ms']:8.1f} {r['t_comm_ms']:8.1f} "
-            f"{r['speedup']:6.2f}x {r['efficiency'] * 100:6.1f}% {r['efficiency_on_compute'] * 100:6.1f}%"
+            f"{r['speedup']:6.2f}x {r['efficiency'] * 100:6.1f}% {r['efficiency_pairs'] * 100:6.1f}% "
+            f"{r['efficiency_on_compute'] * 100:6.1f}%"
         )
     h = summary["handoff_us"]
     lines.append(f"yield handoff: median {h['median_us']:.1f} us, p99 {h['p99_us']:.1f} us ({h['samples']} samples)")
@@ -227,6 +241,15 @@ def format_table(summary: dict[str, Any]) -> str:
     lines.append(f"efficiency at the default link: {eff}; {verdict} the {summary['target_efficiency']:.0%} target")
     for name, row in (summary.get("default_links") or {}).items():
         lines.append(f"default link ({name}): {row}")
+    eq = summary.get("equality") or []
+    if eq:
+        split = [e for e in eq if e["split"]]
+        fp32 = [e for e in split if "float32" in e["case"]]
+        bf16 = [e for e in split if "bfloat16" in e["case"]]
+        lines.append(
+            f"DBO on vs off: fp32 bitwise equal in {sum(e['bitwise_equal'] for e in fp32)}/{len(fp32)} split cases; "
+            f"bf16 max abs diff {max((e['max_abs_diff'] for e in bf16), default=float('nan')):.3g}"
+        )
     return "\n".join(lines)
 
 
@@ -234,14 +257,15 @@ def format_markdown(summary: dict[str, Any]) -> str:
     """The table as Markdown (written next to the JSON, for docs/dbo.md)."""
     lines = [
         "| pattern | tokens/rank | link | comm share (off) | T_off ms | T_on ms | T_compute off / on ms | T_comm ms "
-        "| speedup | efficiency | eff. (on-compute) |",
-        "|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "| speedup | efficiency | eff. (pairs) | eff. (on-compute) |",
+        "|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for r in summary["rows"]:
         lines.append(
             f"| {r['pattern']} | {r['tokens']} | {r['link']} | {r['comm_share_off'] * 100:.0f}% | {r['t_off_ms']:.0f} "
             f"| {r['t_on_ms']:.0f} | {r['t_compute_ms']:.0f} / {r['t_compute_on_ms']:.0f} | {r['t_comm_ms']:.0f} "
-            f"| {r['speedup']:.2f}x | {r['efficiency'] * 100:.0f}% | {r['efficiency_on_compute'] * 100:.0f}% |"
+            f"| {r['speedup']:.2f}x | {r['efficiency'] * 100:.0f}% | {r['efficiency_pairs'] * 100:.0f}% "
+            f"| {r['efficiency_on_compute'] * 100:.0f}% |"
         )
     h = summary["handoff_us"]
     lines += ["", f"Yield handoff: median {h['median_us']:.1f} µs, p99 {h['p99_us']:.1f} µs ({h['samples']} samples).", ""]
@@ -252,6 +276,16 @@ def format_markdown(summary: dict[str, Any]) -> str:
         )
     for name, text in (summary.get("default_links") or {}).items():
         lines.append(f"Default link ({name}): {text}.")
+    eq = summary.get("equality") or []
+    if eq:
+        split = [e for e in eq if e["split"]]
+        fp32 = [e for e in split if "float32" in e["case"]]
+        bf16 = [e for e in split if "bfloat16" in e["case"]]
+        lines.append(
+            f"DBO on vs off (2 ranks, A2 and A3, prefill and decode, uneven splits): fp32 bitwise equal in "
+            f"{sum(e['bitwise_equal'] for e in fp32)}/{len(fp32)} cases; bf16 max abs difference "
+            f"{max((e['max_abs_diff'] for e in bf16), default=float('nan')):.3g}."
+        )
     load = summary["machine"].get("loadavg_1m")
     lines.append(f"Machine: {summary['machine']['cpus']} CPUs, torch {summary['machine']['torch']}, "
                  f"1-minute load average at the end {load:.1f}." if load is not None else "")  # fmt: skip
@@ -291,12 +325,27 @@ def run_bench(out_dir: str | os.PathLike[str], plan: BenchPlan | None = None, *,
     handoff = measure_handoff()
     per_rank = run_ranks("dbo_runtime.bench:bench_task", plan, world_size=2, timeout_s=timeout_s, pg_timeout_s=300)
     summary = summarize(per_rank, handoff, plan)
+    summary["equality"] = equality_summary()
     summary["default_links"] = {
         r["pattern"]: r["link_text"] for r in summary["rows"] if r["link"] == "default" and r["tokens"] == plan.default_tokens
     }
     _write_json_atomic(Path(out_dir) / "dbo_runtime.json", summary)
     _write_text_atomic(Path(out_dir) / "dbo_runtime.md", format_markdown(summary))
     return summary
+
+
+def equality_summary() -> list[dict[str, Any]]:
+    """DBO on vs off on the equality cases (2 ranks): bitwise equality and max abs difference, per case and rank."""
+    from dbo_runtime.reference.launcher import run_ranks
+    from dbo_runtime.reference.run import EQUALITY_CONFIG, equality_cases
+
+    per_rank = run_ranks("dbo_runtime.reference.run:equality_task", (EQUALITY_CONFIG, equality_cases(), None),
+                         world_size=2, timeout_s=600)  # fmt: skip
+    return [
+        {"rank": rank, "case": c["name"], "split": c["split"], "bitwise_equal": c["bitwise_equal"],
+         "max_abs_diff": c["max_abs_diff"]}
+        for rank, cases in enumerate(per_rank) for c in cases
+    ]  # fmt: skip
 
 
 def _quick_plan() -> BenchPlan:

@@ -314,7 +314,8 @@ class ReferenceMoE:
     def _moe_a2(self, h: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor, layer: int) -> torch.Tensor:
         hs, k = self.config.hidden_size, self.config.top_k
         tag = f"layer{layer}"
-        payload = torch.cat([h, ids.to(h.dtype), weights], dim=1)
+        with self.timer.compute(tag):
+            payload = torch.cat([h, ids.to(h.dtype), weights], dim=1)
 
         def prepare():
             pending = self.comm.all_gather(payload, tag=tag)

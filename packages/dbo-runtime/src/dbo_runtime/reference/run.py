@@ -271,6 +271,8 @@ def measure(
             "compute_s": _median(a["compute"]),
             "comm_s": _median(a["comm"]),
             "steps_s": steps,
+            "computes_s": a["compute"],
+            "comms_s": a["comm"],
         })  # fmt: skip
     return out
 
@@ -311,6 +313,29 @@ class EqualityCase:
     batches: tuple[Batch, ...]  # one per rank
     decode_threshold: int = 2
     prefill_threshold: int = 2
+
+
+EQUALITY_CONFIG = MoEConfig(hidden_size=64, num_heads=2, head_dim=32, num_layers=2, num_experts=4, top_k=2,
+                            expert_intermediate=64, shared_intermediate=96)  # fmt: skip
+
+
+def equality_cases() -> list[EqualityCase]:
+    """On/off comparisons for both patterns and dtypes, prefill and decode, with uneven splits.
+
+    The two ranks run different batches (DP padding to the larger one), token totals are odd, and the token-balanced
+    cut falls inside a request (it straddles the two micro-batches). The last case is below vLLM's default
+    thresholds, where DBO on must not split.
+    """
+    prefill = (Batch((20, 13, 6), (5, 0, 9)), Batch((9, 30), (0, 3)))
+    decode = (Batch.decode(40, 17), Batch.decode(33, 9))
+    cases = []
+    for pattern in ("a2", "a3"):
+        for dtype in ("float32", "bfloat16"):
+            cases.append(EqualityCase(f"{pattern}-{dtype}-prefill", pattern, dtype, prefill))
+            cases.append(EqualityCase(f"{pattern}-{dtype}-decode", pattern, dtype, decode))
+    small = (Batch.prefill([30, 20]), Batch.prefill([40]))
+    cases.append(EqualityCase("a2-below-threshold", "a2", "float32", small, decode_threshold=32, prefill_threshold=512))
+    return cases
 
 
 def equality_task(rank: int, world_size: int, payload: tuple[MoEConfig, list[EqualityCase], str | None]) -> list[dict]:
