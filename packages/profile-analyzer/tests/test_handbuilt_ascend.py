@@ -17,7 +17,7 @@ def ts(us: float) -> str:
 
 
 def trace() -> list[dict]:
-    hw, hccl, py, _ov = 800, 5_000_000_123, 437675, 4376751100
+    hw, hccl, py = 800, 5_000_000_123, 437675
     ev: list[dict] = [
         {"ph": "M", "name": "process_name", "pid": py, "tid": 0, "args": {"name": "Python"}},
         {"ph": "M", "name": "process_labels", "pid": py, "tid": 0, "args": {"labels": "CPU"}},
