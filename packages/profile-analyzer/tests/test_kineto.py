@@ -279,3 +279,40 @@ def test_real_cuda_nccl_trace_matches_hta(tmp_path):
     assert all(not d["detected"] for d in rep["dual_batch"])
     assert {r["operator"] for ex in rep["exposed_communication"] for r in ex["by_operator"]} == {
         "ncclKernel_SendRecv_RING_SIMPLE_Sum_int8_t"}
+
+
+def test_cpu_dbo_runtime_span_conventions(tmp_path):
+    """The span names dbo-runtime writes (dbo.ubatch<i>.compute.layer<L>, a short launch span on the
+    micro-batch thread, the collective's span on a communication thread, gloo's own ranges on its worker
+    thread): the launch and transfer of one collective are merged, unmarked backend ranges are left out,
+    layers come from the names, and exposed time is attributed to the named compute region before it."""
+    ev = []
+
+    def x(name, tid, s, e, cat="user_annotation"):
+        ev.append({"ph": "X", "cat": cat, "name": name, "pid": 1, "tid": tid, "ts": s, "dur": e - s})
+
+    x("dbo.ubatch0.compute.layer0", 11, 0, 100)
+    x("aten::mm", 11, 0, 100, "cpu_op")
+    x("dbo.ubatch0.launch.all_gather.layer0", 11, 100, 105)
+    x("c10d::allgather_", 11, 100, 104, "cpu_op")
+    x("dbo.ubatch0.compute.layer1", 11, 200, 300)
+    x("aten::mm", 11, 200, 300, "cpu_op")
+    x("dbo.ubatch1.compute.layer0", 12, 100, 200)
+    x("aten::mm", 12, 100, 200, "cpu_op")
+    x("dbo.ubatch1.launch.all_gather.layer0", 12, 200, 205)
+    x("c10d::allgather_", 12, 200, 204, "cpu_op")
+    x("dbo.ubatch0.comm.all_gather.layer0", 20, 105, 190)
+    x("dbo.ubatch1.comm.all_gather.layer0", 20, 205, 320)
+    x("gloo:all_gather", 30, 106, 185, "cpu_op")
+    x("gloo:all_gather", 30, 206, 318, "cpu_op")
+    p = tmp_path / "rank0.pt.trace.json"
+    p.write_text(json.dumps({"traceEvents": ev}))
+    rep = pa.analyze(pa.load(p)).to_dict()
+    (r,) = rep["breakdown"]
+    assert (r["computing"], r["communication"], r["overlapped"], r["communication_not_overlapped"]) == (300.0, 210.0, 190.0, 20.0)
+    db = rep["dual_batch"][0]
+    assert db["detected"] and db["method"] == "markers"
+    assert [(x["ubatch"], x["layer"], x["comm_us"], x["covered_us"]) for x in db["layers"]] == [(0, 0, 90.0, 90.0), (1, 0, 120.0, 100.0)]
+    ex = rep["exposed_communication"][0]
+    assert [(g["preceding_compute"], g["exposed_us"]) for g in ex["by_preceding_compute"] if g["exposed_us"]] == [
+        ("dbo.ubatch1.compute.layer0", 20.0)]

@@ -19,8 +19,11 @@ Markers need one operator per micro-batch; the two heuristics need at least 4 op
 ``reason`` says what was looked for. Coverage of an operator of micro-batch *u* is the time of its span
 under compute of the *other* micro-batch: compute tasks carrying a marker are attributed to it; compute
 without markers is counted as the other micro-batch's (in a ping-pong, *u*'s own compute waits for *u*'s
-communication, so concurrent compute is the other's). Layers: the per-micro-batch operator sequence
-repeats with a period (2 for dispatch+combine); layer = operator index // period.
+communication, so concurrent compute is the other's). Layers: a ``layer<N>`` token in the
+operator names when every operator has one (``dbo.ubatch0.comm.all_gather.layer3``), else the
+per-micro-batch operator sequence's period (2 for dispatch+combine): layer = operator index // period.
+With markers, communication ranges without a marker (a backend's own worker-thread ops) and ranges nested
+inside another range of the same micro-batch (a launch span inside the collective's span) are left out.
 """
 
 from __future__ import annotations
@@ -44,6 +47,29 @@ def _marker_of_names(names: list[str]) -> np.ndarray:
         m = UBATCH_MARKER.search(n)
         if m:
             out[i] = int(m.group(1))
+    return out
+
+
+_LAYER_IN_NAME = re.compile(r"(?i)(?:^|[._\-/ ])layers?[._\-]?(\d+)(?!\d)")
+
+
+def _layer_in_name(name: str) -> int | None:
+    m = _LAYER_IN_NAME.search(name)
+    return int(m.group(1)) if m else None
+
+
+def _nested_in_same_ubatch(starts: np.ndarray, ends: np.ndarray, ub: np.ndarray) -> np.ndarray:
+    """True for a range that lies inside another range of the same micro-batch (a launch span inside the
+    collective's span, a c10d op inside record_param_comms): one communication, counted once."""
+    out = np.zeros(starts.size, dtype=bool)
+    for u in (0, 1):
+        idx = np.flatnonzero(ub == u)
+        if idx.size < 2:
+            continue
+        order = idx[np.lexsort((-ends[idx], starts[idx]))]
+        e = ends[order]
+        prev_max = np.maximum.accumulate(np.concatenate([[np.iinfo(np.int64).min], e[:-1]]))
+        out[order] = prev_max >= e
     return out
 
 
@@ -84,10 +110,19 @@ def dual_batch(rt: RankTimeline, lo: int, hi: int) -> dict[str, object]:
             inside = (rt.stream == rt.stream[r]) & (rt.start_ns >= rt.start_ns[r]) & (rt.end_ns <= rt.end_ns[r]) & (task_marker < 0)
             task_marker[inside] = name_marker[rt.name_id[r]]
     op_ub = task_marker[ops].astype(np.int64)
-    kinds = [op_kind(rt.names[int(i)]) for i in rt.name_id[ops]]
     method = None
-    if np.all(op_ub >= 0) and len(set(op_ub.tolist())) == 2:
+    note = ""
+    marked = op_ub >= 0
+    if set(op_ub[marked].tolist()) == {0, 1}:
         method = "markers"
+        keep = marked & ~_nested_in_same_ubatch(rt.start_ns[ops], rt.end_ns[ops], op_ub)
+        if (~keep).any():
+            note = (f"; {int((~marked).sum())} unmarked and {int((marked & ~keep).sum())} nested communication "
+                    "ranges left out")
+        ops, op_ub = ops[keep], op_ub[keep]
+    kinds = [op_kind(rt.names[int(i)]) for i in rt.name_id[ops]]
+    if method == "markers":
+        pass
     elif ops.size < MIN_OPS:
         result["reason"] = (f"no ping-pong found: {ops.size} communication operators without ubatch markers; the "
                             f"stream/pairing heuristics need at least {MIN_OPS} (two per micro-batch)")
@@ -129,6 +164,13 @@ def dual_batch(rt: RankTimeline, lo: int, hi: int) -> dict[str, object]:
     for u in (0, 1):
         sel = comp_idx[(comp_ub != u)]
         covers[u] = iv.union(rt.start_ns[sel], rt.end_ns[sel])
+    op_s, op_e = rt.start_ns[ops].copy(), rt.end_ns[ops].copy()
+    op_names = [rt.names[int(i)] for i in rt.name_id[ops]]
+    merged_note = ""
+    if method == "markers":
+        op_s, op_e, op_names, op_ub, kinds, n_merged = _merge_collective_parts(op_s, op_e, op_names, op_ub, kinds)
+        if n_merged:
+            merged_note = f"; {n_merged} ranges of the same collective (launch + transfer) merged"
     layers = []
     ub_rows = []
     t0 = rt.t0_ns()
@@ -136,21 +178,55 @@ def dual_batch(rt: RankTimeline, lo: int, hi: int) -> dict[str, object]:
         mine = np.flatnonzero(op_ub == u)
         if mine.size == 0:
             continue
-        o = ops[mine]
-        covered = iv.overlap_with_each(rt.start_ns[o], rt.end_ns[o], covers[u])
-        dur = rt.end_ns[o] - rt.start_ns[o]
+        s_u, e_u = op_s[mine], op_e[mine]
+        covered = iv.overlap_with_each(s_u, e_u, covers[u])
+        dur = e_u - s_u
         ukinds = [kinds[j] for j in mine]
         period = _period(ukinds)
-        for k, (j, c, d) in enumerate(zip(o, covered, dur, strict=False)):
-            layers.append({"rank": rt.rank, "ubatch": u, "layer": k // period, "index": k, "op": ukinds[k],
-                           "start_us": (int(rt.start_ns[j]) - t0) / 1000.0,
-                           "comm_us": int(d) / 1000.0, "covered_us": int(c) / 1000.0,
-                           "covered_pct": 100.0 * int(c) / int(d) if d else 0.0})
-        ub_rows.append({"ubatch": u, "comm_ops": int(o.size), "comm_us": int(dur.sum()) / 1000.0,
+        named_layers = [_layer_in_name(op_names[j]) for j in mine]
+        if any(x is None for x in named_layers):
+            named_layers = [k // period for k in range(mine.size)]
+        for k in range(mine.size):
+            c, d = int(covered[k]), int(dur[k])
+            layers.append({"rank": rt.rank, "ubatch": u, "layer": named_layers[k], "index": k, "op": ukinds[k],
+                           "start_us": (int(s_u[k]) - t0) / 1000.0,
+                           "comm_us": d / 1000.0, "covered_us": c / 1000.0,
+                           "covered_pct": 100.0 * c / d if d else 0.0})
+        ub_rows.append({"ubatch": u, "comm_ops": int(mine.size), "comm_us": int(dur.sum()) / 1000.0,
                         "covered_us": int(covered.sum()) / 1000.0,
                         "covered_pct": 100.0 * int(covered.sum()) / int(dur.sum()) if dur.sum() else 0.0,
                         "op_kinds": dict(Counter(ukinds))})
     layers.sort(key=lambda r: (r["layer"], r["index"], r["ubatch"]))
     result.update(detected=True, method=method, layers=layers, ubatches=ub_rows,
-                  reason=f"{ops.size} communication operators split into two micro-batches by {method}")
+                  reason=(f"{len(op_names)} communication operators split into two micro-batches by {method}"
+                          f"{note}{merged_note}"))
     return result
+
+
+_COLLECTIVE_WORD = re.compile(
+    r"(?i)(all_?gather|reduce_?scatter|all_?to_?all(?:_counts)?|all_?reduce|broadcast|barrier|send|recv)")
+
+
+def _merge_collective_parts(s: np.ndarray, e: np.ndarray, names: list[str], ub: np.ndarray, kinds: list[str]):
+    """Ranges naming the same micro-batch, layer and collective (``dbo.ubatch0.launch.all_gather.layer3`` and
+    ``dbo.ubatch0.comm.all_gather.layer3``) are one collective: merged into one span, named after the longest."""
+    groups: dict[tuple[int, int, str], list[int]] = {}
+    for i, n in enumerate(names):
+        layer = _layer_in_name(n)
+        m = _COLLECTIVE_WORD.search(n)
+        if layer is None or m is None:
+            continue
+        groups.setdefault((int(ub[i]), layer, m.group(1).lower().replace("_", "")), []).append(i)
+    drop: set[int] = set()
+    for members in groups.values():
+        if len(members) < 2:
+            continue
+        keep = max(members, key=lambda i: e[i] - s[i])
+        s[keep] = min(s[i] for i in members)
+        e[keep] = max(e[i] for i in members)
+        drop.update(i for i in members if i != keep)
+    if not drop:
+        return s, e, names, ub, kinds, 0
+    idx = np.array([i for i in range(len(names)) if i not in drop], dtype=np.int64)
+    order = idx[np.argsort(s[idx], kind="stable")]
+    return (s[order], e[order], [names[i] for i in order], ub[order], [kinds[i] for i in order], len(drop))

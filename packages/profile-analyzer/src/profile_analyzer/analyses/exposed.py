@@ -3,7 +3,9 @@
 The exposed set is ``comm - comp`` (msprof's Communication(Not Overlapped)). Each communication operator
 is charged the exposed time inside its own span; operators are grouped by their *kind* (the op name with
 the per-instance suffix removed: ``hcom_allReduce__275_237_1`` -> ``hcom_allReduce``) and by the compute
-operator that ended last before the operator started (which tells the user which layer exposes it).
+operator that ended last before the operator started, or, in traces with named ranges on the compute
+threads (``record_function``), the innermost named range around that compute or else the named range
+that ended last before it on its thread (which tells the user which layer exposes it).
 When communication operators run at once (nested ranges, two groups), each exposed instant is charged
 to the one that started last, so the per-operator figures add up to the total ``exposed_us``.
 """
@@ -39,17 +41,68 @@ def short_name(name: str) -> str:
     return n
 
 
+_INDEX_TOKENS = re.compile(r"(?i)(?<![a-z])(layers?|ubatch|micro_?batch)([._\-]?)\d+(?!\d)")
+
+
 @lru_cache(maxsize=1 << 16)
 def op_kind(name: str) -> str:
-    """``hcom_allGather__063_2_1`` -> ``hcom_allGather``; ``ncclKernel_X(ncclDevComm*, ...)`` -> ``ncclKernel_X``."""
+    """The operator without what varies per call: ``hcom_allGather__063_2_1`` -> ``hcom_allGather``;
+    ``ncclKernel_X(ncclDevComm*, ...)`` -> ``ncclKernel_X``; ``dbo.ubatch0.comm.all_gather.layer3`` ->
+    ``dbo.ubatch*.comm.all_gather.layer*``."""
     n = short_name(name)
-    return _INSTANCE_SUFFIX.sub("", n) or n
+    n = _INSTANCE_SUFFIX.sub("", n) or n
+    return _INDEX_TOKENS.sub(lambda m: f"{m.group(1)}{m.group(2)}*", n)
 
 
 def compute_label(rt: RankTimeline, name_id: int) -> str:
     t = rt.op_types.get(name_id)
     name = short_name(rt.names[name_id])
     return f"{t} ({name})" if t and t != name else name
+
+
+class _CodeRegion:
+    """Label of a compute task for the "compute just before" grouping: the innermost named range enclosing it
+    on its own stream/thread (a ``record_function`` such as ``dbo.ubatch0.compute.layer3`` in a CPU trace),
+    else the operator itself (its kernel_details Type and name on Ascend)."""
+
+    def __init__(self, rt: RankTimeline) -> None:
+        self.rt = rt
+        self.cache: dict[int, str] = {}
+        host = np.flatnonzero(rt.kind == int(Kind.HOST))
+        if host.size:
+            step_ids = np.array([i for i, n in enumerate(rt.names) if n.startswith("ProfilerStep#")], dtype=np.int32)
+            host = host[~np.isin(rt.name_id[host], step_ids)]
+        self.by_stream: dict[int, tuple[np.ndarray, np.ndarray, np.ndarray]] = {}
+        for st in np.unique(rt.stream[host]):
+            h = host[rt.stream[host] == st]
+            h = h[np.argsort(rt.start_ns[h], kind="stable")]
+            self.by_stream[int(st)] = (rt.start_ns[h], rt.end_ns[h], rt.name_id[h])
+
+    def __call__(self, task: int) -> str:
+        got = self.cache.get(task)
+        if got is not None:
+            return got
+        rt = self.rt
+        label = compute_label(rt, int(rt.name_id[task]))
+        ranges = self.by_stream.get(int(rt.stream[task]))
+        if ranges is not None:
+            rs, re_, rn = ranges
+            j = int(np.searchsorted(rs, rt.start_ns[task], side="right")) - 1
+            found = False
+            for _ in range(64):
+                if j < 0:
+                    break
+                if re_[j] >= rt.end_ns[task]:
+                    label = rt.names[int(rn[j])]
+                    found = True
+                    break
+                j -= 1
+            if not found:  # between named regions: the one that ended last before it on this thread
+                before = np.flatnonzero(re_ <= rt.start_ns[task])
+                if before.size:
+                    label = rt.names[int(rn[before[np.argmax(re_[before])]])]
+        self.cache[task] = label
+        return label
 
 
 def exclusive_exposure(starts: np.ndarray, ends: np.ndarray, exposed: iv.IntervalSet) -> np.ndarray:
@@ -97,7 +150,8 @@ def exposed_communication(rt: RankTimeline, comp: iv.IntervalSet, comm_not_overl
     by_op: dict[str, list[float]] = defaultdict(lambda: [0, 0.0, 0.0])
     by_prev: dict[str, list[float]] = defaultdict(lambda: [0, 0.0, 0.0])
     kinds = [op_kind(rt.names[int(i)]) for i in rt.name_id[ops]]
-    prev_names = [compute_label(rt, int(rt.name_id[comp_end_order[b]])) if b >= 0 else "(start of trace)" for b in before]
+    label = _CodeRegion(rt)
+    prev_names = [label(int(comp_end_order[b])) if b >= 0 else "(start of trace)" for b in before]
     for k, p, ex, s, e in zip(kinds, prev_names, per_op, os_, oe, strict=False):
         for d, key in ((by_op, k), (by_prev, p)):
             row = d[key]
@@ -143,7 +197,7 @@ def exposed_communication(rt: RankTimeline, comp: iv.IntervalSet, comm_not_overl
             "comm_kind": kinds[op_i] if op_i is not None else None,
             "occurrence": int(occ_of[op_i]) if op_i is not None else None,
             "stream": rt.streams[int(rt.stream[ops[op_i]])].label if op_i is not None else None,
-            "preceding_compute": compute_label(rt, int(rt.name_id[comp_end_order[bprev]])) if bprev >= 0 else None,
+            "preceding_compute": label(int(comp_end_order[bprev])) if bprev >= 0 else None,
         })
     return {
         "exposed_us": total_exposed / 1000.0,

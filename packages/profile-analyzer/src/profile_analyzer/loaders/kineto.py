@@ -9,7 +9,9 @@ Communication rule (explicit, used everywhere in this package):
   ``user_annotation`` range whose name matches :data:`COMM_RANGE` (``c10d::``/``gloo:``/``nccl:`` ops,
   ``record_param_comms``, or a name saying all_gather / reduce_scatter / all_to_all / allreduce /
   broadcast / barrier / send / recv) is communication; ``aten::*`` ops are compute, except those nested
-  inside a communication range on the same thread (the collective's own copies).
+  inside a communication range on the same thread (the collective's own copies) and those on a thread
+  that spends more time in communication ranges than in aten ops (a communication/backend thread, whose
+  aten ops are the collectives' bookkeeping).
 
 Overlap is then HTA's ``|comm ∩ comp| / |comm|`` (= Overlapped / Communication in the breakdown).
 ``ProfilerStep#N`` ranges give the steps; kernels join steps through their launch's ``correlation``.
@@ -103,6 +105,16 @@ def load_kineto(path: Path, rank_hint: int, host_events: bool = False) -> RankTi
             cand = np.flatnonzero(on & is_comp)
             inside = iv.overlap_with_each(start[cand], end[cand], cset) >= (end[cand] - start[cand])
             is_comp[cand[inside]] = False
+        # a thread that mostly communicates (a backend's worker, a communication thread) does no model
+        # compute: its small aten ops (output allocation, copies) are bookkeeping of the collectives
+        comm_threads: set[int] = set()
+        for t in np.unique(cols.track[is_comm]):
+            on = cols.track == t
+            comm_len = iv.total(iv.union(start[on & is_comm], end[on & is_comm]))
+            comp_len = iv.total(iv.union(start[on & is_comp], end[on & is_comp]))
+            if comm_len > comp_len:
+                comm_threads.add(int(t))
+                is_comp[on] = False
         kind[is_comm] = int(Kind.COMMUNICATION)
         kind[is_comp] = int(Kind.COMPUTE)
     host = ~ev_gpu & ~gpu_annotation
