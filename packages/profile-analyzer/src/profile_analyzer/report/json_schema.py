@@ -12,7 +12,7 @@ within a schema version, never renamed or removed.
       "schema": "profile-analyzer/report", "schema_version": 1,
       "tool": {"name": "profile-analyzer", "version": str},
       "source": {"path": str, "format": "torch_npu"|"msprof"|"kineto"|"multi_rank", "ranks": [int],
-                 "events": int},
+                 "events": int},        # tasks in the loaded timeline (all ranks)
       "selection": {"rank": int|null, "step": int|null},
       "warnings": [{"file": str, "missing": str, "affects": [str], "message": str}],
       "verdict": str,                       # one paragraph, plain text
