@@ -71,3 +71,14 @@ def test_args_null_and_missing(tmp_path):
     cols = columnarise(p)
     assert cols.start_ns.size == 5
     assert [cols.task_types[i] for i in cols.task_type_id] == ["AI_CORE", None, None, "AI_CORE", "AI_CORE"]
+
+
+def test_fixed_format_fast_path_equals_general_parser(monkeypatch):
+    vals = [f"{1704161511422904 + i}.{(i * 37) % 1000:03d}" for i in range(5000)] + ["1704161511422904.5"]
+    fast = parse_decimal_us_to_ns(np.array(vals[:-1], dtype="S"))
+    monkeypatch.setattr(_trace, "_parse_fixed_format", lambda u: None)
+    slow = parse_decimal_us_to_ns(np.array(vals[:-1], dtype="S"))
+    assert fast.tolist() == slow.tolist()
+    # mixed widths take the general path and stay exact
+    mixed = parse_decimal_us_to_ns(np.array(vals[-2:], dtype="S"))
+    assert mixed.tolist() == [int(Decimal(v) * 1000) for v in vals[-2:]]

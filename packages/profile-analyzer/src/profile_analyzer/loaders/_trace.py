@@ -248,6 +248,9 @@ def parse_decimal_us_to_ns(values: np.ndarray) -> np.ndarray:
         return np.zeros(0, dtype=np.int64)
     width = values.dtype.itemsize
     u = np.ascontiguousarray(values).view(np.uint8).reshape(n, width)
+    fast = _parse_fixed_format(u)
+    if fast is not None:
+        return fast
     dot = u == 46
     has_dot = dot.any(axis=1)
     dotpos = np.where(has_dot, dot.argmax(axis=1), width)
@@ -266,6 +269,25 @@ def parse_decimal_us_to_ns(values: np.ndarray) -> np.ndarray:
         round_up |= isd & (k == 4) & (c >= 5)
     ns = acc * 1000 + frac + round_up
     return np.where(neg, -ns, ns)
+
+
+def _parse_fixed_format(u: np.ndarray) -> np.ndarray | None:
+    """Fast path for the usual case: every value has the same width, all digits, with the dot at the same
+    place and 1 to 3 decimals (``"1704161511422904.204"``). None when that does not hold."""
+    n, width = u.shape
+    dot = int(np.argmax(u[0] == 46)) if (u[0] == 46).any() else -1
+    if dot <= 0 or not 1 <= width - dot - 1 <= 3 or dot > 18:
+        return None
+    if not (u[:, dot] == 46).all():
+        return None
+    digits = np.delete(u, dot, axis=1).astype(np.int64) - 48
+    if ((digits < 0) | (digits > 9)).any():
+        return None
+    frac_digits = width - dot - 1
+    weights = _POW10[::-1][-(width - 1):] if width - 1 <= 19 else None
+    if weights is None:
+        return None
+    return (digits @ weights) * int(_POW10[3 - frac_digits])
 
 
 def to_ns(values: list[object], path: Path | None = None) -> np.ndarray:
