@@ -2,7 +2,7 @@
 
 1. A synthetic 8-rank torch_npu profile of at least 1 GiB of trace_view.json in all (``profile_analyzer.synth``,
    a stand-in for a real NPU run) is generated once and cached under ``<repo>/.cache/``.
-2. ``profile-analyzer report <profile> --format json --jobs N`` runs in a child process: wall time, events per
+2. ``profile-analyzer report <profile> --format json [--jobs N]`` runs in a child process: wall time, events per
    second (JSON events in the input / wall time) and peak memory: the largest sum of the resident sizes of the
    child and its worker processes (sampled from /proc), and the largest single process (``ru_maxrss``).
 3. The same files go through msprof-analyze (PyPI ``msprof-analyze``, installed by this script into its own
@@ -379,8 +379,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--phases", action="store_true",
                         help="also time our import/load/analyze/render phases and their memory high-water marks")
     parser.add_argument("--timeout", type=float, default=3600, help="seconds allowed per measured command")
-    parser.add_argument("--jobs", type=int, default=os.cpu_count() or 1,
-                        help="profile-analyzer report --jobs (processes loading ranks; default: the CPU count)")
+    parser.add_argument("--jobs", type=int, default=1,
+                        help="profile-analyzer report --jobs N (processes loading ranks; default 1, the run the "
+                             "memory target is about); with N > 1 the one-process run is measured as well")
     args = parser.parse_args(argv)
     if args.ranks < 1 or args.target_bytes < 1:
         print("profile_analyzer.bench: --ranks and --target-bytes must be positive", file=sys.stderr)
