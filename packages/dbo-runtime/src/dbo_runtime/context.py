@@ -410,18 +410,19 @@ class _Worker:
     (new malloc arena, per-thread library state), which would land inside every step's first compute block."""
 
     def __init__(self, index: int) -> None:
-        self.jobs: queue.Queue[Callable[[], None]] = queue.Queue()
+        self.jobs: queue.Queue[tuple[Callable[[], None], Callable[[], None]]] = queue.Queue()
         self.busy = True
         self.thread = threading.Thread(target=self._loop, name=f"dbo-ubatch-worker{index}", daemon=True)
         self.thread.start()
 
     def _loop(self) -> None:
         while True:
-            job = self.jobs.get()
+            job, done = self.jobs.get()
             try:
                 job()
             finally:
-                self.busy = False
+                self.busy = False  # idle before the caller hears of the end: the next run can reuse this thread
+                done()
 
 
 _POOL: list[_Worker] = []
@@ -472,9 +473,12 @@ def _ubatch_main(ctx: UBatchContext, fn: Callable[[], Any], barrier: threading.B
         run.fail(ctx.id, exc)
     finally:
         _THREAD_CONTEXTS.pop(threading.get_ident(), None)
-        with run.cond:
-            run.exited += 1
-            run.cond.notify_all()
+
+
+def _ubatch_exited(run: _Run) -> None:
+    with run.cond:
+        run.exited += 1
+        run.cond.notify_all()
 
 
 def _raise_failure(run: _Run) -> None:
@@ -521,7 +525,7 @@ def run_ubatches(
     barrier = threading.Barrier(len(fns) + 1, timeout=timeout_s)
     workers = _acquire_workers(len(fns))
     for worker, ctx, fn in zip(workers, run.contexts, fns, strict=True):
-        worker.jobs.put(lambda ctx=ctx, fn=fn: _ubatch_main(ctx, fn, barrier))
+        worker.jobs.put((lambda ctx=ctx, fn=fn: _ubatch_main(ctx, fn, barrier), lambda: _ubatch_exited(run)))
     try:
         barrier.wait()
     except threading.BrokenBarrierError as exc:
