@@ -9,13 +9,16 @@ completion waits until that deadline. ``wire_bytes`` is what one rank moves over
 - reduce-scatter: output bytes x (world - 1)     (ring: sends/receives world-1 partial shards)
 - all-to-all: max(bytes sent to, bytes received from) the other ranks
 
-A collective's completion is tracked in one of two ways:
+The link serves one collective at a time: a collective's modelled time starts when the previous one's ends.
 
-- outside micro-batching (the plain path) it is waited for inline, on the calling thread, when the receive hook
-  runs, which is right after the launch;
-- inside a micro-batch it is handed to a per-rank communication thread (the CPU analogue of a communication
-  stream) that waits for each collective in launch order and marks it done, so that its span in a trace covers
-  the time it was really in flight while the other micro-batch computed.
+A collective's completion is observed in one of two ways:
+
+- by whoever runs its receive hook: inline right after the launch on the plain path, and inside micro-batching
+  by the *other* micro-batch at its next communication site, after its compute (gloo progressed meanwhile on its
+  own threads). This costs no extra thread wake-up, so it is what timed steps use;
+- while a profiler is recording (or with ``comm_thread=True``), by a per-rank communication thread (the CPU
+  analogue of a communication stream) that waits for each collective in launch order, so that the collective's
+  span in the trace covers the time it was really in flight while the other micro-batch computed.
 
 Every wait is bounded by ``timeout_s``; a collective that fails or does not complete raises an error naming the
 collective, the rank and the micro-batch.
@@ -108,6 +111,11 @@ class CollectiveRecord:
         return self.done_s - self.launch_s
 
 
+def _profiler_running() -> bool:
+    """Whether a torch profiler is recording (process-wide flag, visible from every thread)."""
+    return bool(getattr(torch.autograd.profiler, "_is_profiler_enabled", False))
+
+
 class PendingCollective:
     """A launched collective. :meth:`wait` blocks (bounded) until it is done; :attr:`output` is its result."""
 
@@ -135,12 +143,19 @@ class PendingCollective:
         self._done = threading.Event()
         self._error: BaseException | None = None
         self._on_thread = False
+        # The link is busy with one collective at a time: this one starts when the previous one's modelled time
+        # is over.
+        self.modelled_s = owner.link.duration_s(wire_bytes)
+        self.deadline_s = max(launch_s, owner._link_free_at) + self.modelled_s
+        owner._link_free_at = self.deadline_s
 
     def _complete(self) -> None:
         """Wait for gloo, then for the link model's deadline; record. Runs on the comm thread or inline."""
         owner = self._owner
+        finished_before = False
         try:
             if self._work is not None:
+                finished_before = self._work.is_completed()
                 self._work.wait(datetime.timedelta(seconds=owner.timeout_s))
         except Exception as exc:  # noqa: BLE001 - reported to whoever waits
             who = "" if self.ubatch is None else f" (micro-batch {self.ubatch})"
@@ -148,16 +163,14 @@ class PendingCollective:
                 f"collective {self.name} ({self.op}) failed on rank {owner.rank}{who}: {str(exc).splitlines()[0]}"
             )
             self._error.__cause__ = exc
-        modelled = owner.link.duration_s(self.wire_bytes)
-        start = max(self.launch_s, owner._link_free_at)
-        deadline = start + modelled
-        remaining = deadline - time.perf_counter()
-        if remaining > 0 and self._error is None:
-            time.sleep(remaining)
-        done = time.perf_counter()
-        owner._link_free_at = max(deadline, done)
+        now = time.perf_counter()
+        if self._error is None and now < self.deadline_s:
+            time.sleep(self.deadline_s - now)
+        # Done when both gloo and the modelled link are; if gloo had finished before anybody looked, its own end is
+        # unknown but earlier than the check, and the modelled deadline (far longer than loopback) stands.
+        done = self.deadline_s if finished_before or now <= self.deadline_s else now
         owner.records.append(
-            CollectiveRecord(self.op, self.name, self.ubatch, self.wire_bytes, self.launch_s, done, modelled)
+            CollectiveRecord(self.op, self.name, self.ubatch, self.wire_bytes, self.launch_s, done, self.modelled_s)
         )
         self._done.set()
 
@@ -175,7 +188,7 @@ class PendingCollective:
                     )
             else:
                 try:
-                    self._complete()
+                    self._complete()  # only one micro-batch runs at a time: no concurrent completion
                 finally:
                     if self._span is not None:
                         self._span.__exit__(None, None, None)
@@ -191,7 +204,14 @@ class PendingCollective:
 class Collectives:
     """The collectives of one rank over ``group``, each lasting at least what ``link`` says."""
 
-    def __init__(self, group: dist.ProcessGroup | None = None, *, link: LinkModel | None = None, timeout_s: float = 60.0):
+    def __init__(
+        self,
+        group: dist.ProcessGroup | None = None,
+        *,
+        link: LinkModel | None = None,
+        timeout_s: float = 60.0,
+        comm_thread: bool | None = None,
+    ):
         if not dist.is_initialized():
             raise DBOConfigError("torch.distributed is not initialized; accepted: call init_process_group first")
         self.group = group
@@ -201,6 +221,9 @@ class Collectives:
         self.timeout_s = float(timeout_s)
         self.records: list[CollectiveRecord] = []
         self._link_free_at = 0.0
+        # None: a communication thread only while the profiler runs (its in-flight spans are what a trace needs);
+        # otherwise whoever runs the receive hook waits, which costs no thread wake-ups.
+        self.comm_thread = comm_thread
         self._queue: queue.Queue[PendingCollective | None] = queue.Queue()
         self._thread: threading.Thread | None = None
 
@@ -248,7 +271,7 @@ class Collectives:
             span.__exit__(None, None, None)
             span = None
         pending = PendingCollective(self, op, name, work, output, wire_bytes, launch_s, ubatch, span)
-        if in_ubatch:
+        if in_ubatch and (self.comm_thread or (self.comm_thread is None and _profiler_running())):
             self._submit(pending)
         return pending
 
