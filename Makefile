@@ -82,7 +82,7 @@ lint: setup
 
 skills-install:
 	@mkdir -p .agents/skills .claude/skills
-	@for s in skills/*/; do n=$$(basename $$s); \
+	@for f in skills/*/SKILL.md; do n=$$(basename $$(dirname $$f)); \
 		ln -sfn ../../skills/$$n .agents/skills/$$n; ln -sfn ../../skills/$$n .claude/skills/$$n; \
 		echo "linked $$n"; done
 
