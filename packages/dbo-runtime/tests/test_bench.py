@@ -7,7 +7,16 @@ import math
 import subprocess
 import sys
 
-from dbo_runtime.bench import efficiency, main, measure_handoff
+from dbo_runtime.bench import (
+    TARGET_EFFICIENCY,
+    BenchPlan,
+    efficiency,
+    format_markdown,
+    format_table,
+    main,
+    measure_handoff,
+    summarize,
+)
 
 
 def test_efficiency_formula():
@@ -50,3 +59,39 @@ def test_quick_bench_writes_results(tmp_path):
     assert data["handoff_us"]["median_us"] > 0
     assert "effic" in out.stdout and "yield handoff" in out.stdout
     assert not list(tmp_path.glob(".tmp-*"))
+
+
+def _per_rank(effs: dict[tuple[str, int, str], float]) -> list[dict]:
+    """Two ranks' raw results with step times chosen so that each row has the given efficiency."""
+    rows = []
+    for (pattern, tokens, link), eff in effs.items():
+        compute, comm = 0.6, 0.4  # T_off = 1.0, max = 0.6: T_on = 1.0 - 0.4 x eff
+        on = 1.0 - 0.4 * eff
+        run = {"split": True, "steps_s": [1.0], "computes_s": [compute], "comms_s": [comm]}
+        rows.append({"pattern": pattern, "tokens": tokens, "link": link, "link_spec": "20,0.1", "link_text": "modelled",
+                     "off": {**run, "split": False, "step_s": 1.0, "compute_s": compute, "comm_s": comm},
+                     "on": {**run, "steps_s": [on], "step_s": on, "compute_s": compute, "comm_s": comm}})  # fmt: skip
+    rank = {"rows": rows, "no_split": []}
+    return [rank, rank]
+
+
+def test_table_marks_the_default_rows_and_the_verdict():
+    plan = BenchPlan(default_tokens=1024)
+    effs = {("a2", 1024, "default"): 0.9, ("a2", 512, "default"): 0.3, ("a3", 1024, "default"): 0.7,
+            ("a3", 1024, "bw x2"): 0.95}  # fmt: skip
+    summary = summarize(_per_rank(effs), {"median_us": 40.0, "p99_us": 80.0, "samples": 10}, plan)
+    by_key = {(r["pattern"], r["tokens"], r["link"]): r for r in summary["rows"]}
+    assert [k for k, r in by_key.items() if r["is_default"]] == [("a2", 1024, "default"), ("a3", 1024, "default")]
+    assert by_key[("a2", 1024, "default")]["meets_target"] is True
+    assert by_key[("a3", 1024, "default")]["meets_target"] is False  # 70% < 80%
+    assert by_key[("a3", 1024, "bw x2")]["meets_target"] is None  # the target is for the default setting only
+    assert summary["meets_target"] is False and TARGET_EFFICIENCY == 0.80
+    table = format_table(summary).splitlines()
+    default_lines = [line for line in table if "DEFAULT:" in line]
+    assert len(default_lines) == 2
+    assert default_lines[0].startswith("a2") and default_lines[0].endswith("DEFAULT: meets 80%")
+    assert default_lines[1].startswith("a3") and default_lines[1].endswith("DEFAULT: MISSES 80%")
+    assert any("1024 tokens/rank" in line and "default setting" in line for line in table)
+    assert "at the DEFAULT setting: a2 90.0%, a3 70.0%; MISSES the 80% target" in "\n".join(table)
+    md = format_markdown(summary)
+    assert "| **90%** |" in md and "DEFAULT: MISSES 80%" in md

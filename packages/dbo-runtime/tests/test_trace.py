@@ -11,16 +11,28 @@ import pytest
 from dbo_runtime.profiling import SPAN_PATTERN
 
 
+def _trace(out_dir: Path, dbo: str, link: str) -> subprocess.CompletedProcess:
+    cmd = [sys.executable, "-m", "dbo_runtime", "reference", "--pattern", "a2", "--dbo", dbo, "--ranks", "2",
+           "--tokens", "96", "--requests", "3", "--layers", "2", "--hidden", "64", "--intermediate", "128",
+           "--experts", "4", "--prefill-threshold", "2", "--steps", "1", "--warmup", "1", "--link", link,
+           "--trace", str(out_dir)]  # fmt: skip
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=240)
+
+
 @pytest.fixture(scope="module")
 def traced_run(tmp_path_factory):
     out_dir = tmp_path_factory.mktemp("trace")
     # A slow modelled link (500 us + bytes / 10 MB/s) so that every collective is still in flight while the
     # other micro-batch computes.
-    cmd = [sys.executable, "-m", "dbo_runtime", "reference", "--pattern", "a2", "--dbo", "on", "--ranks", "2",
-           "--tokens", "96", "--requests", "3", "--layers", "2", "--hidden", "64", "--experts", "4",
-           "--prefill-threshold", "2", "--steps", "1", "--warmup", "1", "--link", "500,0.01", "--trace", str(out_dir)]
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=240)  # fmt: skip
-    return proc, out_dir
+    return _trace(out_dir, "on", "500,0.01"), out_dir
+
+
+@pytest.fixture(scope="module")
+def traced_off_run(tmp_path_factory):
+    out_dir = tmp_path_factory.mktemp("trace_off")
+    # DBO off on the same link. While profiling, the plain path's collectives are completed on the communication
+    # thread too, so the main thread carries compute (and launches), as with DBO on.
+    return _trace(out_dir, "off", "500,0.01"), out_dir
 
 
 def _spans(path: Path) -> list[dict]:
@@ -72,9 +84,47 @@ def test_communication_of_one_micro_batch_overlaps_compute_of_the_other(traced_r
     assert sum(overlap(a, b) for a in comm0 for b in compute1) > 0
 
 
-def test_profile_analyzer_reads_the_trace(traced_run):
-    profile_analyzer = pytest.importorskip("profile_analyzer")
-    _, out_dir = traced_run
-    timeline = profile_analyzer.load(str(out_dir))
-    report = profile_analyzer.analyze(timeline).to_dict()
-    assert report  # the analyzer accepted both ranks' traces
+def _analyze(out_dir: Path) -> dict:
+    import profile_analyzer  # always installed in the project's environment (a workspace member)
+
+    return profile_analyzer.analyze(profile_analyzer.load(str(out_dir))).to_dict()
+
+
+def test_profile_analyzer_finds_the_ping_pong_in_a_dbo_on_trace(traced_run):
+    proc, out_dir = traced_run
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    report = _analyze(out_dir)
+    assert sorted(report["source"]["ranks"]) == [0, 1]
+    summary = report["summary"]
+    assert summary["ranks"] == 2
+    assert summary["computing_us"] > 0 and summary["communication_us"] > 0
+    assert summary["overlapped_us"] > 0  # some communication ran while the other micro-batch computed
+    by_rank = {d["rank"]: d for d in report["dual_batch"]}
+    assert sorted(by_rank) == [0, 1]
+    for rank, found in by_rank.items():
+        assert found["detected"] is True, (rank, found["reason"])
+        assert found["method"] == "markers", (rank, found["method"])
+        ubatches = {u["ubatch"]: u for u in found["ubatches"]}
+        assert sorted(ubatches) == [0, 1], found["ubatches"]
+        # 2 layers x (all-gather + reduce-scatter) per micro-batch; the launch and transfer spans of a collective
+        # count once.
+        assert all(u["comm_ops"] == 4 for u in ubatches.values()), found["ubatches"]
+        assert any(u["covered_us"] > 0 for u in ubatches.values()), found["ubatches"]
+        layers = {(entry["ubatch"], entry["layer"]) for entry in found["layers"]}
+        assert layers == {(0, 0), (0, 1), (1, 0), (1, 1)}, found["layers"]
+
+
+def test_profile_analyzer_finds_no_ping_pong_in_a_dbo_off_trace(traced_off_run):
+    proc, out_dir = traced_off_run
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "DBO off" in proc.stdout
+    report = _analyze(out_dir)
+    summary = report["summary"]
+    assert summary["ranks"] == 2
+    assert summary["computing_us"] > 0 and summary["communication_us"] > 0
+    assert summary["overlapped_us"] < 0.1 * summary["communication_us"]  # nothing computes beside a collective
+    by_rank = {d["rank"]: d for d in report["dual_batch"]}
+    assert sorted(by_rank) == [0, 1]
+    for rank, found in by_rank.items():
+        assert found["detected"] is False, (rank, found)
+        assert not found["ubatches"]

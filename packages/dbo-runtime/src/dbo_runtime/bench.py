@@ -89,9 +89,10 @@ class BenchPlan:
     warmup: int = 1
     no_split_tokens: int = 256  # below the 512-token prefill threshold
     hidden_size: int = 256
-    expert_intermediate: int = 512
-    shared_intermediate: int = 512
+    expert_intermediate: int = 2048  # the reference model's defaults (MoEConfig): see its docstring
+    shared_intermediate: int = 2048
     config_overrides: dict[str, int] = field(default_factory=dict)
+    smoke: bool = False  # a quick smoke plan: its "default" row is not the benchmark's default setting
 
 
 def _batch(tokens: int, requests: int):
@@ -190,6 +191,10 @@ def summarize(per_rank: list[dict[str, Any]], handoff: dict[str, float], plan: B
             "efficiency_on_compute": efficiency(t_comp_on + t_comm, t_on, t_comp_on, t_comm),
             "steps": plan.steps,
         })  # fmt: skip
+        r = rows[-1]
+        r["is_default"] = r["link"] == "default" and r["tokens"] == plan.default_tokens
+        # Only the default setting carries the target; the other rows show how the efficiency moves around it.
+        r["meets_target"] = (not math.isnan(r["efficiency"]) and r["efficiency"] >= TARGET_EFFICIENCY) if r["is_default"] else None
     no_split = []
     for i, row in enumerate(per_rank[0]["no_split"]):
         t_off = _slowest(per_rank, "no_split", i, "off", "step_s")
@@ -197,7 +202,7 @@ def summarize(per_rank: list[dict[str, Any]], handoff: dict[str, float], plan: B
         no_split.append({"pattern": row["pattern"], "tokens": row["tokens"], "split_on": row["on"]["split"],
                          "t_off_ms": t_off * 1e3, "t_on_ms": t_on * 1e3,
                          "overhead_pct": (t_on / t_off - 1.0) * 100 if t_off else float("nan")})  # fmt: skip
-    default = {r["pattern"]: r["efficiency"] for r in rows if r["link"] == "default" and r["tokens"] == plan.default_tokens}
+    default = {r["pattern"]: r["efficiency"] for r in rows if r["is_default"]}
     import torch
 
     return {
@@ -206,8 +211,13 @@ def summarize(per_rank: list[dict[str, Any]], handoff: dict[str, float], plan: B
         "machine": {"cpus": os.cpu_count(), "platform": platform.platform(), "torch": torch.__version__,
                     "loadavg_1m": os.getloadavg()[0] if hasattr(os, "getloadavg") else None},  # fmt: skip
         "model": {"layers": plan.num_layers, "hidden": plan.hidden_size, "experts": 8, "top_k": 2,
-                  "expert_intermediate": plan.expert_intermediate, "requests": plan.requests},  # fmt: skip
+                  "expert_intermediate": plan.expert_intermediate, "shared_intermediate": plan.shared_intermediate,
+                  "requests": plan.requests},  # fmt: skip
+        "default_setting": {"tokens": plan.default_tokens, "link": "default (calibrated: communication ~40% of a "
+                            "DBO-off step)", "layers": plan.num_layers, "hidden": plan.hidden_size,
+                            "intermediate": plan.expert_intermediate},  # fmt: skip
         "target_efficiency": TARGET_EFFICIENCY,
+        "smoke": plan.smoke,
         "default_efficiency": default,
         "meets_target": all(not math.isnan(v) and v >= TARGET_EFFICIENCY for v in default.values()) and bool(default),
         "handoff_us": handoff,
@@ -219,15 +229,16 @@ def summarize(per_rank: list[dict[str, Any]], handoff: dict[str, float], plan: B
 def format_table(summary: dict[str, Any]) -> str:
     lines = [
         f"DBO reference benchmark ({summary['benchmark']}); {summary['link_note']}",
+        _default_setting_line(summary),
         f"{'pattern':7} {'tokens':>6} {'link':14} {'comm%':>6} {'T_off ms':>9} {'T_on ms':>9} {'compute':>8} "
-        f"{'cmp(on)':>8} {'comm':>8} {'speedup':>7} {'effic.':>7} {'pairs':>7} {'eff(on)':>7}",
+        f"{'cmp(on)':>8} {'comm':>8} {'speedup':>7} {'effic.':>7} {'pairs':>7} {'eff(on)':>7}  setting",
     ]
     for r in summary["rows"]:
         lines.append(
             f"{r['pattern']:7} {r['tokens']:6d} {r['link']:14} {r['comm_share_off'] * 100:5.1f}% {r['t_off_ms']:9.1f} "
             f"{r['t_on_ms']:9.1f} {r['t_compute_ms']:8.1f} {r['t_compute_on_ms']:8.1f} {r['t_comm_ms']:8.1f} "
             f"{r['speedup']:6.2f}x {r['efficiency'] * 100:6.1f}% {r['efficiency_pairs'] * 100:6.1f}% "
-            f"{r['efficiency_on_compute'] * 100:6.1f}%"
+            f"{r['efficiency_on_compute'] * 100:6.1f}%  {_setting_cell(r, summary)}"
         )
     h = summary["handoff_us"]
     lines.append(f"yield handoff: median {h['median_us']:.1f} us, p99 {h['p99_us']:.1f} us ({h['samples']} samples)")
@@ -236,9 +247,7 @@ def format_table(summary: dict[str, Any]) -> str:
             f"below threshold ({r['pattern']}, {r['tokens']} tokens, not split: {not r['split_on']}): off "
             f"{r['t_off_ms']:.1f} ms, on {r['t_on_ms']:.1f} ms ({r['overhead_pct']:+.1f}%, the same plain path)"
         )
-    eff = ", ".join(f"{k} {v * 100:.1f}%" for k, v in summary["default_efficiency"].items())
-    verdict = "meets" if summary["meets_target"] else "misses"
-    lines.append(f"efficiency at the default link: {eff}; {verdict} the {summary['target_efficiency']:.0%} target")
+    lines.append(_verdict_line(summary))
     for name, row in (summary.get("default_links") or {}).items():
         lines.append(f"default link ({name}): {row}")
     eq = summary.get("equality") or []
@@ -253,20 +262,54 @@ def format_table(summary: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def _setting_cell(row: dict[str, Any], summary: dict[str, Any]) -> str:
+    """``DEFAULT: meets 80%`` / ``DEFAULT: MISSES 80%`` on the default rows, empty on the others."""
+    if not row.get("is_default"):
+        return ""
+    if summary.get("smoke"):
+        return "smoke plan's default (not the figures)"
+    return f"DEFAULT: {'meets' if row['meets_target'] else 'MISSES'} {summary['target_efficiency']:.0%}"
+
+
+def _default_setting_line(summary: dict[str, Any]) -> str:
+    d = summary.get("default_setting") or {}
+    if summary.get("smoke"):
+        return "SMOKE RUN (--quick, tiny model): not the default setting; its efficiencies say nothing about the target"
+    return (
+        f"default setting (rows marked DEFAULT; the {summary['target_efficiency']:.0%} target applies to them): "
+        f"{d.get('tokens')} tokens/rank, {d.get('layers')} layers, hidden {d.get('hidden')}, intermediate "
+        f"{d.get('intermediate')}, link {d.get('link')}"
+    )
+
+
+def _verdict_line(summary: dict[str, Any]) -> str:
+    eff = ", ".join(f"{k} {v * 100:.1f}%" for k, v in summary["default_efficiency"].items())
+    verdict = "MEETS" if summary["meets_target"] else "MISSES"
+    if summary.get("smoke"):
+        return f"overlap efficiency in this smoke run: {eff} (not measured at the default setting)"
+    return (
+        f"overlap efficiency at the DEFAULT setting: {eff}; {verdict} the {summary['target_efficiency']:.0%} target"
+    )
+
+
 def format_markdown(summary: dict[str, Any]) -> str:
     """The table as Markdown (written next to the JSON, for docs/dbo.md)."""
     lines = [
+        _default_setting_line(summary) + ".",
+        "",
         "| pattern | tokens/rank | link | comm share (off) | T_off ms | T_on ms | T_compute off / on ms | T_comm ms "
-        "| speedup | efficiency | eff. (pairs) | eff. (on-compute) |",
-        "|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "| speedup | efficiency | eff. (pairs) | eff. (on-compute) | setting |",
+        "|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|",
     ]
     for r in summary["rows"]:
+        bold = "**" if r.get("is_default") else ""
         lines.append(
             f"| {r['pattern']} | {r['tokens']} | {r['link']} | {r['comm_share_off'] * 100:.0f}% | {r['t_off_ms']:.0f} "
             f"| {r['t_on_ms']:.0f} | {r['t_compute_ms']:.0f} / {r['t_compute_on_ms']:.0f} | {r['t_comm_ms']:.0f} "
-            f"| {r['speedup']:.2f}x | {r['efficiency'] * 100:.0f}% | {r['efficiency_pairs'] * 100:.0f}% "
-            f"| {r['efficiency_on_compute'] * 100:.0f}% |"
+            f"| {r['speedup']:.2f}x | {bold}{r['efficiency'] * 100:.0f}%{bold} | {r['efficiency_pairs'] * 100:.0f}% "
+            f"| {r['efficiency_on_compute'] * 100:.0f}% | {_setting_cell(r, summary)} |"
         )
+    lines += ["", _verdict_line(summary) + "."]
     h = summary["handoff_us"]
     lines += ["", f"Yield handoff: median {h['median_us']:.1f} µs, p99 {h['p99_us']:.1f} µs ({h['samples']} samples).", ""]
     for r in summary["no_split"]:
@@ -287,8 +330,10 @@ def format_markdown(summary: dict[str, Any]) -> str:
             f"{max((e['max_abs_diff'] for e in bf16), default=float('nan')):.3g}."
         )
     load = summary["machine"].get("loadavg_1m")
-    lines.append(f"Machine: {summary['machine']['cpus']} CPUs, torch {summary['machine']['torch']}, "
-                 f"1-minute load average at the end {load:.1f}." if load is not None else "")  # fmt: skip
+    start = summary["machine"].get("loadavg_start")
+    at_start = f"load average (1, 5, 15 min) at the start {', '.join(f'{v:.2f}' for v in start)}; " if start else ""
+    lines.append(f"Machine: {summary['machine']['cpus']} CPUs, torch {summary['machine']['torch']}, {at_start}"
+                 f"1-minute load average at the end {load:.2f}." if load is not None else "")  # fmt: skip
     return "\n".join(lines) + "\n"
 
 
@@ -322,9 +367,12 @@ def run_bench(out_dir: str | os.PathLike[str], plan: BenchPlan | None = None, *,
     from dbo_runtime.reference.launcher import run_ranks
 
     plan = plan or BenchPlan()
+    load_start = os.getloadavg() if hasattr(os, "getloadavg") else None
     handoff = measure_handoff()
     per_rank = run_ranks("dbo_runtime.bench:bench_task", plan, world_size=2, timeout_s=timeout_s, pg_timeout_s=300)
     summary = summarize(per_rank, handoff, plan)
+    summary["machine"]["loadavg_start"] = list(load_start) if load_start else None
+    summary["machine"]["loadavg_end"] = list(os.getloadavg()) if load_start else None
     summary["equality"] = equality_summary()
     summary["default_links"] = {
         r["pattern"]: r["link_text"] for r in summary["rows"] if r["link"] == "default" and r["tokens"] == plan.default_tokens
@@ -352,7 +400,7 @@ def _quick_plan() -> BenchPlan:
     """A few seconds of measurements with a tiny model: for tests and a smoke check, not for the figures."""
     return BenchPlan(num_layers=2, default_tokens=128, token_counts=(128,), steps=2, warmup=1, no_split_tokens=64,
                      hidden_size=64, expert_intermediate=128, shared_intermediate=128,
-                     links=(LinkVariant("default"), LinkVariant("bw x2", bandwidth_scale=2.0)))  # fmt: skip
+                     links=(LinkVariant("default"), LinkVariant("bw x2", bandwidth_scale=2.0)), smoke=True)  # fmt: skip
 
 
 def _run(args: argparse.Namespace) -> int:

@@ -18,7 +18,10 @@ A collective's completion is observed in one of two ways:
   own threads). This costs no extra thread wake-up, so it is what timed steps use;
 - while a profiler is recording (or with ``comm_thread=True``), by a per-rank communication thread (the CPU
   analogue of a communication stream) that waits for each collective in launch order, so that the collective's
-  span in the trace covers the time it was really in flight while the other micro-batch computed.
+  span in the trace covers the time it was really in flight while the other micro-batch computed. This holds
+  with DBO off too: the plain path's compute thread then carries only launches and waits, not the transfers,
+  and a trace reader that tells threads apart by what they mostly do sees a compute thread and a
+  communication thread in both modes.
 
 Every wait is bounded by ``timeout_s``; a collective that fails or does not complete raises an error naming the
 collective, the rank and the micro-batch.
@@ -227,7 +230,7 @@ class Collectives:
         self._queue: queue.Queue[PendingCollective | None] = queue.Queue()
         self._thread: threading.Thread | None = None
 
-    # -- the communication thread (used only inside micro-batches) -------------------------------------------
+    # -- the communication thread (while profiling, or with comm_thread=True) ------------------------------
     def _comm_thread_main(self) -> None:
         while True:
             pending = self._queue.get()
@@ -257,9 +260,12 @@ class Collectives:
         in_ubatch = dbo_enabled()
         ubatch = dbo_current_ubatch_id() if in_ubatch else None
         name = comm_span_name(op, tag)
-        # Outside micro-batching the span runs from launch to completion on this thread; inside, the comm thread
-        # holds the in-flight span and this thread only a short launch span.
-        span = record_function(name if not in_ubatch else launch_span_name(op, tag))
+        on_thread = bool(self.comm_thread or (self.comm_thread is None and _profiler_running()))
+        # On the communication thread, that thread holds the in-flight span and this thread only a short launch
+        # span (DBO on or off alike, so that a trace has compute on the compute thread and communication on the
+        # communication thread, as a device trace has streams). Otherwise the span runs from launch to completion
+        # on this thread.
+        span = record_function(launch_span_name(op, tag) if on_thread else name)
         span.__enter__()
         launch_s = time.perf_counter()
         try:
@@ -267,11 +273,11 @@ class Collectives:
         except Exception as exc:
             span.__exit__(None, None, None)
             raise DBOError(f"collective {name} ({op}) failed to launch on rank {self.rank}: {exc}") from exc
-        if in_ubatch:
+        if on_thread:
             span.__exit__(None, None, None)
             span = None
         pending = PendingCollective(self, op, name, work, output, wire_bytes, launch_s, ubatch, span)
-        if in_ubatch and (self.comm_thread or (self.comm_thread is None and _profiler_running())):
+        if on_thread:
             self._submit(pending)
         return pending
 
@@ -318,23 +324,27 @@ class Collectives:
             lambda: dist.all_to_all_single(out, x, outs, ins, group=self.group, async_op=True),
         )
 
-    def exchange_counts(self, counts: Sequence[int], *, tag: str) -> list[int]:
-        """Blocking all-to-all of one integer per rank (the sizes an all-to-all-v needs before it can start)."""
+    def exchange_counts_async(self, counts: Sequence[int], *, tag: str) -> PendingCollective:
+        """Start the all-to-all of one integer per rank (the sizes an all-to-all-v needs before it can start).
+
+        Launched as early as the counts are known (right after routing), so that the other rank's arrival is
+        waited for only if it is later than the compute in between; ``.result()`` gives the received counts.
+        """
         send = torch.tensor(list(counts), dtype=torch.int64)
         recv = torch.empty_like(send)
         ones = [1] * self.world_size
         wire = 8 * (self.world_size - 1)
-        span = record_function(comm_span_name("all_to_all_counts", tag))
-        span.__enter__()
-        try:
-            launch_s = time.perf_counter()
-            work = dist.all_to_all_single(recv, send, ones, ones, group=self.group, async_op=True)
-            pending = PendingCollective(self, "all_to_all_counts", span.name, work, recv, wire, launch_s,
-                                        dbo_current_ubatch_id() if dbo_enabled() else None, None)
-            pending.wait()
-        finally:
-            span.__exit__(None, None, None)
-        return [int(v) for v in recv.tolist()]
+        return self._launch(
+            "all_to_all_counts",
+            tag,
+            recv,
+            wire,
+            lambda: dist.all_to_all_single(recv, send, ones, ones, group=self.group, async_op=True),
+        )
+
+    def exchange_counts(self, counts: Sequence[int], *, tag: str) -> list[int]:
+        """Blocking all-to-all of one integer per rank (see :meth:`exchange_counts_async`)."""
+        return [int(v) for v in self.exchange_counts_async(counts, tag=tag).result().tolist()]
 
     def reset_records(self) -> list[CollectiveRecord]:
         """Return the records so far and start afresh."""

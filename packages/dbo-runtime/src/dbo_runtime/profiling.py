@@ -10,7 +10,9 @@ Span names (``torch.profiler.record_function``), relied on by profile-analyzer:
 on, compute spans are on the micro-batch threads and communication spans on the rank's communication thread
 (``dbo-comm-rank<R>``), so that overlap shows as spans on different threads at the same time; the launch of a
 collective (gloo's own ``c10d::`` op) sits on the micro-batch thread inside a short
-``dbo.ubatch<i>.launch.<op>.layer<L>`` span, so that it carries the micro-batch marker too.
+``dbo.ubatch<i>.launch.<op>.layer<L>`` span, so that it carries the micro-batch marker too. With DBO off the
+same holds with ``full``: compute and launches (``dbo.full.launch.<op>.layer<L>``) on the main thread, the
+collectives in flight on the communication thread.
 Regular expression: ``^dbo\\.(ubatch\\d+|full)\\.(compute|comm\\.[a-z_]+)\\.layer(\\d+)$``.
 """
 

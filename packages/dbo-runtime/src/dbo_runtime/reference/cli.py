@@ -63,7 +63,10 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument("--context", type=_positive_int("--context", 0), default=0, help="tokens already in the KV cache")
     p.add_argument("--layers", type=_positive_int("--layers"), default=4)
     p.add_argument("--experts", type=_positive_int("--experts"), default=8)
-    p.add_argument("--hidden", type=_positive_int("--hidden", 8), default=256)
+    p.add_argument("--hidden", type=_positive_int("--hidden", 8), default=MoEConfig.hidden_size)
+    p.add_argument("--intermediate", type=_positive_int("--intermediate"), default=MoEConfig.expert_intermediate,
+                   help="intermediate size of each routed expert and of the shared expert "
+                   f"(default {MoEConfig.expert_intermediate})")
     p.add_argument("--dtype", choices=tuple(DTYPES), default="float32")
     p.add_argument(
         "--link",
@@ -97,7 +100,8 @@ def build_spec(args: argparse.Namespace):
         raise DBOConfigError(f"--ubatches {args.ubatches} is invalid; accepted: {SUPPORTED_NUM_UBATCHES}")
     if args.ranks > MAX_RANKS:
         raise DBOConfigError(f"--ranks {args.ranks} is invalid; accepted: 2..{MAX_RANKS} on one machine")
-    config = MoEConfig(num_layers=args.layers, num_experts=args.experts, hidden_size=args.hidden)
+    config = MoEConfig(num_layers=args.layers, num_experts=args.experts, hidden_size=args.hidden,
+                       expert_intermediate=args.intermediate, shared_intermediate=args.intermediate)
     config.validate(args.ranks)
     if args.decode:
         batch = Batch.decode(args.tokens, max(args.context, 1))

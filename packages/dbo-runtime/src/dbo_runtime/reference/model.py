@@ -31,7 +31,7 @@ import torch
 import torch.nn.functional as F
 from torch.profiler import record_function
 
-from dbo_runtime.comm import Collectives
+from dbo_runtime.comm import Collectives, PendingCollective
 from dbo_runtime.context import dbo_current_ubatch_id, dbo_enabled
 from dbo_runtime.errors import DBOConfigError
 from dbo_runtime.hooks import dbo_async_site
@@ -46,7 +46,15 @@ _MIN_ROWS = 8
 
 @dataclass(frozen=True)
 class MoEConfig:
-    """Shape of the reference model. The defaults are small enough for a 2-core CPU."""
+    """Shape of the reference model. The defaults are small enough for a 2-core CPU.
+
+    What decides how much communication a micro-batch can hide is the compute per communicated byte: a token moves
+    ``hidden`` values each way, and costs about ``hidden x (top_k x expert_intermediate + shared_intermediate)``
+    multiply-adds in the MoE. With intermediates of 2048 and top-2 that factor is 6144, the same order as
+    DeepSeek-V2-Lite's (top-6 x 1408 routed + 2 shared experts x 1408 = 11264). Intermediates of 512 would give
+    1536, and the fixed per-byte and per-boundary costs of this CPU stand-in (gloo's loopback copies on the same
+    cores, launches, handoffs) would weigh four times more against the compute than on a real model.
+    """
 
     hidden_size: int = 256
     num_heads: int = 4
@@ -54,8 +62,8 @@ class MoEConfig:
     num_layers: int = 4
     num_experts: int = 8
     top_k: int = 2
-    expert_intermediate: int = 512
-    shared_intermediate: int = 512
+    expert_intermediate: int = 2048
+    shared_intermediate: int = 2048
     rope_theta: float = 10000.0
     seed: int = 0
 
@@ -203,6 +211,16 @@ class _Part:
         return self.query_start_loc[-1]
 
 
+@dataclass
+class _A3Layout:
+    """Where this part's tokens go in the A3 dispatch: row indices per destination rank, their counts, and the
+    counts exchange in flight."""
+
+    index: list[torch.Tensor]
+    in_splits: list[int]
+    counts: PendingCollective
+
+
 class ReferenceMoE:
     """The model on one rank: replicated attention and shared expert, this rank's share of the routed experts."""
 
@@ -332,19 +350,30 @@ class ReferenceMoE:
 
         return dbo_async_site(f"{tag}.moe.finalize", finalize)
 
-    def _moe_a3(self, h: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor, layer: int, num_real: int) -> torch.Tensor:
-        hs, k, world = self.config.hidden_size, self.config.top_k, self.world_size
-        tag = f"layer{layer}"
-        with self.timer.compute(tag):
+    def _a3_layout(self, ids: torch.Tensor, layer: int, num_real: int) -> _A3Layout:
+        """Which local tokens go to which rank, and the start of the counts exchange (DeepEP's layout step).
+
+        Runs right after routing, before the shared expert: the counts all-to-all is then in flight during that
+        compute instead of being a blocking rank synchronisation at the dispatch site.
+        """
+        with self.timer.compute(f"layer{layer}"):
             owner = ids[:num_real] // self.experts_per_rank
-            index = [(owner == j).any(dim=1).nonzero(as_tuple=True)[0] for j in range(world)]
+            index = [(owner == j).any(dim=1).nonzero(as_tuple=True)[0] for j in range(self.world_size)]
+        in_splits = [int(idx.numel()) for idx in index]
+        return _A3Layout(index, in_splits, self.comm.exchange_counts_async(in_splits, tag=f"layer{layer}"))
+
+    def _moe_a3(self, h: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor, layer: int,
+                layout: _A3Layout) -> torch.Tensor:  # fmt: skip
+        hs, k = self.config.hidden_size, self.config.top_k
+        tag = f"layer{layer}"
+        index, in_splits = layout.index, layout.in_splits
+        with self.timer.compute(tag):
             payload = torch.cat([h, ids.to(h.dtype), weights], dim=1)
             send = torch.cat([payload[idx] for idx in index])
-        in_splits = [int(idx.numel()) for idx in index]
         out_splits: list[int] = []
 
         def dispatch():
-            out_splits.extend(self.comm.exchange_counts(in_splits, tag=tag))
+            out_splits.extend(int(v) for v in layout.counts.result().tolist())
             pending = self.comm.all_to_all(send, out_splits=out_splits, in_splits=in_splits, tag=tag)
             return pending.wait, pending.result
 
@@ -376,11 +405,13 @@ class ReferenceMoE:
                 x = x + self._attention(part, self._rms_norm(x, p["norm1"]), layer, kv)
                 h = self._rms_norm(x, p["norm2"])
                 ids, weights = self._route(h, layer)
+            layout = self._a3_layout(ids, layer, part.num_real) if self.pattern == "a3" else None
+            with self.timer.compute(tag):
                 shared = self._mlp(h, p["shared13"], p["shared2"])
-            if self.pattern == "a2":
+            if layout is None:
                 routed = self._moe_a2(h, ids, weights, layer)
             else:
-                routed = self._moe_a3(h, ids, weights, layer, part.num_real)
+                routed = self._moe_a3(h, ids, weights, layer, layout)
             with self.timer.compute(tag):
                 x = x + shared + routed
         return x

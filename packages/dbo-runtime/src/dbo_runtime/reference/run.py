@@ -383,7 +383,8 @@ class FaultSpec:
     site: str = "layer1.moe.prepare"
     pattern: str = "a2"
     config: MoEConfig = field(default_factory=lambda: MoEConfig(hidden_size=64, num_heads=2, head_dim=32,
-                                                                num_layers=3, num_experts=4))  # fmt: skip
+                                                                num_layers=3, num_experts=4, expert_intermediate=128,
+                                                                shared_intermediate=128))  # fmt: skip
     timeout_s: float = 5.0
 
 
