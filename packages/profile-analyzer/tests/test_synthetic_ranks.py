@@ -40,6 +40,23 @@ def test_breakdown_matches_ground_truth_and_profiler(tmp_path, cann):
     assert all(d["detected"] is False and "no ping-pong" in d["reason"] for d in rep["dual_batch"])
 
 
+def test_numeric_ts_profile_is_exact(tmp_path):
+    # ts written as JSON numbers (as Kineto does): decoding them through float64 put items up to ~1 µs off
+    gt = synth.write_profile(tmp_path, ranks=2, steps=2, layers=3, dbo=False, ts_as_string=False, large_pids=True)
+    truth = json.loads(gt.path.read_text())
+    text = (gt.profile_dirs[0] / "ASCEND_PROFILER_OUTPUT" / "trace_view.json").read_text()
+    assert '"ts":"' not in text.replace(" ", "") and '"ts":' in text.replace(" ", "")
+    rep = pa.analyze(pa.load(tmp_path)).to_dict()
+    assert len(rep["breakdown"]) == 4
+    for row in rep["breakdown"]:
+        t = next(s for s in truth["ranks"][str(row["rank"])]["steps"] if s["step"] == row["step"])
+        for k in ITEMS:
+            assert row[k] == pytest.approx(t[f"{k}_us"], abs=1e-3), (row["rank"], row["step"], k)
+    track = [a for a in rep["profiler_agreement"] if a["source"] == "overlap_analysis_track"]
+    assert {a["item"] for a in track} >= {"communication_not_overlapped", "free"}
+    assert max(abs(a["delta_us"]) for a in track) < 1e-3
+
+
 def test_dual_batch_per_layer_coverage(dbo_profile):
     root, truth = dbo_profile
     rep = pa.analyze(pa.load(root), step=1).to_dict()

@@ -82,3 +82,27 @@ def test_fixed_format_fast_path_equals_general_parser(monkeypatch):
     # mixed widths take the general path and stay exact
     mixed = parse_decimal_us_to_ns(np.array(vals[-2:], dtype="S"))
     assert mixed.tolist() == [int(Decimal(v) * 1000) for v in vals[-2:]]
+
+
+def test_json_number_ts_decoded_exactly(tmp_path):
+    # float64 spacing at 1.7e15 µs is 0.25 µs: a number decoded through float loses the ns digits
+    ts = ["1732412345678901.234", "1732412345678901.235", "1732412345678902.999", "1732412345678903"]
+    assert len({round(float(v) * 1000) for v in ts[:2]}) == 1
+    expect = [int(Decimal(v) * 1000) for v in ts]
+    assert _trace.raw_us_to_ns([v.encode() for v in ts]).tolist() == expect
+    # mixed widths, quoted strings, null, exponent, negative and rounding digits in one column
+    raw = [b'1732412345678901.234', b'"1704161511422904.204"', b"null", b"", b"-3.5", b"12.3456", b"1.5e3", b"7"]
+    assert _trace.raw_us_to_ns(raw).tolist() == [1732412345678901234, 1704161511422904204, 0, 0, -3500, 12346,
+                                                 1500000, 7000]
+    # through the file decoder: a top-level array (chunked) and a Kineto object
+    events = [{"ph": "X", "name": "k", "pid": 1, "tid": 2, "ts": f"@{i}@", "dur": 1.5} for i in range(len(ts))]
+    text = json.dumps(events)
+    for i, v in enumerate(ts):
+        text = text.replace(f'"@{i}@"', v)
+    p = tmp_path / "trace_view.json"
+    p.write_text(text)
+    assert columnarise(p).start_ns.tolist() == expect
+    k = tmp_path / "kineto.json"
+    k.write_text('{"traceEvents": ' + text + "}")
+    cols = columnarise(k)
+    assert cols.start_ns.tolist() == expect and cols.dur_ns.tolist() == [1500] * len(ts)
