@@ -50,6 +50,28 @@ def test_chunked_decode_equals_whole_decode(tmp_path, monkeypatch):
     assert chunked.process_name == {5_000_000_001: "Ascend Hardware"}  # pid above 2**32 kept exactly
 
 
+def test_mapped_and_gzip_streams_agree_with_json(tmp_path, monkeypatch):
+    import gzip
+
+    events = _events(2000)
+    events[700]["args"]["nested"] = [{"k": list(range(3000))}]  # one event longer than a slice
+    text = json.dumps(events, indent=1)
+    p = tmp_path / "trace_view.json"
+    p.write_text(text)
+    g = tmp_path / "trace_view.json.gz"
+    with gzip.open(g, "wt") as f:
+        f.write(text)
+    expect = [int(Decimal(e["ts"]) * 1000) for e in events if e["ph"] == "X"]
+    monkeypatch.setattr(_trace, "CHUNK_BYTES", 4096)
+    seen: list[int] = []
+    mapped = _trace.columnarise(p, on_bytes=lambda done, total, name: seen.append(done))
+    streamed = _trace.columnarise(g)
+    assert mapped.n_events == streamed.n_events == len(events)
+    assert mapped.start_ns.tolist() == streamed.start_ns.tolist() == expect
+    assert len(seen) > 10 and seen == sorted(seen) and seen[-1] == len(text.encode())
+    assert p.read_text() == text  # the brackets written at the cuts stay in the private mapping
+
+
 def test_truncated_json_is_reported(tmp_path, monkeypatch):
     p = tmp_path / "trace_view.json"
     text = json.dumps(_events(2000))

@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import gc
 import gzip
+import mmap
+import os
 import re
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -186,10 +188,90 @@ def _stream_array_chunks(path: Path, on_bytes: ByteProgress | None = None) -> It
         f.close()
 
 
+_WS = b" \t\r\n"
+
+
+def _mapped_array_chunks(path: Path, on_bytes: ByteProgress | None = None) -> Iterator[list[Event]]:
+    """Like :func:`_stream_array_chunks`, for an uncompressed file, without copying it: the file is mapped
+    copy-on-write (the brackets written at the cuts never reach the file) and each slice is decoded straight
+    from the mapping. Pages already decoded are handed back (``MADV_DONTNEED``) so resident memory stays at
+    about one slice; a private mapping re-reads such a page from the file if it is touched again."""
+    try:
+        with open(path, "rb") as fh:
+            size = os.fstat(fh.fileno()).st_size
+            if size == 0:
+                raise ProfileError(path, "empty file; expected a Chrome trace (JSON list of events)")
+            mm = mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_COPY)
+    except FileNotFoundError:
+        raise ProfileError(path, "file not found") from None
+    except OSError as exc:
+        raise ProfileError(path, f"cannot be read ({exc.__class__.__name__}: {exc})") from None
+    view = memoryview(mm)
+    can_drop = hasattr(mm, "madvise") and hasattr(mmap, "MADV_DONTNEED")
+    try:
+        lo = 0
+        while lo < size and mm[lo] in _WS:
+            lo += 1
+        if lo == size or mm[lo] != 0x5B:
+            raise ProfileError(path, "not a JSON array of trace events; expected trace_view.json / msprof_*.json")
+        last = size - 1
+        while last > lo and mm[last] in _WS:
+            last -= 1
+        if last == lo or mm[last] != 0x5D:
+            raise ProfileError(path, "truncated JSON: the top-level array is not closed; expected a complete "
+                                     "Chrome trace (JSON list of events)")
+        dropped = 0
+        reach = CHUNK_BYTES
+        while True:
+            if last + 1 - lo <= reach + (reach >> 2):  # the rest, up to the closing bracket
+                mm[lo] = 0x5B
+                yield _decode_list(path, view[lo: last + 1])
+                if on_bytes is not None:
+                    on_bytes(size, size, path.name)
+                return
+            target = lo + reach
+            cands = list(_CUT.finditer(mm, max(lo + 1, target - _TAIL), target))
+            if not cands:  # an unusually long event: look further back
+                cands = list(_CUT.finditer(mm, lo + 1, target))
+            decoded = None
+            mm[lo] = 0x5B
+            for m in reversed(cands[-8:]):
+                close = m.start() + 1
+                saved = mm[close]
+                mm[close] = 0x5D
+                try:
+                    decoded = _list_decoder.decode(view[lo: close + 1])
+                except (msgspec.DecodeError, msgspec.ValidationError):
+                    decoded = None
+                mm[close] = saved
+                if decoded is not None:
+                    lo = m.end() - 2  # the byte just before the next '{'
+                    break
+            if decoded is None:  # no usable cut in this stretch: take a longer one
+                reach += CHUNK_BYTES
+                continue
+            reach = CHUNK_BYTES
+            yield decoded
+            del decoded
+            if on_bytes is not None:
+                on_bytes(lo, size, path.name)
+            page_end = (lo // mmap.PAGESIZE) * mmap.PAGESIZE
+            if can_drop and page_end > dropped:
+                mm.madvise(mmap.MADV_DONTNEED, dropped, page_end - dropped)
+                dropped = page_end
+    finally:
+        try:
+            view.release()
+            mm.close()
+        except BufferError:  # decoded values still point into it: it closes when they go
+            pass
+
+
 def decode_trace(path: Path, on_bytes: ByteProgress | None = None) -> DecodedFile:
     kind = peek_kind(path, strict=False)
     if kind == "list":
-        return DecodedFile(_stream_array_chunks(path, on_bytes), None, False)
+        chunks = _stream_array_chunks(path, on_bytes) if path.suffix == ".gz" else _mapped_array_chunks(path, on_bytes)
+        return DecodedFile(chunks, None, False)
     if kind == "object":
         buf = read_bytes(path)
         try:
