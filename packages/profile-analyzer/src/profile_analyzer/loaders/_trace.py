@@ -351,18 +351,20 @@ def _parse_fixed_format(u: np.ndarray) -> np.ndarray | None:
     place and 1 to 3 decimals (``"1704161511422904.204"``). None when that does not hold."""
     n, width = u.shape
     dot = int(np.argmax(u[0] == 46)) if (u[0] == 46).any() else -1
-    if dot <= 0 or not 1 <= width - dot - 1 <= 3 or dot > 18:
+    if dot <= 0 or not 1 <= width - dot - 1 <= 3 or dot > 18 or width - 1 > 19:
         return None
     if not (u[:, dot] == 46).all():
         return None
-    digits = np.delete(u, dot, axis=1).astype(np.int64) - 48
-    if ((digits < 0) | (digits > 9)).any():
+    d = u - np.uint8(48)  # digits as 0..9; anything else wraps to > 9
+    d[:, dot] = 0
+    if (d > 9).any():
         return None
-    frac_digits = width - dot - 1
-    weights = _POW10[::-1][-(width - 1):] if width - 1 <= 19 else None
-    if weights is None:
-        return None
-    return (digits @ weights) * int(_POW10[3 - frac_digits])
+    acc = np.zeros(n, dtype=np.int64)
+    for j in range(width):  # one column at a time: no n x width int64 temporaries
+        if j != dot:
+            acc *= 10
+            acc += d[:, j]
+    return acc * int(_POW10[3 - (width - dot - 1)])
 
 
 def to_ns(values: list[object], path: Path | None = None) -> np.ndarray:
