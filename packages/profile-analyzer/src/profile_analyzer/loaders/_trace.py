@@ -27,7 +27,7 @@ from profile_analyzer.errors import ProfileError
 CHUNK_BYTES = 4 << 20
 
 
-class Args(msgspec.Struct, gc=False):
+class Args(msgspec.Struct, gc=False, frozen=True):
     name: str | None = None
     labels: str | None = None
     task_type: str | None = msgspec.field(default=None, name="Task Type")
@@ -36,6 +36,9 @@ class Args(msgspec.Struct, gc=False):
     stream: int | str | None = None
     correlation: int | str | None = None
     rank: int | str | None = None
+
+
+_NO_ARGS = Args()
 
 
 class Event(msgspec.Struct, gc=False):
@@ -47,7 +50,7 @@ class Event(msgspec.Struct, gc=False):
     dur: float | int | str | None = 0.0
     cat: str | None = None
     id: int | str | None = None
-    args: Args | None = msgspec.field(default_factory=Args)  # None only for an explicit "args": null
+    args: Args | None = _NO_ARGS  # one shared instance, not one per event; None only for an explicit "args": null
 
 
 _PID = attrgetter("pid")
