@@ -53,6 +53,7 @@ def test_quick_bench_writes_results(tmp_path):
         assert row["split_on"] and not row["split_off"]
         assert row["t_off_ms"] > 0 and row["t_on_ms"] > 0 and row["t_comm_ms"] > 0 and row["t_compute_ms"] > 0
         assert "modelled link" in row["link_text"]
+        assert row["loadavg_1m"] is None or row["loadavg_1m"] >= 0  # recorded per row: was the machine shared?
     assert {r["link"] for r in data["rows"]} == {"default", "bw x2"}
     for row in data["no_split"]:
         assert row["split_on"] is False  # below the threshold DBO takes the plain path

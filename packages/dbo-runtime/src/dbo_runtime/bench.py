@@ -95,6 +95,12 @@ class BenchPlan:
     smoke: bool = False  # a quick smoke plan: its "default" row is not the benchmark's default setting
 
 
+def _loadavg_1m() -> float | None:
+    """The 1-minute load average right after a row: about 2 is this benchmark's own two ranks; more means other
+    work shared the 2 cores while the row was measured."""
+    return os.getloadavg()[0] if hasattr(os, "getloadavg") else None
+
+
 def _batch(tokens: int, requests: int):
     from dbo_runtime.reference.model import Batch
 
@@ -136,7 +142,7 @@ def bench_task(rank: int, world_size: int, plan: BenchPlan) -> dict[str, Any]:
                 off, on = measure(model, spec, modes=(False, True))
                 out["rows"].append({"pattern": pattern, "tokens": tokens, "link": variant.name,
                                     "link_spec": comm.link.spec(), "link_text": comm.link.describe(),
-                                    "off": off, "on": on})  # fmt: skip
+                                    "off": off, "on": on, "loadavg_1m": _loadavg_1m()})  # fmt: skip
             # Below the thresholds (vLLM defaults): DBO on must take the plain path and cost nothing.
             comm.link = default_link
             spec = RunSpec(pattern=pattern, config=config, batch=_batch(plan.no_split_tokens, plan.requests),
@@ -190,6 +196,7 @@ def summarize(per_rank: list[dict[str, Any]], handoff: dict[str, float], plan: B
             # The same formula with the compute time DBO-on steps showed: T_off' = T_compute_on + T_comm.
             "efficiency_on_compute": efficiency(t_comp_on + t_comm, t_on, t_comp_on, t_comm),
             "steps": plan.steps,
+            "loadavg_1m": row.get("loadavg_1m"),
         })  # fmt: skip
         r = rows[-1]
         r["is_default"] = r["link"] == "default" and r["tokens"] == plan.default_tokens
@@ -231,14 +238,14 @@ def format_table(summary: dict[str, Any]) -> str:
         f"DBO reference benchmark ({summary['benchmark']}); {summary['link_note']}",
         _default_setting_line(summary),
         f"{'pattern':7} {'tokens':>6} {'link':14} {'comm%':>6} {'T_off ms':>9} {'T_on ms':>9} {'compute':>8} "
-        f"{'cmp(on)':>8} {'comm':>8} {'speedup':>7} {'effic.':>7} {'pairs':>7} {'eff(on)':>7}  setting",
+        f"{'cmp(on)':>8} {'comm':>8} {'speedup':>7} {'effic.':>7} {'pairs':>7} {'eff(on)':>7} {'load':>5}  setting",
     ]
     for r in summary["rows"]:
         lines.append(
             f"{r['pattern']:7} {r['tokens']:6d} {r['link']:14} {r['comm_share_off'] * 100:5.1f}% {r['t_off_ms']:9.1f} "
             f"{r['t_on_ms']:9.1f} {r['t_compute_ms']:8.1f} {r['t_compute_on_ms']:8.1f} {r['t_comm_ms']:8.1f} "
             f"{r['speedup']:6.2f}x {r['efficiency'] * 100:6.1f}% {r['efficiency_pairs'] * 100:6.1f}% "
-            f"{r['efficiency_on_compute'] * 100:6.1f}%  {_setting_cell(r, summary)}"
+            f"{r['efficiency_on_compute'] * 100:6.1f}% {_load_cell(r):>5}  {_setting_cell(r, summary)}"
         )
     h = summary["handoff_us"]
     lines.append(f"yield handoff: median {h['median_us']:.1f} us, p99 {h['p99_us']:.1f} us ({h['samples']} samples)")
@@ -260,6 +267,11 @@ def format_table(summary: dict[str, Any]) -> str:
             f"bf16 max abs diff {max((e['max_abs_diff'] for e in bf16), default=float('nan')):.3g}"
         )
     return "\n".join(lines)
+
+
+def _load_cell(row: dict[str, Any]) -> str:
+    load = row.get("loadavg_1m")
+    return "" if load is None else f"{load:.1f}"
 
 
 def _setting_cell(row: dict[str, Any], summary: dict[str, Any]) -> str:
@@ -298,8 +310,8 @@ def format_markdown(summary: dict[str, Any]) -> str:
         _default_setting_line(summary) + ".",
         "",
         "| pattern | tokens/rank | link | comm share (off) | T_off ms | T_on ms | T_compute off / on ms | T_comm ms "
-        "| speedup | efficiency | eff. (pairs) | eff. (on-compute) | setting |",
-        "|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|",
+        "| speedup | efficiency | eff. (pairs) | eff. (on-compute) | load | setting |",
+        "|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|",
     ]
     for r in summary["rows"]:
         bold = "**" if r.get("is_default") else ""
@@ -307,9 +319,11 @@ def format_markdown(summary: dict[str, Any]) -> str:
             f"| {r['pattern']} | {r['tokens']} | {r['link']} | {r['comm_share_off'] * 100:.0f}% | {r['t_off_ms']:.0f} "
             f"| {r['t_on_ms']:.0f} | {r['t_compute_ms']:.0f} / {r['t_compute_on_ms']:.0f} | {r['t_comm_ms']:.0f} "
             f"| {r['speedup']:.2f}x | {bold}{r['efficiency'] * 100:.0f}%{bold} | {r['efficiency_pairs'] * 100:.0f}% "
-            f"| {r['efficiency_on_compute'] * 100:.0f}% | {_setting_cell(r, summary)} |"
+            f"| {r['efficiency_on_compute'] * 100:.0f}% | {_load_cell(r)} | {_setting_cell(r, summary)} |"
         )
-    lines += ["", _verdict_line(summary) + "."]
+    lines += ["", _verdict_line(summary) + ".", "",
+              "`load`: the 1-minute load average right after the row; about 2 is the benchmark's own two ranks, more "
+              "means other work shared the cores while the row was measured."]  # fmt: skip
     h = summary["handoff_us"]
     lines += ["", f"Yield handoff: median {h['median_us']:.1f} µs, p99 {h['p99_us']:.1f} µs ({h['samples']} samples).", ""]
     for r in summary["no_split"]:
