@@ -486,18 +486,27 @@ def _parse_joined(buf: np.ndarray, n: int, joined: bytes, path: Path | None) -> 
 # columnar form of complete ('X') events, metadata and flows
 
 
+class _Index(dict):
+    """value -> id; a value not seen before gets the next id (``__missing__`` runs once per distinct value,
+    every other lookup stays in C)."""
+
+    __slots__ = ("values",)
+
+    def __missing__(self, key: object) -> int:
+        i = self[key] = len(self.values)
+        self.values.append(key)
+        return i
+
+
 class _Interner:
     def __init__(self) -> None:
-        self.index: dict[object, int] = {}
         self.values: list = []
+        self.index = _Index()
+        self.index.values = self.values
 
     def ids(self, items: list) -> np.ndarray:
-        d = self.index
-        for k in dict.fromkeys(items):  # unique values in first-seen order, at C speed
-            if k not in d:
-                d[k] = len(self.values)
-                self.values.append(k)
-        return np.fromiter(map(d.__getitem__, items), dtype=np.int32, count=len(items))
+        """Ids of ``items``, in first-seen order."""
+        return np.fromiter(map(self.index.__getitem__, items), dtype=np.int32, count=len(items))
 
 
 @dataclass
