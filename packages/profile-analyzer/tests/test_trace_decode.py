@@ -128,3 +128,14 @@ def test_json_number_ts_decoded_exactly(tmp_path):
     k.write_text('{"traceEvents": ' + text + "}")
     cols = columnarise(k)
     assert cols.start_ns.tolist() == expect and cols.dur_ns.tolist() == [1500] * len(ts)
+
+
+def test_track_ids_numbering():
+    tracks = _trace._Interner()
+    ids = _trace._track_ids(tracks, [9, 2**40, 9, 2**40, 1], [5, 3, 4, 3, 7])
+    # new integer pairs are numbered in (pid, tid) order; repeated pairs share an id
+    assert tracks.values == [(1, 7), (9, 4), (9, 5), (2**40, 3)]
+    assert [tracks.values[i] for i in ids] == [(9, 5), (2**40, 3), (9, 4), (2**40, 3), (1, 7)]
+    ids2 = _trace._track_ids(tracks, ["gpu 0", 9, "gpu 0"], ["stream 7", 5, 3])  # mixed ids: first-seen order
+    assert tracks.values[4:] == [("gpu 0", "stream 7"), ("gpu 0", 3)]
+    assert [tracks.values[i] for i in ids2] == [("gpu 0", "stream 7"), (9, 5), ("gpu 0", 3)]

@@ -534,20 +534,25 @@ class Columns:
 
 
 def _track_ids(tracks: _Interner, pids: list, tids: list) -> np.ndarray:
-    """Per-event index of its (pid, tid) pair, with numpy doing the per-event work when ids are integers."""
-    try:
-        pa = np.array(pids)
-        ta = np.array(tids)
-        if pa.dtype.kind not in "iu" or ta.dtype.kind not in "iu" or pa.ndim != 1 or ta.ndim != 1:
-            raise TypeError
-    except (TypeError, ValueError, OverflowError):
+    """Per-event index of its (pid, tid) pair. Integer ids: pid and tid are interned separately (one C dict
+    lookup per event each), the pairs go through a dense table, and new pairs are numbered in (pid, tid)
+    order; other ids: the pairs themselves are interned."""
+    pi, ti = _Index(), _Index()
+    pi.values, ti.values = [], []
+    n = len(pids)
+    p = np.fromiter(map(pi.__getitem__, pids), dtype=np.int64, count=n)
+    t = np.fromiter(map(ti.__getitem__, tids), dtype=np.int64, count=n)
+    n_t = len(ti.values)
+    if (len(pi.values) * n_t > (1 << 22) or not all(type(v) is int for v in pi.values)
+            or not all(type(v) is int for v in ti.values)):
         return tracks.ids(list(zip(pids, tids, strict=False)))
-    up, pinv = np.unique(pa, return_inverse=True)
-    ut, tinv = np.unique(ta, return_inverse=True)
-    key = pinv.astype(np.int64) * ut.size + tinv
-    uk, kinv = np.unique(key, return_inverse=True)
-    pairs = [(int(up[k // ut.size]), int(ut[k % ut.size])) for k in uk.tolist()]
-    return tracks.ids(pairs)[kinv]
+    key = p * n_t + t
+    present = np.flatnonzero(np.bincount(key, minlength=len(pi.values) * n_t))
+    pairs = [(pi.values[k // n_t], ti.values[k % n_t]) for k in present.tolist()]
+    order = sorted(range(len(pairs)), key=pairs.__getitem__)
+    table = np.zeros(len(pi.values) * n_t, dtype=np.int32)
+    table[present[order]] = tracks.ids([pairs[i] for i in order])
+    return table[key]
 
 
 def flow_id_array(ids: list[object]) -> np.ndarray:
