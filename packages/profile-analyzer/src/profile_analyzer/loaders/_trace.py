@@ -441,6 +441,9 @@ def raw_us_to_ns(values: list, path: Path | None = None) -> np.ndarray:
         if width >= 4 and u[0, 0] == 34 and (u[:, 0] == 34).all() and (u[:, -1] == 34).all():
             u = u[:, 1:-1]  # all quoted: drop the quotes
         if b"e" not in joined and b"E" not in joined:
+            fast = _parse_fixed_format(u)
+            if fast is not None:
+                return fast
             return parse_decimal_us_to_ns(np.ascontiguousarray(u).view(f"S{u.shape[1]}").ravel())
     return _parse_joined(buf, n, joined, path)
 
