@@ -96,3 +96,14 @@ def test_table_marks_the_default_rows_and_the_verdict():
     assert "at the DEFAULT setting: a2 90.0%, a3 70.0%; MISSES the 80% target" in "\n".join(table)
     md = format_markdown(summary)
     assert "| **90%** |" in md and "DEFAULT: MISSES 80%" in md
+    assert not any(r["disturbed"] for r in summary["rows"])  # the same compute time in both modes
+
+
+def test_a_row_whose_compute_differs_between_modes_is_flagged_disturbed():
+    per_rank = _per_rank({("a2", 1024, "default"): 0.9})
+    for rank in per_rank:
+        rank["rows"][0]["on"]["compute_s"] = 0.6 * 1.3  # other work slowed the DBO-on steps' compute
+    summary = summarize(per_rank, {"median_us": 40.0, "p99_us": 80.0, "samples": 10}, BenchPlan(default_tokens=1024))
+    assert summary["rows"][0]["disturbed"] is True
+    table = format_table(summary)
+    assert "disturbed" in table and "rerun on a quiet machine" in table

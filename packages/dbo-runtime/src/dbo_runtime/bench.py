@@ -35,6 +35,8 @@ from typing import Any
 __all__ = ["BenchPlan", "measure_handoff", "bench_task", "run_bench", "add_parser", "main", "TARGET_EFFICIENCY"]
 
 TARGET_EFFICIENCY = 0.80
+DISTURBED_COMPUTE_RATIO = 0.15
+"""A row whose compute time with DBO on differs from DBO off by more than this fraction is flagged as disturbed."""
 
 
 def measure_handoff(num_yields: int = 2000) -> dict[str, float]:
@@ -197,6 +199,9 @@ def summarize(per_rank: list[dict[str, Any]], handoff: dict[str, float], plan: B
             "efficiency_on_compute": efficiency(t_comp_on + t_comm, t_on, t_comp_on, t_comm),
             "steps": plan.steps,
             "loadavg_1m": row.get("loadavg_1m"),
+            # The same compute ran in both modes; if their medians differ this much, other work took the cores
+            # during part of the row (a lagging load average alone does not show it).
+            "disturbed": t_comp > 0 and abs(t_comp_on / t_comp - 1.0) > DISTURBED_COMPUTE_RATIO,
         })  # fmt: skip
         r = rows[-1]
         r["is_default"] = r["link"] == "default" and r["tokens"] == plan.default_tokens
@@ -255,6 +260,9 @@ def format_table(summary: dict[str, Any]) -> str:
             f"{r['t_off_ms']:.1f} ms, on {r['t_on_ms']:.1f} ms ({r['overhead_pct']:+.1f}%, the same plain path)"
         )
     lines.append(_verdict_line(summary))
+    if any(r.get("disturbed") for r in summary["rows"]):
+        lines.append(f"rows marked ! were disturbed (compute on vs off differ by more than {DISTURBED_COMPUTE_RATIO:.0%}: "
+                     "other work took the cores); rerun on a quiet machine before reading them")  # fmt: skip
     for name, row in (summary.get("default_links") or {}).items():
         lines.append(f"default link ({name}): {row}")
     eq = summary.get("equality") or []
@@ -271,7 +279,7 @@ def format_table(summary: dict[str, Any]) -> str:
 
 def _load_cell(row: dict[str, Any]) -> str:
     load = row.get("loadavg_1m")
-    return "" if load is None else f"{load:.1f}"
+    return ("" if load is None else f"{load:.1f}") + ("!" if row.get("disturbed") else "")
 
 
 def _setting_cell(row: dict[str, Any], summary: dict[str, Any]) -> str:
@@ -297,6 +305,8 @@ def _default_setting_line(summary: dict[str, Any]) -> str:
 def _verdict_line(summary: dict[str, Any]) -> str:
     eff = ", ".join(f"{k} {v * 100:.1f}%" for k, v in summary["default_efficiency"].items())
     verdict = "MEETS" if summary["meets_target"] else "MISSES"
+    if any(r.get("disturbed") for r in summary["rows"] if r.get("is_default")):
+        verdict += " (a default row was disturbed: rerun on a quiet machine)"
     if summary.get("smoke"):
         return f"overlap efficiency in this smoke run: {eff} (not measured at the default setting)"
     return (
@@ -323,7 +333,9 @@ def format_markdown(summary: dict[str, Any]) -> str:
         )
     lines += ["", _verdict_line(summary) + ".", "",
               "`load`: the 1-minute load average right after the row; about 2 is the benchmark's own two ranks, more "
-              "means other work shared the cores while the row was measured."]  # fmt: skip
+              "means other work shared the cores while the row was measured. `!`: disturbed, the compute time with DBO "
+              f"on and off differ by more than {DISTURBED_COMPUTE_RATIO:.0%} (other work took the cores during part "
+              "of the row): rerun on a quiet machine before reading its efficiency."]  # fmt: skip
     h = summary["handoff_us"]
     lines += ["", f"Yield handoff: median {h['median_us']:.1f} µs, p99 {h['p99_us']:.1f} µs ({h['samples']} samples).", ""]
     for r in summary["no_split"]:
