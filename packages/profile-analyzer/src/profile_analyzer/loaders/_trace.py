@@ -24,7 +24,7 @@ import numpy as np
 
 from profile_analyzer.errors import ProfileError
 
-CHUNK_BYTES = 4 << 20
+CHUNK_BYTES = 1 << 20  # 1 MiB: measured faster than 4 MiB (the slice's objects stay in cache) and a smaller peak
 
 
 class Args(msgspec.Struct, gc=False, frozen=True):
