@@ -74,7 +74,7 @@ test-fast: setup
 bench: setup vllm-env
 	@mkdir -p bench-results
 	$(PY) -m kv_capacity.bench --out bench-results
-	$(PY) -m profile_analyzer.bench --out bench-results
+	$(PY) -m profile_analyzer.bench --out bench-results --jobs 2
 	$(PY) -m dbo_runtime.bench --out bench-results
 
 lint: setup
