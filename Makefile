@@ -78,7 +78,7 @@ bench: setup vllm-env
 	$(PY) -m dbo_runtime.bench --out bench-results
 
 lint: setup
-	$(VENV)/bin/ruff check packages skills scripts
+	$(VENV)/bin/ruff check packages skills
 
 skills-install:
 	@mkdir -p .agents/skills .claude/skills
