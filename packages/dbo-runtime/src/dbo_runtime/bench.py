@@ -39,6 +39,17 @@ DISTURBED_COMPUTE_RATIO = 0.15
 """A row whose compute time with DBO on differs from DBO off by more than this fraction is flagged as disturbed."""
 
 
+def _equality_figures(summary: dict) -> tuple[int, int, float] | None:
+    """(fp32 split cases bitwise equal, fp32 split cases, bf16 max abs diff) of the on/off equality check."""
+    split = [e for e in summary.get("equality") or [] if e["split"]]
+    if not split:
+        return None
+    fp32 = [e for e in split if "float32" in e["case"]]
+    bf16 = [e for e in split if "bfloat16" in e["case"]]
+    return (sum(e["bitwise_equal"] for e in fp32), len(fp32),
+            max((e["max_abs_diff"] for e in bf16), default=float("nan")))
+
+
 def measure_handoff(num_yields: int = 2000) -> dict[str, float]:
     """Median and p99 time of one handoff (one thread parks, the other resumes), in microseconds.
 
@@ -265,15 +276,10 @@ def format_table(summary: dict[str, Any]) -> str:
                      "other work took the cores); rerun on a quiet machine before reading them")  # fmt: skip
     for name, row in (summary.get("default_links") or {}).items():
         lines.append(f"default link ({name}): {row}")
-    eq = summary.get("equality") or []
+    eq = _equality_figures(summary)
     if eq:
-        split = [e for e in eq if e["split"]]
-        fp32 = [e for e in split if "float32" in e["case"]]
-        bf16 = [e for e in split if "bfloat16" in e["case"]]
-        lines.append(
-            f"DBO on vs off: fp32 bitwise equal in {sum(e['bitwise_equal'] for e in fp32)}/{len(fp32)} split cases; "
-            f"bf16 max abs diff {max((e['max_abs_diff'] for e in bf16), default=float('nan')):.3g}"
-        )
+        equal, cases, bf16_max = eq
+        lines.append(f"DBO on vs off: fp32 bitwise equal in {equal}/{cases} split cases; bf16 max abs diff {bf16_max:.3g}")
     return "\n".join(lines)
 
 
@@ -345,15 +351,12 @@ def format_markdown(summary: dict[str, Any]) -> str:
         )
     for name, text in (summary.get("default_links") or {}).items():
         lines.append(f"Default link ({name}): {text}.")
-    eq = summary.get("equality") or []
+    eq = _equality_figures(summary)
     if eq:
-        split = [e for e in eq if e["split"]]
-        fp32 = [e for e in split if "float32" in e["case"]]
-        bf16 = [e for e in split if "bfloat16" in e["case"]]
+        equal, cases, bf16_max = eq
         lines.append(
             f"DBO on vs off (2 ranks, A2 and A3, prefill and decode, uneven splits): fp32 bitwise equal in "
-            f"{sum(e['bitwise_equal'] for e in fp32)}/{len(fp32)} cases; bf16 max abs difference "
-            f"{max((e['max_abs_diff'] for e in bf16), default=float('nan')):.3g}."
+            f"{equal}/{cases} cases; bf16 max abs difference {bf16_max:.3g}."
         )
     load = summary["machine"].get("loadavg_1m")
     start = summary["machine"].get("loadavg_start")
