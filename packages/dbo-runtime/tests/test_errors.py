@@ -35,3 +35,15 @@ def test_worker_error_keeps_the_original_as_cause() -> None:
             raise DBOWorkerError("micro-batch 0 raised KeyError", ubatch_id=0) from exc
     assert info.value.__cause__ is original
     assert info.value.ubatch_id == 0
+
+
+def test_errors_cross_a_process_boundary_with_their_fields() -> None:
+    # rank processes send their exceptions to the parent pickled
+    import pickle
+
+    t = pickle.loads(pickle.dumps(DBOTimeoutError("stuck at 'moe_combine'", ubatch_id=1, site="moe_combine")))
+    assert type(t) is DBOTimeoutError and (str(t), t.ubatch_id, t.site) == ("stuck at 'moe_combine'", 1, "moe_combine")
+    w = pickle.loads(pickle.dumps(DBOWorkerError("micro-batch 0 raised KeyError", ubatch_id=0)))
+    assert type(w) is DBOWorkerError and (str(w), w.ubatch_id) == ("micro-batch 0 raised KeyError", 0)
+    c = pickle.loads(pickle.dumps(DBOConfigError("bad threshold")))
+    assert type(c) is DBOConfigError and str(c) == "bad threshold"

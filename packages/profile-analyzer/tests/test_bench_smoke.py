@@ -31,6 +31,9 @@ def test_bench_measures_report_on_a_cached_profile(tmp_path: Path) -> None:
     assert "msprof_analyze" not in res and isinstance(res["meets_memory_target"], bool)
     assert res["ours"]["jobs"] == 2 and "--jobs 2" in res["ours"]["command"]
     assert res["ours_jobs1"]["wall_s"] > 0 and res["ours_jobs1"]["tree_peak_rss_bytes"] > 5e6
+    assert 0 < ours["tree_peak_pss_bytes"] <= ours["tree_peak_rss_bytes"]
+    assert ours["peak_memory_vs_largest_file"] == round(ours["tree_peak_pss_bytes"] / inp["largest_file_bytes"], 3)
+    assert res["targets"]["memory_measure"] == "sum of PSS over the process tree"
     ph = res["ours_phases"]
     assert ph["load_s"] > 0 and ph["analyze_s"] > 0 and ph["report_json_bytes"] > 1000
     assert ph["rss_hwm_after_import"] <= ph["rss_hwm_after_load"] <= ph["rss_hwm_after_render"]
@@ -57,8 +60,23 @@ def test_measure_reports_peak_rss_of_the_child(tmp_path: Path) -> None:
     # exec can be charged to the child on a busy machine, seen at 412 MiB in one CI-like run)
     assert run.peak_rss_bytes > 160 << 20
     assert run.tree_peak_rss_bytes > 280 << 20
+    assert run.tree_peak_pss_bytes > 280 << 20  # two private allocations: PSS adds them up too
     with pytest.raises(TimeoutError):
         bench.measure([sys.executable, "-c", "import time; time.sleep(30)"], timeout_s=0.5, log=tmp_path / "t.log")
+
+
+def test_pss_counts_the_pages_a_forked_worker_shares_with_its_parent_once(tmp_path: Path) -> None:
+    # the parent touches 200 MiB, then forks a child that only sleeps: both show ~200 MiB resident, but the
+    # machine holds it once. The RSS sum counts it twice; the PSS sum once (what the memory target uses).
+    shared = ("import os, time; x = bytearray(200 << 20); x[::4096] = b'1' * len(x[::4096]); pid = os.fork()\n"
+              "if pid == 0:\n    time.sleep(1.5); os._exit(0)\nos.waitpid(pid, 0)")
+    run = bench.measure([sys.executable, "-c", shared], timeout_s=60, log=tmp_path / "fork.log")
+    assert run.returncode == 0, run.output_tail
+    if not Path("/proc/self/smaps_rollup").exists():
+        pytest.skip("this kernel has no /proc/PID/smaps_rollup (PSS)")
+    assert run.tree_peak_rss_bytes > 380 << 20
+    assert 190 << 20 < run.tree_peak_pss_bytes < 300 << 20
+    assert run.tree_peak_bytes == run.tree_peak_pss_bytes
 
 
 def test_bench_cli_rejects_bad_arguments(capsys: pytest.CaptureFixture[str]) -> None:

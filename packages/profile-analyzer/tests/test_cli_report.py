@@ -133,3 +133,33 @@ def test_partial_profile_warns_and_still_reports(profiles, tmp_path):
     assert "kernel_details.csv is missing" in res.stderr and "operator types" in res.stderr
     d = json.loads(res.stdout)
     assert d["breakdown"] and len(d["warnings"]) == 2
+
+
+def test_bad_rank_under_parallel_loading_is_one_line_and_same_report_as_serial(profiles, tmp_path):
+    base, _ = profiles
+    # the same report whatever the number of loader processes
+    outs = []
+    for jobs in ("1", "2"):
+        res = run("report", str(base), "--format", "json", "--jobs", jobs)
+        assert res.returncode == 0, res.stderr
+        outs.append(json.loads(res.stdout))
+    assert outs[0] == outs[1]
+    # one rank truncated: the worker's error reaches the user as the same one line, exit 2
+    bad = tmp_path / "bad"
+    shutil.copytree(base, bad)
+    tv = sorted(bad.glob("*/ASCEND_PROFILER_OUTPUT/trace_view.json"))[1]
+    tv.write_bytes(tv.read_bytes()[:5000])
+    out = tmp_path / "out.json"
+    _one_line_exit_2(run("report", str(bad), "--jobs", "2", "-o", str(out)), "trace_view.json", "truncated")
+    assert not out.exists()
+    # a step that is not there, found inside the workers
+    _one_line_exit_2(run("report", str(base), "--jobs", "2", "--step", "99"), "step 99 not found")
+
+
+def test_profile_error_survives_pickling() -> None:
+    import pickle
+
+    from profile_analyzer.errors import ProfileError
+
+    e = pickle.loads(pickle.dumps(ProfileError("/x/trace_view.json", "truncated JSON")))
+    assert (e.path, e.problem, str(e)) == ("/x/trace_view.json", "truncated JSON", "/x/trace_view.json: truncated JSON")

@@ -29,6 +29,9 @@ class DBOTimeoutError(DBOError, TimeoutError):
         self.ubatch_id = ubatch_id
         self.site = site
 
+    def __reduce__(self):  # keeps the fields when a rank process sends it to its parent
+        return (_rebuild, (type(self), self.args[0], {"ubatch_id": self.ubatch_id, "site": self.site}))
+
 
 class DBOWorkerError(DBOError):
     """An exception raised inside a micro-batch thread, re-raised in the caller.
@@ -40,3 +43,10 @@ class DBOWorkerError(DBOError):
     def __init__(self, message: str, *, ubatch_id: int | None = None) -> None:
         super().__init__(message)
         self.ubatch_id = ubatch_id
+
+    def __reduce__(self):  # keeps the field when a rank process sends it to its parent
+        return (_rebuild, (type(self), self.args[0], {"ubatch_id": self.ubatch_id}))
+
+
+def _rebuild(cls: type[DBOError], message: str, fields: dict[str, object]) -> DBOError:
+    return cls(message, **fields)

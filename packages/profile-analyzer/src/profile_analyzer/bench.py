@@ -3,8 +3,11 @@
 1. A synthetic 8-rank torch_npu profile of at least 1 GiB of trace_view.json in all (``profile_analyzer.synth``,
    a stand-in for a real NPU run) is generated once and cached under ``<repo>/.cache/``.
 2. ``profile-analyzer report <profile> --format json [--jobs N]`` runs in a child process: wall time, events per
-   second (JSON events in the input / wall time) and peak memory: the largest sum of the resident sizes of the
-   child and its worker processes (sampled from /proc), and the largest single process (``ru_maxrss``).
+   second (JSON events in the input / wall time) and peak memory: the largest sum over the child and its worker
+   processes of their proportional set sizes (PSS: a page shared by n processes counts 1/n in each, so pages
+   the forked workers share with the parent count once), the same sum of resident sizes (RSS, which counts
+   every shared page in every process: an upper bound), both sampled from /proc, and the largest single
+   process (``ru_maxrss``).
 3. The same files go through msprof-analyze (PyPI ``msprof-analyze``, installed by this script into its own
    virtualenv under ``.cache/``): its ``compare`` command is the code path that parses trace_view.json (its
    NPU parser reads every event, the Overlap Analysis track and the Communication planes). ``compare`` takes
@@ -44,7 +47,9 @@ class Run:
     ``peak_rss_bytes`` is the kernel's high-water mark of the largest single process of the tree (the child's
     ``ru_maxrss`` from ``wait4``, which covers the children it waited for); ``tree_peak_rss_bytes`` is the
     largest *sum* of the resident sizes of the child and all its descendants, sampled from /proc every 20 ms
-    (what a machine must hold when the tool runs worker processes at once; 0 where /proc is missing).
+    (0 where /proc is missing). ``tree_peak_pss_bytes`` is the largest sum of their proportional set sizes
+    (``/proc/PID/smaps_rollup``): what the machine actually holds for the tree, shared pages counted once;
+    0 where the kernel does not provide it.
     """
 
     command: list[str]
@@ -53,6 +58,12 @@ class Run:
     returncode: int
     output_tail: str
     tree_peak_rss_bytes: int = 0
+    tree_peak_pss_bytes: int = 0
+
+    @property
+    def tree_peak_bytes(self) -> int:
+        """The memory figure the target is judged on: PSS where the kernel gives it, else the RSS sum."""
+        return self.tree_peak_pss_bytes or self.tree_peak_rss_bytes
 
 
 def _rss_bytes(pid: int) -> int:
@@ -82,9 +93,26 @@ def _descendants(pid: int) -> list[int]:
     return out
 
 
+def _pss_bytes(pid: int) -> int:
+    try:
+        with open(f"/proc/{pid}/smaps_rollup") as f:
+            for line in f:
+                if line.startswith("Pss:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return 0
+
+
 def tree_rss_bytes(pid: int) -> int:
     """Resident bytes of ``pid`` and all its descendants right now."""
     return _rss_bytes(pid) + sum(_rss_bytes(c) for c in _descendants(pid))
+
+
+def tree_memory_bytes(pid: int) -> tuple[int, int]:
+    """(RSS sum, PSS sum) of ``pid`` and all its descendants right now."""
+    pids = [pid, *_descendants(pid)]
+    return sum(map(_rss_bytes, pids)), sum(map(_pss_bytes, pids))
 
 
 def repo_root(start: Path | None = None) -> Path:
@@ -103,12 +131,13 @@ def measure(cmd: list[str], timeout_s: float, log: Path, env: dict[str, str] | N
         t0 = time.perf_counter()
         proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env)
         deadline = t0 + timeout_s
-        tree_peak = 0
+        tree_peak = pss_peak = 0
         while True:
             pid, status, ru = os.wait4(proc.pid, os.WNOHANG)
             if pid:
                 break
-            tree_peak = max(tree_peak, tree_rss_bytes(proc.pid))
+            rss, pss = tree_memory_bytes(proc.pid)
+            tree_peak, pss_peak = max(tree_peak, rss), max(pss_peak, pss)
             if time.perf_counter() > deadline:
                 proc.kill()
                 pid, status, ru = os.wait4(proc.pid, 0)
@@ -118,7 +147,7 @@ def measure(cmd: list[str], timeout_s: float, log: Path, env: dict[str, str] | N
         wall = time.perf_counter() - t0
     proc.returncode = os.waitstatus_to_exitcode(status)
     tail = log.read_bytes()[-4000:].decode("utf-8", "replace")
-    return Run(cmd, wall, ru.ru_maxrss * 1024, proc.returncode, tail, max(tree_peak, ru.ru_maxrss * 1024))
+    return Run(cmd, wall, ru.ru_maxrss * 1024, proc.returncode, tail, max(tree_peak, ru.ru_maxrss * 1024), pss_peak)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -267,15 +296,21 @@ def run_bench(out_dir: Path, *, cache: Path, ranks: int = 8, target_bytes: int =
                  "mb_per_s": round(total_bytes / 1e6 / ours.wall_s, 1), "jobs": jobs,
                  "peak_rss_bytes": ours.peak_rss_bytes, "tree_peak_rss_bytes": ours.tree_peak_rss_bytes,
                  "peak_rss_vs_largest_file": round(ours.tree_peak_rss_bytes / largest, 3),
+                 "tree_peak_pss_bytes": ours.tree_peak_pss_bytes,
+                 "peak_memory_vs_largest_file": round(ours.tree_peak_bytes / largest, 3),
                  "command": " ".join(ours.command)},
-        "targets": {"speed_ratio_min": SPEED_TARGET, "peak_rss_vs_largest_file_max": MEMORY_TARGET},
+        "targets": {"speed_ratio_min": SPEED_TARGET, "peak_memory_vs_largest_file_max": MEMORY_TARGET,
+                    "memory_measure": "sum of PSS over the process tree" if ours.tree_peak_pss_bytes
+                    else "sum of RSS over the process tree"},
     }
     if jobs > 1:  # parallel loading trades memory for time: measure the one-process run as well
         log("profile-analyzer report --jobs 1: running ...")
         seq, _ = run_ours(truth, work, timeout_s, jobs=1)
         result["ours_jobs1"] = {"wall_s": round(seq.wall_s, 3), "events_per_s": round(truth.total_events / seq.wall_s),
                                 "tree_peak_rss_bytes": seq.tree_peak_rss_bytes,
-                                "peak_rss_vs_largest_file": round(seq.tree_peak_rss_bytes / largest, 3)}
+                                "peak_rss_vs_largest_file": round(seq.tree_peak_rss_bytes / largest, 3),
+                                "tree_peak_pss_bytes": seq.tree_peak_pss_bytes,
+                                "peak_memory_vs_largest_file": round(seq.tree_peak_bytes / largest, 3)}
     # the analysis itself must be right on the bench input, or the speed means nothing
     summary = report.get("summary", {})
     gt_comp = sum(r["totals"]["computing_us"] for r in truth.ranks.values())
@@ -317,11 +352,18 @@ def run_bench(out_dir: Path, *, cache: Path, ranks: int = 8, target_bytes: int =
             result["speed_ratio_jobs1"] = round(m_wall / result["ours_jobs1"]["wall_s"], 2)
         result["memory_ratio_msprof_over_ours"] = round(m_rss / ours.tree_peak_rss_bytes, 2)
         result["meets_speed_target"] = result["speed_ratio"] >= SPEED_TARGET
-    result["meets_memory_target"] = result["ours"]["peak_rss_vs_largest_file"] < MEMORY_TARGET
+    result["meets_memory_target"] = result["ours"]["peak_memory_vs_largest_file"] < MEMORY_TARGET
     tmp = out_dir / ".profile_analyzer.json.tmp"
     tmp.write_text(json.dumps(result, indent=1))
     os.replace(tmp, out_dir / "profile_analyzer.json")
     return result
+
+
+def _peak_memory_text(run: dict) -> str:
+    mb = 1e6
+    what = "PSS" if run.get("tree_peak_pss_bytes") else "RSS"
+    size = run.get("tree_peak_pss_bytes") or run["tree_peak_rss_bytes"]
+    return f"{size / mb:,.0f} MB {what}, all processes ({run['peak_memory_vs_largest_file']:.2f}x the largest file)"
 
 
 def format_table(res: dict) -> str:
@@ -333,18 +375,17 @@ def format_table(res: dict) -> str:
         ("profile-analyzer report: time", f"{ours['wall_s']:.1f} s (figures match the generator's ground truth: "
                                           f"{'yes' if ours['matches_ground_truth'] else 'NO'})"),
         ("profile-analyzer report: events/s", f"{ours['events_per_s']:,} ({ours['mb_per_s']} MB/s)"),
-        ("profile-analyzer report: peak RSS", f"{ours['tree_peak_rss_bytes'] / mb:,.0f} MB, all processes "
-                                              f"(largest one {ours['peak_rss_bytes'] / mb:,.0f} MB; "
-                                              f"--jobs {ours['jobs']}) "
-                                              f"({ours['peak_rss_vs_largest_file']:.2f}x the largest file; "
-                                              f"target < {MEMORY_TARGET:g}x: "
-                                              f"{'met' if res['meets_memory_target'] else 'NOT met'})"),
+        ("profile-analyzer report: peak memory", f"{_peak_memory_text(ours)} (--jobs {ours['jobs']}; "
+                                                 f"target < {MEMORY_TARGET:g}x the largest file: "
+                                                 f"{'met' if res['meets_memory_target'] else 'NOT met'})"),
+        ("", f"RSS summed over the processes {ours['tree_peak_rss_bytes'] / mb:,.0f} MB "
+             f"({ours['peak_rss_vs_largest_file']:.2f}x; counts the pages forked workers share with the parent "
+             f"once per process), largest one process {ours['peak_rss_bytes'] / mb:,.0f} MB"),
     ]
     if "ours_jobs1" in res:
         o1 = res["ours_jobs1"]
         rows.append(("profile-analyzer report --jobs 1", f"{o1['wall_s']:.1f} s, {o1['events_per_s']:,} events/s, "
-                                                        f"peak RSS {o1['tree_peak_rss_bytes'] / mb:,.0f} MB "
-                                                        f"({o1['peak_rss_vs_largest_file']:.2f}x the largest file)"))
+                                                        f"peak {_peak_memory_text(o1)}"))
     if "ours_phases" in res:
         ph = res["ours_phases"]
         rows.append(("profile-analyzer phases", f"import {ph['import_s']:.1f} s, load {ph['load_s']:.1f} s, "

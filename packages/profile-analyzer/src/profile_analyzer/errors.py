@@ -10,3 +10,7 @@ class ProfileError(Exception):
         self.path = str(path)
         self.problem = problem
         super().__init__(f"{self.path}: {problem}")
+
+    def __reduce__(self) -> tuple[type[ProfileError], tuple[str, str]]:
+        # raised in a loader worker process, it travels back to the parent pickled: rebuild it from its parts
+        return (type(self), (self.path, self.problem))

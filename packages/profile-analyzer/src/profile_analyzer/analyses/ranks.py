@@ -90,11 +90,13 @@ def rank_comparison(ranks: dict[int, RankTimeline], per_rank: dict[int, dict[str
     keys = set()
     for d in inst.values():
         keys |= set(d)
-    wait = defaultdict(float)
-    caused = defaultdict(float)
+    # waits add up in integer ns: exact, so the figures do not depend on the order the instances are visited
+    # in (a set of strings is ordered by per-process hash seeds)
+    wait: dict[int, int] = defaultdict(int)
+    caused: dict[int, int] = defaultdict(int)
     last_count = defaultdict(int)
     matched = 0
-    for k in keys:
+    for k in sorted(keys):
         have = {r: d[k] for r, d in inst.items() if k in d}
         if len(have) < 2:
             continue
@@ -103,16 +105,15 @@ def rank_comparison(ranks: dict[int, RankTimeline], per_rank: dict[int, dict[str
         late = min(have, key=lambda r: (have[r], r))
         last_count[late] += 1
         for r, d in have.items():
-            w = (d - shortest) / 1000.0
-            wait[r] += w
-            caused[late] += w
+            wait[r] += d - shortest
+            caused[late] += d - shortest
     rows = []
     for r in ranks:
         pr = per_rank.get(r, {})
         rows.append({"rank": r, "computing_us": pr.get("computing", 0.0), "communication_us": pr.get("communication", 0.0),
                      "exposed_communication_us": pr.get("communication_not_overlapped", 0.0),
-                     "free_us": pr.get("free", 0.0), "comm_wait_us": wait.get(r, 0.0),
-                     "caused_wait_us": caused.get(r, 0.0), "arrived_last": last_count.get(r, 0),
+                     "free_us": pr.get("free", 0.0), "comm_wait_us": wait.get(r, 0) / 1000.0,
+                     "caused_wait_us": caused.get(r, 0) / 1000.0, "arrived_last": last_count.get(r, 0),
                      "sync_wait_us": sync_wait_ns(ranks[r], *(windows.get(r, (None, None)) if windows else (None, None))) / 1000.0})
     out: dict[str, object] = {"per_rank": rows, "matched_collectives": matched, "slowest_rank": None,
                               "waited_for_rank": None, "explanation": ""}
@@ -125,7 +126,7 @@ def rank_comparison(ranks: dict[int, RankTimeline], per_rank: dict[int, dict[str
         w = max(caused, key=lambda r: caused[r])
         out["waited_for_rank"] = w
         out["explanation"] = (f"rank {w} arrived last at {last_count[w]} of {matched} matched collectives; the other ranks "
-                              f"waited {caused[w]:.1f} µs in all for it. Rank {slow['rank']} has the most Computing "
+                              f"waited {caused[w] / 1000.0:.1f} µs in all for it. Rank {slow['rank']} has the most Computing "
                               f"({slow['computing_us']:.1f} µs).")
     else:
         out["explanation"] = (f"no collective instance matched across ranks; rank {slow['rank']} has the most Computing "
