@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -34,8 +35,60 @@ def _us(row: dict[str, Any], t0: int) -> dict[str, Any]:
     return out
 
 
-def analyze(timeline: Timeline, rank: int | None = None, step: int | None = None, top: int = 20) -> Report:
-    """Run every analysis. ``rank``/``step`` restrict to one rank / one ``ProfilerStep#N``.
+@dataclass
+class RankAnalysis:
+    """Everything :func:`analyze` works out from one rank alone (the cross-rank parts need every rank).
+
+    Computed by :func:`analyze_rank`: in the loader's worker processes when they run (``--jobs N``), else by
+    :func:`analyze` itself. Small: it travels back from a worker pickled.
+    """
+
+    rank: int
+    step: int | None
+    top: int
+    breakdown: list[dict[str, Any]]
+    agreement: list[dict[str, Any]]
+    totals: dict[str, float]
+    window: tuple[int, int]
+    exposed: dict[str, Any]
+    streams: list[dict[str, Any]]
+    gaps: dict[str, Any]
+    dual_batch: dict[str, Any]
+    comm_not_overlapped: tuple[np.ndarray, np.ndarray]
+
+
+def analyze_rank(rt: RankTimeline, step: int | None = None, top: int = 20) -> RankAnalysis:
+    """The per-rank analyses of one rank. Raises ProfileError for a step that is not there or has no tasks."""
+    sets = overlap_sets(rt)
+    all_rows = step_breakdown(rt, sets)
+    rows = all_rows
+    if step is not None:
+        present = [x["step"] for x in all_rows]
+        rows = [x for x in all_rows if x["step"] == step]
+        if not rows:
+            raise ProfileError(rt.source, f"step {step} not found; steps present: {present}")
+        if not rows[0]["has_tasks"]:
+            raise ProfileError(rt.source, f"step {step} has no device tasks; expected a step that ran kernels")
+        lo, hi = int(rows[0]["start_ns"]), int(rows[0]["end_ns"])
+    else:  # the steps' extent, as the breakdown counts only what starts inside a step
+        lo, hi = int(rt.steps.start_ns.min()), int(rt.steps.end_ns.max())
+    t0 = rt.t0_ns()
+    ex = exposed_communication(rt, sets.comp, sets.comm_not_overlapped, lo, hi, top)
+    ex["rank"] = rt.rank
+    g = idle_gaps(rt, lo, hi, top)
+    g["rank"] = rt.rank
+    return RankAnalysis(
+        rank=rt.rank, step=step, top=top, breakdown=[_us(x, t0) for x in rows],
+        agreement=[a for a in profiler_agreement(rt, all_rows) if step is None or a["step"] == step],
+        totals={k: sum(x[k] for x in rows) / 1000.0 for k in _TIME_KEYS}, window=(lo, hi), exposed=ex,
+        streams=stream_utilisation(rt, lo, hi), gaps=g, dual_batch=dual_batch(rt, lo, hi),
+        comm_not_overlapped=sets.comm_not_overlapped)
+
+
+def analyze(timeline: Timeline, rank: int | None = None, step: int | None = None, top: int = 20,
+            done: dict[int, RankAnalysis] | None = None) -> Report:
+    """Run every analysis. ``rank``/``step`` restrict to one rank / one ``ProfilerStep#N``. ``done`` holds
+    per-rank results already computed (by the loader's workers) for the same ``step`` and ``top``.
 
     Raises ProfileError for a rank or step that is not in the profile, or a step with no device tasks.
     """
@@ -50,34 +103,20 @@ def analyze(timeline: Timeline, rank: int | None = None, step: int | None = None
     dbo: list[dict[str, Any]] = []
     per_rank: dict[int, dict[str, float]] = {}
     windows: dict[int, tuple[int, int]] = {}
-    sets_by_rank = {}
+    cno_by_rank = {}
     for r, rt in ranks.items():
-        sets = overlap_sets(rt)
-        sets_by_rank[r] = sets
-        rows = step_breakdown(rt, sets)
-        if step is not None:
-            present = [x["step"] for x in rows]
-            rows = [x for x in rows if x["step"] == step]
-            if not rows:
-                raise ProfileError(rt.source, f"step {step} not found; steps present: {present}")
-            if not rows[0]["has_tasks"]:
-                raise ProfileError(rt.source, f"step {step} has no device tasks; expected a step that ran kernels")
-            lo, hi = int(rows[0]["start_ns"]), int(rows[0]["end_ns"])
-        else:  # the steps' extent, as the breakdown counts only what starts inside a step
-            lo, hi = int(rt.steps.start_ns.min()), int(rt.steps.end_ns.max())
-        windows[r] = (lo, hi)
-        t0 = rt.t0_ns()
-        breakdown.extend(_us(x, t0) for x in rows)
-        agreement.extend(a for a in profiler_agreement(rt, step_breakdown(rt, sets)) if step is None or a["step"] == step)
-        per_rank[r] = {k: sum(x[k] for x in rows) / 1000.0 for k in _TIME_KEYS}
-        ex = exposed_communication(rt, sets.comp, sets.comm_not_overlapped, lo, hi, top)
-        ex["rank"] = r
-        exposed.append(ex)
-        streams.extend(stream_utilisation(rt, lo, hi))
-        g = idle_gaps(rt, lo, hi, top)
-        g["rank"] = r
-        gaps.append(g)
-        dbo.append(dual_batch(rt, lo, hi))
+        ra = (done or {}).get(r)
+        if ra is None or (ra.step, ra.top) != (step, top):
+            ra = analyze_rank(rt, step, top)
+        cno_by_rank[r] = ra.comm_not_overlapped
+        windows[r] = ra.window
+        breakdown.extend(ra.breakdown)
+        agreement.extend(ra.agreement)
+        per_rank[r] = ra.totals
+        exposed.append(ra.exposed)
+        streams.extend(ra.streams)
+        gaps.append(ra.gaps)
+        dbo.append(ra.dual_batch)
     rank_cmp = rank_comparison(ranks, per_rank, windows)
     tot = {k: sum(p[k] for p in per_rank.values()) for k in _TIME_KEYS}
     wall = sum((x["end_us"] - x["start_us"]) for x in breakdown)
@@ -95,12 +134,13 @@ def analyze(timeline: Timeline, rank: int | None = None, step: int | None = None
         source={"path": timeline.source, "format": timeline.format, "ranks": sorted(ranks), "events": timeline.n_events},
         selection={"rank": rank, "step": step}, warnings=warnings, verdict="", summary=summary, breakdown=breakdown,
         profiler_agreement=agreement, exposed_communication=exposed, streams=streams, idle_gaps=gaps, dual_batch=dbo,
-        ranks=rank_cmp, timeline=_timeline_windows(ranks, exposed, sets_by_rank))
+        ranks=rank_cmp, timeline=_timeline_windows(ranks, exposed, cno_by_rank))
     report.verdict = verdict(report)
     return report
 
 
-def _timeline_windows(ranks: dict[int, RankTimeline], exposed: list[dict[str, Any]], sets_by_rank: dict[int, Any],
+def _timeline_windows(ranks: dict[int, RankTimeline], exposed: list[dict[str, Any]],
+                      cno_by_rank: dict[int, tuple[np.ndarray, np.ndarray]],
                       n: int = 3) -> list[dict[str, Any]]:
     """Windows around the worst exposed gaps, with the device tasks of each stream (for the SVG timeline)."""
     cands = []
@@ -128,7 +168,7 @@ def _timeline_windows(ranks: dict[int, RankTimeline], exposed: list[dict[str, An
             lanes.append({"stream": s.label, "kind": s.kind, "tasks": [
                 {"start_us": (int(rt.start_ns[i]) - t0) / 1000.0, "end_us": (int(rt.end_ns[i]) - t0) / 1000.0,
                  "name": rt.names[int(rt.name_id[i])], "kind": KIND_NAMES[Kind(int(rt.kind[i]))]} for i in idx]})
-        ex_s, ex_e = iv.clip(sets_by_rank[g["rank"]].comm_not_overlapped, lo, hi)
+        ex_s, ex_e = iv.clip(cno_by_rank[g["rank"]], lo, hi)
         out.append({"rank": g["rank"], "t0_ns": t0, "start_us": lo_us, "end_us": hi_us,
                     "title": f"rank {g['rank']}: {g['dur_us']:.1f} µs exposed in {g['comm_op']}",
                     "lanes": lanes,

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import sys
@@ -36,11 +37,11 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     c.set_defaults(func=run_compare)
 
 
-def _progress_loader(path: str, ranks: list[int] | None, jobs: int = 1):
+def _progress_loader(path: str, ranks: list[int] | None, jobs: int = 1, per_rank=None):
     from profile_analyzer.loaders import load
 
     if not sys.stderr.isatty():
-        return load(path, ranks=ranks, workers=jobs)
+        return load(path, ranks=ranks, workers=jobs, per_rank=per_rank)
     from rich.progress import Progress
 
     with Progress(transient=True, console=None) as prog:
@@ -49,7 +50,7 @@ def _progress_loader(path: str, ranks: list[int] | None, jobs: int = 1):
         def cb(done: int, total: int, label: str) -> None:
             prog.update(task, completed=done, total=total, description=f"loading {label}")
 
-        return load(path, ranks=ranks, progress=cb, workers=jobs)
+        return load(path, ranks=ranks, progress=cb, workers=jobs, per_rank=per_rank)
 
 
 def _write(text: str, output: str | None) -> None:
@@ -100,11 +101,13 @@ def _fail(exc: ProfileError) -> int:
 
 
 def run_report(args: argparse.Namespace) -> int:
-    from profile_analyzer.api import analyze
+    from profile_analyzer.api import analyze, analyze_rank
 
     try:
-        tl = _progress_loader(args.path, [args.rank] if args.rank is not None else None, max(1, args.jobs))
-        rep = analyze(tl, rank=args.rank, step=args.step, top=args.top)
+        # with worker processes, each rank's own analyses run in the worker that loaded it
+        per_rank = functools.partial(analyze_rank, step=args.step, top=args.top)
+        tl = _progress_loader(args.path, [args.rank] if args.rank is not None else None, max(1, args.jobs), per_rank)
+        rep = analyze(tl, rank=args.rank, step=args.step, top=args.top, done=tl.per_rank_results)
         d = rep.to_dict()
         text = render(d, args.format)
         for w in d["warnings"]:

@@ -146,9 +146,16 @@ def _trace_file(p: Path, rank: int, host_events: bool = False,
     return rt
 
 
+def _load_and_run(p: Path, fmt: str, rank: int, host_events: bool,
+                  per_rank: Callable[[RankTimeline], object]) -> tuple[RankTimeline, object]:
+    """A worker's job: load one rank and run ``per_rank`` on it there, while the rank is at hand."""
+    rt = _load_single(p, fmt, rank, host_events)
+    return rt, per_rank(rt)
+
+
 def load(path: str | Path, *, ranks: list[int] | None = None,
          progress: Callable[[int, int, str], None] | None = None, workers: int = 1,
-         host_events: bool = False) -> Timeline:
+         host_events: bool = False, per_rank: Callable[[RankTimeline], object] | None = None) -> Timeline:
     """Load any supported profile. ``ranks`` restricts a multi-rank directory to those ranks.
 
     ``progress(done, total, label)`` reports bytes read for a single profile and ranks loaded for a
@@ -175,6 +182,7 @@ def load(path: str | Path, *, ranks: list[int] | None = None,
         listing = ", ".join(f"{e.name} ({f})" for e, f in entries[:4])
         raise ProfileError(p, f"mixed formats in one directory ({listing}); expected one profile per rank, all of one format")
     loaded: dict[int, RankTimeline] = {}
+    results: dict[int, object] = {}
     jobs = []
     for i, (entry, f) in enumerate(entries):
         r = _rank_of(entry, f)
@@ -196,9 +204,18 @@ def load(path: str | Path, *, ranks: list[int] | None = None,
 
         ctx = multiprocessing.get_context("fork" if "fork" in multiprocessing.get_all_start_methods() else "spawn")
         with ProcessPoolExecutor(max_workers=min(workers, total), mp_context=ctx) as pool:
-            futures = [(entry, pool.submit(_load_single, entry, f, rank, host_events)) for entry, f, rank in jobs]
+            if per_rank is None:
+                futures = [(entry, pool.submit(_load_single, entry, f, rank, host_events)) for entry, f, rank in jobs]
+            else:
+                futures = [(entry, pool.submit(_load_and_run, entry, f, rank, host_events, per_rank))
+                           for entry, f, rank in jobs]
             for done, (entry, fut) in enumerate(futures, 1):
-                add(entry, fut.result(), done)
+                got = fut.result()
+                if per_rank is None:
+                    add(entry, got, done)
+                else:
+                    add(entry, got[0], done)
+                    results[got[0].rank] = got[1]
     else:
         for done, (entry, f, rank) in enumerate(jobs, 1):
             add(entry, _load_single(entry, f, rank, host_events, progress if total == 1 else None), done)
@@ -208,7 +225,7 @@ def load(path: str | Path, *, ranks: list[int] | None = None,
             raise ProfileError(p, f"none of ranks {ranks} found; ranks present: {sorted(_all_ranks(entries))}")
     fmts = {f for _, f in entries}
     return Timeline(source=str(p), format="multi_rank" if len(loaded) > 1 else next(iter(fmts)),
-                    ranks=dict(sorted(loaded.items())))
+                    ranks=dict(sorted(loaded.items())), per_rank_results={k: v for k, v in results.items() if k in loaded})
 
 
 def _all_ranks(entries: list[tuple[Path, str]]) -> list[int]:
