@@ -24,7 +24,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--rank", type=int, help="only this rank")
     p.add_argument("--step", type=int, help="only this ProfilerStep#N")
     p.add_argument("--top", type=int, default=20, help="rows per ranked table (default 20)")
-    p.add_argument("--jobs", "-j", type=int, default=1, help="load ranks in this many processes (default 1)")
+    p.add_argument("--jobs", "-j", type=int, default=1, help="load and analyse the ranks of a multi-rank profile in this many processes (default 1; each "
+                        "process holds about one rank at a time, so memory grows with N)")
     p.set_defaults(func=run_report)
 
     c = subparsers.add_parser("compare", help="delta of every breakdown item between two profiles (e.g. DBO off vs on)")
