@@ -199,3 +199,63 @@ def test_progress_callback(dbo_profile):
     pa.load(one, progress=lambda d, t, label: bytes_seen.append((d, t, label)))
     size = (one / "ASCEND_PROFILER_OUTPUT" / "trace_view.json").stat().st_size
     assert (size, size, "trace_view.json") in bytes_seen  # bytes read, then one rank done
+
+
+def _device_events(rank_dir):
+    events = json.loads((rank_dir / "ASCEND_PROFILER_OUTPUT" / "trace_view.json").read_text())
+    cpu_pids = {e["pid"] for e in events if e.get("name") == "process_labels" and e["args"]["labels"] == "CPU"}
+    return [e for e in events if e.get("pid") not in cpu_pids]
+
+
+@pytest.mark.parametrize("fmt", ["msprof", "torch_npu"])
+def test_one_trace_holding_two_npus_is_two_ranks(dbo_profile, tmp_path, fmt):
+    """One process driving two NPUs writes both devices' processes into one trace, told apart by their
+    'NPU <id>' labels: each device is analysed on its own, with the figures of that device alone."""
+    root, truth = dbo_profile
+    rank_dirs = sorted(p for p in root.iterdir() if p.is_dir() and p.name.endswith("_ascend_pt"))
+    per_device = [_device_events(d) for d in rank_dirs]
+    labels = {e["args"]["labels"] for ev in per_device for e in ev if e.get("name") == "process_labels"}
+    assert labels == {"NPU 0", "NPU 1"}
+    if fmt == "msprof":
+        out = tmp_path / "PROF_000001_20251130000000_ABC" / "mindstudio_profiler_output"
+        out.mkdir(parents=True)
+        (out / "msprof_20251130000000.json").write_text(json.dumps(per_device[0] + per_device[1]))
+        path = out.parent
+    else:  # a trace_view.json with the host events of the first process and both devices
+        events = json.loads((rank_dirs[0] / "ASCEND_PROFILER_OUTPUT" / "trace_view.json").read_text())
+        path = tmp_path / "two_npu_ascend_pt" / "ASCEND_PROFILER_OUTPUT"
+        path.mkdir(parents=True)
+        (path / "trace_view.json").write_text(json.dumps(events + per_device[1]))
+    tl = pa.load(path)
+    assert sorted(tl.ranks) == [0, 1] and tl.format == "multi_rank"
+    rep = pa.analyze(tl).to_dict()
+    for r in (0, 1):
+        steps = truth["ranks"][str(r)]["steps"]
+        rows = [x for x in rep["breakdown"] if x["rank"] == r]
+        for k in ("computing", "communication", "communication_not_overlapped"):
+            assert sum(x[k] for x in rows) == pytest.approx(sum(s[f"{k}_us"] for s in steps), abs=1e-3), (fmt, r, k)
+        assert tl.ranks[r].device_id == r
+        # only its own device's streams
+        assert {s.label for s in tl.ranks[r].streams if s.kind != "host"} == {
+            s.label for s in pa.load(rank_dirs[r]).ranks[r].streams if s.kind != "host"}
+    # the profiler's own Overlap Analysis track of each device agrees with ours
+    track = [a for a in rep["profiler_agreement"] if a["source"] == "overlap_analysis_track"]
+    assert {a["rank"] for a in track} == {0, 1} and max(abs(a["delta_us"]) for a in track) < 1.0
+
+
+def test_two_hardware_processes_without_device_ids_warn(tmp_path):
+    """Older CANN labels device processes with a bare 'NPU': two devices cannot be told apart, so they are
+    analysed as one, and the report says so."""
+    src = tmp_path / "src"
+    synth.write_profile(src, ranks=2, steps=1, layers=2, dbo=False, cann="old")
+    rank_dirs = sorted(p for p in src.iterdir() if p.is_dir() and p.name.endswith("_ascend_pt"))
+    both = _device_events(rank_dirs[0]) + _device_events(rank_dirs[1])
+    hw = {e["pid"] for e in both if e.get("name") == "process_name" and e["args"]["name"] == "Ascend Hardware"}
+    assert len(hw) == 2
+    out = tmp_path / "PROF_000001_20251130000000_ABC" / "mindstudio_profiler_output"
+    out.mkdir(parents=True)
+    (out / "msprof_20251130000000.json").write_text(json.dumps(both))
+    tl = pa.load(out.parent)
+    assert list(tl.ranks) == [0]
+    msgs = [w.message() for w in tl.all_warnings()]
+    assert any("2 Ascend Hardware processes are analysed as one device" in m for m in msgs), msgs

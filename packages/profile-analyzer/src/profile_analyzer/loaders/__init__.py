@@ -111,7 +111,8 @@ def _release_memory() -> None:
 
 
 def _load_single(p: Path, fmt: str, rank: int, host_events: bool = False,
-                 on_bytes: Callable[[int, int, str], None] | None = None) -> RankTimeline:
+                 on_bytes: Callable[[int, int, str], None] | None = None) -> list[RankTimeline]:
+    """One profile entry -> its rank (one per NPU when an Ascend trace holds several devices)."""
     try:
         return _load_single_inner(p, fmt, rank, host_events, on_bytes)
     finally:
@@ -119,7 +120,7 @@ def _load_single(p: Path, fmt: str, rank: int, host_events: bool = False,
 
 
 def _load_single_inner(p: Path, fmt: str, rank: int, host_events: bool = False,
-                       on_bytes: Callable[[int, int, str], None] | None = None) -> RankTimeline:
+                       on_bytes: Callable[[int, int, str], None] | None = None) -> list[RankTimeline]:
     from profile_analyzer.loaders import ascend, kineto
 
     if fmt == "torch_npu":
@@ -130,27 +131,27 @@ def _load_single_inner(p: Path, fmt: str, rank: int, host_events: bool = False,
     if fmt == "msprof":
         return ascend.load_msprof(p, rank, host_events, on_bytes)
     if fmt == "kineto":
-        return kineto.load_kineto(p, rank, host_events)
+        return [kineto.load_kineto(p, rank, host_events)]
     raise ProfileError(p, f"unknown format {fmt}")
 
 
 def _trace_file(p: Path, rank: int, host_events: bool = False,
-                on_bytes: Callable[[int, int, str], None] | None = None) -> RankTimeline:
+                on_bytes: Callable[[int, int, str], None] | None = None) -> list[RankTimeline]:
     from profile_analyzer.loaders import ascend
     from profile_analyzer.loaders._trace import columnarise
 
     cols = columnarise(p, kineto_args=False, keep_host_x=host_events, on_bytes=on_bytes)
-    rt = ascend.columns_to_rank(cols, rank=rank, source=str(p), fmt="torch_npu", kernel_details=None, step_trace=None,
-                                warnings=[], host_events=host_events)
-    ascend._check_tracks(rt, p)
-    return rt
+    rts = ascend.columns_to_ranks(cols, rank=rank, source=str(p), fmt="torch_npu", kernel_details=None,
+                                  step_trace=None, warnings=[], host_events=host_events)
+    for rt in rts:
+        ascend._check_tracks(rt, p)
+    return rts
 
 
 def _load_and_run(p: Path, fmt: str, rank: int, host_events: bool,
-                  per_rank: Callable[[RankTimeline], object]) -> tuple[RankTimeline, object]:
-    """A worker's job: load one rank and run ``per_rank`` on it there, while the rank is at hand."""
-    rt = _load_single(p, fmt, rank, host_events)
-    return rt, per_rank(rt)
+                  per_rank: Callable[[RankTimeline], object]) -> list[tuple[RankTimeline, object]]:
+    """A worker's job: load one entry and run ``per_rank`` on each of its ranks there, while they are at hand."""
+    return [(rt, per_rank(rt)) for rt in _load_single(p, fmt, rank, host_events)]
 
 
 def load(path: str | Path, *, ranks: list[int] | None = None,
@@ -169,10 +170,8 @@ def load(path: str | Path, *, ranks: list[int] | None = None,
     fmt = detect(p)
     if fmt != "multi_rank":
         r = _rank_of(p, fmt)
-        rt = _load_single(p, fmt, r if r is not None else 0, host_events, progress)
-        if fmt == "kineto" and rt.rank != (r or 0):
-            pass
-        tl = Timeline(source=str(p), format=fmt, ranks={rt.rank: rt})
+        rts = _load_single(p, fmt, r if r is not None else 0, host_events, progress)
+        tl = Timeline(source=str(p), format=fmt if len(rts) == 1 else "multi_rank", ranks={rt.rank: rt for rt in rts})
         if progress:
             progress(1, 1, p.name)
         return tl
@@ -191,10 +190,12 @@ def load(path: str | Path, *, ranks: list[int] | None = None,
         jobs.append((entry, f, r if r is not None else i))
     total = len(jobs)
 
-    def add(entry: Path, rt: RankTimeline, done: int) -> None:
-        if rt.rank in loaded:
-            raise ProfileError(entry, f"rank {rt.rank} appears twice (also {loaded[rt.rank].source}); expected one profile per rank")
-        loaded[rt.rank] = rt
+    def add(entry: Path, rts: list[RankTimeline], done: int) -> None:
+        for rt in rts:
+            if rt.rank in loaded:
+                raise ProfileError(entry, f"rank {rt.rank} appears twice (also {loaded[rt.rank].source}); expected one "
+                                          "profile per rank")
+            loaded[rt.rank] = rt
         if progress:
             progress(done, total, entry.name)
 
@@ -214,8 +215,8 @@ def load(path: str | Path, *, ranks: list[int] | None = None,
                 if per_rank is None:
                     add(entry, got, done)
                 else:
-                    add(entry, got[0], done)
-                    results[got[0].rank] = got[1]
+                    add(entry, [rt for rt, _ in got], done)
+                    results.update((rt.rank, res) for rt, res in got)
     else:
         for done, (entry, f, rank) in enumerate(jobs, 1):
             add(entry, _load_single(entry, f, rank, host_events, progress if total == 1 else None), done)

@@ -152,9 +152,53 @@ def read_step_trace_time(path: Path) -> list[dict[str, float | str]]:
     return out
 
 
+_DEVICE_PROCESSES = frozenset({HARDWARE_PROCESS, OVERLAP_PROCESS}) | HCCL_PROCESS_NAMES
+
+
+def device_groups(cols: Columns, source: str, warnings: list[Warning_]) -> dict[int | None, frozenset[object]]:
+    """The device processes (Ascend Hardware, Communication/HCCL, Overlap Analysis) of a trace, grouped by
+    the NPU they belong to, read from their ``NPU <id>`` labels (current CANN): {device id: pids}. One
+    group ``{None: ...}`` when the trace holds one device or its labels carry no id (older CANN writes a bare
+    ``NPU``; several Ascend Hardware processes without ids are then analysed as one device, with a warning)."""
+    pids = [pid for pid, name in cols.process_name.items() if name in _DEVICE_PROCESSES]
+    ids = {pid: _device_of(cols.process_label.get(pid)) for pid in pids}
+    known = sorted({d for d in ids.values() if d is not None})
+    if len(known) <= 1:
+        hw = [pid for pid in pids if cols.process_name[pid] == HARDWARE_PROCESS]
+        if len(hw) > 1 and not known:
+            warnings.append(Warning_(source, "device ids on the 'Ascend Hardware' processes (labels are a bare 'NPU')",
+                                     [f"{len(hw)} Ascend Hardware processes are analysed as one device: if they are "
+                                      "different NPUs, their overlap figures are mixed"]))
+        return {known[0] if known else None: frozenset(pids)}
+    unlabelled = [pid for pid, d in ids.items() if d is None]
+    if unlabelled:
+        warnings.append(Warning_(source, "an 'NPU <id>' label on some device processes",
+                                 [f"processes {', '.join(cols.process_name[p] for p in unlabelled)} (no device id) "
+                                  "are left out of every device"]))
+    return {d: frozenset(pid for pid, i in ids.items() if i == d) for d in known}
+
+
+def columns_to_ranks(cols: Columns, *, rank: int, source: str, fmt: str, kernel_details: dict[str, object] | None,
+                     step_trace: list[dict[str, float | str]] | None, warnings: list[Warning_],
+                     host_events: bool = False) -> list[RankTimeline]:
+    """One :class:`RankTimeline` per NPU in the trace: a trace of one device gives one, at ``rank``; a trace
+    that holds several NPUs (one process driving several devices) gives one per device, numbered by device id,
+    each with the host events and its own device processes only."""
+    groups = device_groups(cols, source, warnings)
+    if len(groups) == 1:
+        return [columns_to_rank(cols, rank=rank, source=source, fmt=fmt, kernel_details=kernel_details,
+                                step_trace=step_trace, warnings=warnings, host_events=host_events)]
+    every = frozenset().union(*groups.values())
+    return [columns_to_rank(cols, rank=int(d), source=source, fmt=fmt, kernel_details=kernel_details,  # type: ignore[arg-type]
+                            step_trace=step_trace, warnings=list(warnings), host_events=host_events,
+                            skip_pids=every - pids)
+            for d, pids in groups.items()]
+
+
 def columns_to_rank(cols: Columns, *, rank: int, source: str, fmt: str, kernel_details: dict[str, object] | None,
                     step_trace: list[dict[str, float | str]] | None, warnings: list[Warning_],
-                    host_events: bool = False) -> RankTimeline:
+                    host_events: bool = False, skip_pids: frozenset[object] = frozenset()) -> RankTimeline:
+    """The tracks of ``cols`` as one rank; the processes in ``skip_pids`` (another device's) are left out."""
     comm_names: frozenset[str] = kernel_details["comm_names"] if kernel_details else frozenset()  # type: ignore[assignment]
     b = TimelineBuilder()
     n_tracks = len(cols.tracks)
@@ -163,6 +207,8 @@ def columns_to_rank(cols: Columns, *, rank: int, source: str, fmt: str, kernel_d
     overlap_track_name: dict[int, str] = {}
     devices: set[int] = set()
     for t, (pid, tid) in enumerate(cols.tracks):
+        if pid in skip_pids:
+            continue
         pname = cols.process_name.get(pid, "")
         tname = cols.thread_name.get((pid, tid), "")
         label = cols.process_label.get(pid, "")
@@ -304,8 +350,9 @@ def msprof_json_files(output_dir: Path) -> list[Path]:
     return [f for f in files if re.match(r"^msprof_(slice_\d+_)?\d+\.json$", f.name)] or files
 
 
-def load_torch_npu(root: Path, rank: int, host_events: bool = False, on_bytes: ByteProgress | None = None) -> RankTimeline:
-    """``*_ascend_pt`` (or its ASCEND_PROFILER_OUTPUT) -> one rank."""
+def load_torch_npu(root: Path, rank: int, host_events: bool = False,
+                   on_bytes: ByteProgress | None = None) -> list[RankTimeline]:
+    """``*_ascend_pt`` (or its ASCEND_PROFILER_OUTPUT) -> one rank (one per NPU if the trace holds several)."""
     out = root / "ASCEND_PROFILER_OUTPUT" if (root / "ASCEND_PROFILER_OUTPUT").is_dir() else root
     warnings: list[Warning_] = []
     trace = out / "trace_view.json"
@@ -333,17 +380,20 @@ def load_torch_npu(root: Path, rank: int, host_events: bool = False, on_bytes: B
                                   "compute/communication classification (falls back to the task-name rule)"]))
     st_path = out / "step_trace_time.csv"
     st = read_step_trace_time(st_path) if st_path.is_file() else None
-    rt = columns_to_rank(cols, rank=rank, source=source, fmt=fmt, kernel_details=kd, step_trace=st, warnings=warnings,
-                         host_events=host_events)
+    rts = columns_to_ranks(cols, rank=rank, source=source, fmt=fmt, kernel_details=kd, step_trace=st,
+                           warnings=warnings, host_events=host_events)
     cj = out / "communication.json"
-    if cj.is_file():
-        rt.profiler_comm = read_communication_json(cj, rt.warnings)
-    _check_tracks(rt, Path(source))
-    return rt
+    for rt in rts:
+        if cj.is_file() and len(rts) == 1:  # its figures are per rank: they cannot be told apart per device
+            rt.profiler_comm = read_communication_json(cj, rt.warnings)
+        _check_tracks(rt, Path(source))
+    return rts
 
 
-def load_msprof(prof_dir: Path, rank: int, host_events: bool = False, on_bytes: ByteProgress | None = None) -> RankTimeline:
-    """A plain ``PROF_*`` directory (or its mindstudio_profiler_output, or one msprof_*.json) -> one rank."""
+def load_msprof(prof_dir: Path, rank: int, host_events: bool = False,
+                on_bytes: ByteProgress | None = None) -> list[RankTimeline]:
+    """A plain ``PROF_*`` directory (or its mindstudio_profiler_output, or one msprof_*.json) -> one rank (one
+    per NPU if the trace holds several)."""
     if prof_dir.is_file():
         files = [prof_dir]
     else:
@@ -352,13 +402,14 @@ def load_msprof(prof_dir: Path, rank: int, host_events: bool = False, on_bytes: 
         if not files:
             raise ProfileError(out, "no msprof_*.json; expected a PROF_*/mindstudio_profiler_output directory written by msprof --export=on")
     cols = merge_columns([columnarise(f, kineto_args=False, keep_host_x=host_events, on_bytes=on_bytes) for f in files])
-    rt = columns_to_rank(cols, rank=rank, source=str(files[0] if len(files) == 1 else files[0].parent), fmt="msprof",
-                         kernel_details=None, step_trace=None, warnings=[], host_events=host_events)
-    if rt.steps.ids.tolist() == [-1]:
-        rt.warnings.append(Warning_(str(files[0].parent), "framework ProfilerStep#N ranges",
-                                    ["steps (the whole capture is one step)", "Preparing"]))
-    _check_tracks(rt, files[0])
-    return rt
+    rts = columns_to_ranks(cols, rank=rank, source=str(files[0] if len(files) == 1 else files[0].parent),
+                           fmt="msprof", kernel_details=None, step_trace=None, warnings=[], host_events=host_events)
+    for rt in rts:
+        if rt.steps.ids.tolist() == [-1]:
+            rt.warnings.append(Warning_(str(files[0].parent), "framework ProfilerStep#N ranges",
+                                        ["steps (the whole capture is one step)", "Preparing"]))
+        _check_tracks(rt, files[0])
+    return rts
 
 
 def _check_tracks(rt: RankTimeline, path: Path) -> None:
