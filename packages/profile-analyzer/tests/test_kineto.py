@@ -316,3 +316,35 @@ def test_cpu_dbo_runtime_span_conventions(tmp_path):
     ex = rep["exposed_communication"][0]
     assert [(g["preceding_compute"], g["exposed_us"]) for g in ex["by_preceding_compute"] if g["exposed_us"]] == [
         ("dbo.ubatch1.compute.layer0", 20.0)]
+
+
+def test_cpu_compute_spans_win_over_a_thread_that_mostly_waits(tmp_path):
+    """A micro-batch thread whose collective ranges outlast its aten ops (it launched a long synchronous
+    collective) would count as a communication thread; aten ops inside its explicit
+    ``dbo.<ubatch>.compute.*`` spans are compute all the same. Aten ops inside the collective's own range are
+    not, span or no span; aten ops on such a thread outside any compute span stay bookkeeping."""
+    ev = []
+
+    def x(name, tid, s, e, cat="user_annotation"):
+        ev.append({"ph": "X", "cat": cat, "name": name, "pid": 1, "tid": tid, "ts": s, "dur": e - s})
+
+    x("dbo.ubatch0.compute.layer0", 11, 0, 50)
+    x("aten::mm", 11, 0, 50, "cpu_op")
+    x("c10d::allreduce_", 11, 50, 250, "cpu_op")  # 200 of communication vs 50 of compute on this thread
+    x("aten::copy_", 11, 60, 70, "cpu_op")  # the collective's own copy: inside its range
+    x("aten::empty", 11, 260, 262, "cpu_op")  # outside any span: bookkeeping
+    x("dbo.ubatch1.compute.layer0", 12, 50, 150)
+    x("aten::mm", 12, 50, 150, "cpu_op")
+    p = tmp_path / "rank0.pt.trace.json"
+    p.write_text(json.dumps({"traceEvents": ev}))
+    tl = pa.load(p)
+    (r,) = pa.analyze(tl).to_dict()["breakdown"]
+    # compute = [0, 50) on thread 11 and [50, 150) on thread 12; communication = [50, 250)
+    assert (r["computing"], r["communication"], r["overlapped"], r["communication_not_overlapped"]) == (150.0, 200.0, 100.0, 100.0)
+    # without the span the first thread's mm would not count: the same trace with the span renamed
+    for e in ev:
+        if e["name"] == "dbo.ubatch0.compute.layer0":
+            e["name"] = "my_region"
+    p.write_text(json.dumps({"traceEvents": ev}))
+    (r,) = pa.analyze(pa.load(p)).to_dict()["breakdown"]
+    assert r["computing"] == 100.0

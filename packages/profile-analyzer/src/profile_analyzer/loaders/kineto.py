@@ -11,7 +11,8 @@ Communication rule (explicit, used everywhere in this package):
   broadcast / barrier / send / recv) is communication; ``aten::*`` ops are compute, except those nested
   inside a communication range on the same thread (the collective's own copies) and those on a thread
   that spends more time in communication ranges than in aten ops (a communication/backend thread, whose
-  aten ops are the collectives' bookkeeping).
+  aten ops are the collectives' bookkeeping), unless they sit inside an explicit compute span
+  (``dbo.<micro-batch>.compute.<tag>``, written by dbo_runtime's profiling), which makes them compute.
 
 Overlap is then HTA's ``|comm ∩ comp| / |comm|`` (= Overlapped / Communication in the breakdown).
 ``ProfilerStep#N`` ranges give the steps; kernels join steps through their launch's ``correlation``.
@@ -36,6 +37,7 @@ COMM_RANGE = re.compile(
     r"(?i)(^c10d::|^gloo:|^nccl:|record_param_comms|all_?reduce|all_?gather|reduce_?scatter|all_?to_?all|"
     r"broadcast|barrier|^(i?send|i?recv)\b|_send$|_recv$)")
 MEMORY_KERNEL = re.compile(r"(?i)^(memcpy|memset|dma)")
+COMPUTE_SPAN = re.compile(r"^dbo\.[^.]+\.compute\.")  # dbo_runtime.profiling's compute spans
 _GPU_CATS = frozenset({"kernel", "gpu_memcpy", "gpu_memset", "Kernel", "Memcpy", "Memset", "mtia_kernel"})
 _LAUNCH_CATS = frozenset({"cuda_runtime", "cuda_driver", "Runtime", "runtime"})
 _COMPUTE_RANGE_CATS = frozenset({"cpu_op", "user_annotation"})
@@ -59,6 +61,7 @@ def load_kineto(path: Path, rank_hint: int, host_events: bool = False) -> RankTi
     name_memory = np.array([bool(MEMORY_KERNEL.search(n)) for n in names], dtype=bool)
     name_comm_range = np.array([bool(COMM_RANGE.search(n)) for n in names], dtype=bool)
     name_aten = np.array([n.startswith("aten::") for n in names], dtype=bool)
+    name_compute_span = np.array([bool(COMPUTE_SPAN.match(n)) for n in names], dtype=bool)
 
     b = TimelineBuilder()
     b.names.extend(names)
@@ -115,6 +118,19 @@ def load_kineto(path: Path, rank_hint: int, host_events: bool = False) -> RankTi
             if comm_len > comp_len:
                 comm_threads.add(int(t))
                 is_comp[on] = False
+        # explicit compute spans (dbo_runtime's ``dbo.<micro-batch>.compute.<tag>`` record_function ranges) say
+        # what is model compute: aten ops inside one are compute even on a thread that mostly waits on
+        # collectives (a micro-batch thread of a DBO run can), unless they sit inside a collective's range
+        marked = rng & name_compute_span[nid]
+        for t in np.unique(cols.track[marked]):
+            on = cols.track == t
+            span = iv.union(start[on & marked], end[on & marked])
+            cand = np.flatnonzero(on & rng & name_aten[nid] & ~is_comm)
+            inside = iv.overlap_with_each(start[cand], end[cand], span) >= (end[cand] - start[cand])
+            if on.any() and (on & is_comm).any():
+                cset = iv.union(start[on & is_comm], end[on & is_comm])
+                inside &= iv.overlap_with_each(start[cand], end[cand], cset) < (end[cand] - start[cand])
+            is_comp[cand[inside]] = True
         kind[is_comm] = int(Kind.COMMUNICATION)
         kind[is_comp] = int(Kind.COMPUTE)
     host = ~ev_gpu & ~gpu_annotation
