@@ -69,29 +69,33 @@ class _Handler(http.server.BaseHTTPRequestHandler):
         self._ok()
 
 
-def test_capture_waits_for_a_slow_trace_writer(tmp_path: Path, render_mod) -> None:
+def _capture(tmp_path: Path, render_mod, flush_timeout_s: int) -> tuple[subprocess.CompletedProcess[str], float, Path]:
+    """Render capture_profile.sh against the stand-in endpoints and run it: (result, seconds, report path)."""
     prof = tmp_path / "prof"
     prof.mkdir()
+    report_json = tmp_path / "reports" / "r.json"
     server = _FakeServer(("127.0.0.1", 0), _Handler)
     server.profile_dir = prof
     threading.Thread(target=server.serve_forever, daemon=True).start()
     try:
-        port = server.server_address[1]
-        report_json = tmp_path / "reports" / "r.json"
         script = tmp_path / "capture.sh"
         render_mod.write_atomically(script, render_mod.render("dbo-debug", "capture_profile.sh", {
-            "label": "slow-writer", "base_url": f"http://127.0.0.1:{port}", "model": "m", "profile_dir": str(prof),
-            "report_json": str(report_json), "bench_cmd": f"{sys.executable} -c pass",
+            "label": "writer", "base_url": f"http://127.0.0.1:{server.server_address[1]}", "model": "m",
+            "profile_dir": str(prof), "report_json": str(report_json), "bench_cmd": f"{sys.executable} -c pass",
             "analyzer": f"{sys.executable} -m profile_analyzer", "num_prompts": 1, "input_len": 8, "output_len": 2,
             "concurrency": 1, "health_timeout_s": 10, "bench_timeout_s": 30, "stop_timeout_s": 10,
-            "flush_timeout_s": 60, "analyse_timeout_s": 30,
+            "flush_timeout_s": flush_timeout_s, "analyse_timeout_s": 30,
         }))
         started = time.monotonic()
         done = subprocess.run(["bash", str(script)], capture_output=True, text=True, timeout=120, cwd=tmp_path)
-        took = time.monotonic() - started
+        return done, time.monotonic() - started, report_json
     finally:
         server.shutdown()
         server.server_close()
+
+
+def test_capture_waits_for_a_slow_trace_writer(tmp_path: Path, render_mod) -> None:
+    done, took, report_json = _capture(tmp_path, render_mod, flush_timeout_s=60)
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
     assert took >= WRITE_PAUSE_S  # it waited for the writer
     report = json.loads(report_json.read_text())
@@ -101,25 +105,8 @@ def test_capture_waits_for_a_slow_trace_writer(tmp_path: Path, render_mod) -> No
 
 
 def test_capture_gives_up_on_a_writer_that_never_finishes(tmp_path: Path, render_mod) -> None:
-    """A trace that stays incomplete (the gzip never ends) is reported after the flush timeout: exit 1."""
-    prof = tmp_path / "prof"
-    prof.mkdir()
-    server = _FakeServer(("127.0.0.1", 0), _Handler)
-    server.profile_dir = prof
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    try:
-        script = tmp_path / "capture.sh"
-        render_mod.write_atomically(script, render_mod.render("dbo-debug", "capture_profile.sh", {
-            "label": "stuck-writer", "base_url": f"http://127.0.0.1:{server.server_address[1]}", "model": "m",
-            "profile_dir": str(prof), "report_json": str(tmp_path / "r.json"), "bench_cmd": f"{sys.executable} -c pass",
-            "analyzer": f"{sys.executable} -m profile_analyzer", "num_prompts": 1, "input_len": 8, "output_len": 2,
-            "concurrency": 1, "health_timeout_s": 10, "bench_timeout_s": 30, "stop_timeout_s": 10,
-            "flush_timeout_s": 4, "analyse_timeout_s": 30,
-        }))
-        done = subprocess.run(["bash", str(script)], capture_output=True, text=True, timeout=120, cwd=tmp_path)
-    finally:
-        server.shutdown()
-        server.server_close()
+    """A trace still incomplete when the flush timeout ends is reported: exit 1, no report."""
+    done, _, report_json = _capture(tmp_path, render_mod, flush_timeout_s=4)
     assert done.returncode == 1, done.stdout[-2000:] + done.stderr[-2000:]
     assert "still being written" in done.stderr
-    assert not (tmp_path / "r.json").exists()
+    assert not report_json.exists()
