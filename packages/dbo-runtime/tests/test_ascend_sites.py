@@ -324,3 +324,17 @@ def test_site_outputs_are_marked_for_the_compute_stream(standin: Any) -> None:
         inst.uninstall()
     # the micro-batches ping-pong: both prepares complete before either combine
     assert marks == [(id(t), "compute-stream") for t in (h, r, h, r, out, out)]
+
+
+def test_changed_signature_is_refused_and_patches_nothing(standin: Any) -> None:
+    # vllm-ascend main (2026-08) dropped `label` and `is_ep_comm` from the FlashComm1 all-gather impl: the
+    # table's site exists there but no longer takes what the wrappers read. Simulated on the stand-in by a site
+    # whose table entry expects a parameter the stand-in function does not have.
+    changed = dataclasses.replace(site_by_name("a3.moe_dispatch"),
+                                  params=(*site_by_name("a3.moe_dispatch").params, "label"))
+    sites = [site_by_name("a2.moe_prepare"), changed]
+    cls = _mod("vllm_ascend.ops.fused_moe.prepare_finalize").PrepareAndFinalizeWithAllGather
+    original = vars(cls)["prepare"]
+    with pytest.raises(DBOConfigError, match=r"a3\.moe_dispatch .*signature changed.*missing label.*doctor"):
+        install_sites(sites, module_prefix=PREFIX)
+    assert vars(cls)["prepare"] is original

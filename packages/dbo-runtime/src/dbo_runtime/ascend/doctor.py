@@ -13,7 +13,14 @@ import sys
 from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass, field
 
-from dbo_runtime.ascend.sites import PATCHED_SYMBOLS, SITES, VLLM_SYMBOLS, HookSite, PatchedSymbol
+from dbo_runtime.ascend.sites import (
+    PATCHED_SYMBOLS,
+    SITES,
+    VLLM_SYMBOLS,
+    HookSite,
+    PatchedSymbol,
+    missing_in_order,
+)
 from dbo_runtime.ascend.source import PackageSource, installed_source, open_source
 from dbo_runtime.errors import DBOConfigError
 
@@ -81,17 +88,6 @@ def _find(tree: ast.Module, qualname: str) -> list[_DefNode]:
 def _param_names(node: ast.FunctionDef | ast.AsyncFunctionDef) -> list[str]:
     a = node.args
     return [p.arg for p in (*a.posonlyargs, *a.args, *a.kwonlyargs)]
-
-
-def _missing_in_order(wanted: Sequence[str], have: Sequence[str]) -> list[str]:
-    """Names of ``wanted`` that are not found as an in-order subsequence of ``have``."""
-    missing, pos = [], 0
-    for name in wanted:
-        try:
-            pos = have.index(name, pos) + 1
-        except ValueError:
-            missing.append(name)
-    return missing
 
 
 def _called_names(node: ast.AST) -> set[str]:
@@ -181,7 +177,7 @@ def _check_one(row: HookSite | PatchedSymbol, source: PackageSource, trees: dict
             params = row.params
             if params:
                 have = _param_names(node)
-                missing = _missing_in_order(params, have)
+                missing = missing_in_order(params, have)
                 trial.signature_ok = not missing
                 if missing:
                     trial.problems.append(

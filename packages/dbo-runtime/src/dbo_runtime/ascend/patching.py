@@ -12,12 +12,13 @@ from __future__ import annotations
 
 import functools
 import importlib
+import inspect
 import logging
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from dbo_runtime.ascend.sites import SITES, HookSite
+from dbo_runtime.ascend.sites import SITES, HookSite, missing_in_order
 from dbo_runtime.errors import DBOConfigError
 
 __all__ = ["Installation", "InstalledPatch", "install_sites", "resolve", "default_stream_wrapper"]
@@ -96,6 +97,22 @@ def resolve(module: str, qualname: str, *, module_prefix: Mapping[str, str] | No
     return owner, leaf, raw
 
 
+def check_signature(site: HookSite, raw: Any) -> None:
+    """Refuse a site whose live function lost a parameter the table relies on (the release differs from the one
+    the table was written for): the wrappers and the runner read those arguments."""
+    fn = getattr(raw, "__func__", raw)
+    try:
+        have = list(inspect.signature(fn).parameters)
+    except (TypeError, ValueError):  # a builtin or C function: nothing to compare
+        return
+    missing = missing_in_order(site.params, have)
+    if missing:
+        raise DBOConfigError(
+            f"DBO hook site {site.name} ({site.target}): signature changed: expected parameters "
+            f"{', '.join(site.params)} in this order, missing {', '.join(missing)} (has: {', '.join(have)}); this "
+            "vLLM-Ascend is not the release the site table was written for: run `dbo-runtime doctor`")
+
+
 def _wrap_raw(site: str, raw: Any, wrap: StreamWrapper) -> Any:
     """Wrap a function/staticmethod/classmethod as found in a class or module __dict__, keeping its kind."""
     if isinstance(raw, staticmethod):
@@ -143,6 +160,7 @@ def install_sites(
         if getattr(raw, "__dbo_site__", None) == site.name or getattr(
                 getattr(raw, "__func__", None), "__dbo_site__", None) == site.name:
             raise DBOConfigError(f"DBO hook site {site.name} is already installed")
+        check_signature(site, raw)
         resolved.append((site, owner, attr, raw))
 
     installation = Installation()

@@ -15,6 +15,7 @@ body must still call, for sites whose collective is reached through another site
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -40,6 +41,18 @@ HOOK_KINDS: dict[str, str] = {
     "by torch.compile",
     "via": "no wrapper of its own: its collectives go through the custom op of the site named in `via`",
 }
+
+
+def missing_in_order(wanted: Sequence[str], have: Sequence[str]) -> list[str]:
+    """Names of ``wanted`` that are not found as an in-order subsequence of ``have`` (the check of a site's
+    parameters, in the doctor from the source and at install time from the live function)."""
+    missing, pos = [], 0
+    for name in wanted:
+        try:
+            pos = list(have).index(name, pos) + 1
+        except ValueError:
+            missing.append(name)
+    return missing
 
 
 @dataclass(frozen=True)
