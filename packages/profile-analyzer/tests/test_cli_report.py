@@ -163,3 +163,20 @@ def test_profile_error_survives_pickling() -> None:
 
     e = pickle.loads(pickle.dumps(ProfileError("/x/trace_view.json", "truncated JSON")))
     assert (e.path, e.problem, str(e)) == ("/x/trace_view.json", "truncated JSON", "/x/trace_view.json: truncated JSON")
+
+
+def test_text_headers_never_break_inside_a_word(profiles):
+    from profile_analyzer.api import analyze
+    from profile_analyzer.loaders import load
+    from profile_analyzer.report.tables import tables
+    from profile_analyzer.report.text import render_text
+
+    d = analyze(load(profiles[1])).to_dict()
+    for width in (100, 150):
+        text = render_text(d, width=width)
+        cells = {c.strip() for line in text.splitlines() for c in line.replace("┃", "│").split("│")}
+        words = {w for _, headers, rows in tables(d, short=True) if rows for h in headers for w in h.split()}
+        assert {"Computing", "Communication", "Preparing"} <= words
+        # every header word shows whole on some header line of its table
+        broken = [w for w in words if not any(w in c.split() for c in cells)]
+        assert not broken, (width, broken)

@@ -6,6 +6,7 @@ import argparse
 import functools
 import json
 import os
+import shutil
 import sys
 import tempfile
 from pathlib import Path
@@ -93,7 +94,10 @@ def render(report_dict: dict[str, Any], fmt: str) -> str:
         return render_html(report_dict)
     from profile_analyzer.report.text import render_text
 
-    return render_text(report_dict, color=sys.stdout.isatty() and not os.environ.get("NO_COLOR"))
+    tty = sys.stdout.isatty()
+    # a terminal's own width (at least 100); files and pipes get room for the widest table (breakdown)
+    width = max(100, shutil.get_terminal_size((150, 24)).columns) if tty else 150
+    return render_text(report_dict, width=width, color=tty and not os.environ.get("NO_COLOR"))
 
 
 def _fail(exc: ProfileError) -> int:
