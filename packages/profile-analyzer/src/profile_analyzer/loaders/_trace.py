@@ -1,10 +1,12 @@
 """Fast decoding of Chrome-trace JSON (trace_view.json, msprof_*.json, Kineto) into columnar chunks.
 
 Decoding uses msgspec typed structs that keep only the fields the analyses need; unknown keys are skipped
-by the C decoder. A top-level JSON array (the Ascend files) is decoded in slices of about
-``CHUNK_BYTES`` so that peak memory stays near the size of the file rather than several times it: the
-file is cut after a ``}`` that is followed by ``,`` and ``{``; a cut that lands inside a nested value
-makes the slice fail to decode and the next candidate is tried.
+by the C decoder. A top-level JSON array (the Ascend files) and the ``traceEvents`` array of a Kineto
+object (``{"traceEvents": [...], ...}``) are decoded in slices of about ``CHUNK_BYTES`` so that peak
+memory stays near the size of the file rather than several times it: the array is cut after a ``}`` that
+is followed by ``,`` and ``{``; a cut that lands inside a nested value makes the slice fail to decode and
+the next candidate is tried. The rest of a Kineto object (its other keys, before or after the array) is
+decoded on its own with the array left empty.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ import numpy as np
 from profile_analyzer.errors import ProfileError
 
 CHUNK_BYTES = 1 << 20  # 1 MiB: measured faster than 4 MiB (the slice's objects stay in cache) and a smaller peak
+STREAM_KINETO = True  # False: decode Kineto objects whole (the tests compare both ways)
 
 
 class Args(msgspec.Struct, gc=False, frozen=True):
@@ -81,7 +84,7 @@ class DecodedFile:
     """All events of one file, plus file-level metadata (Kineto ``distributedInfo``)."""
 
     chunks: Iterator[list[Event]]
-    distributed_info: dict[str, object] | None
+    distributed_info: dict[str, object] | None  # of a Kineto file: set once ``chunks`` is exhausted
     wrapped: bool  # True for {"traceEvents": [...]} files
 
 
@@ -102,13 +105,131 @@ def read_bytes(path: Path) -> bytes:
 _CUT = re.compile(rb"\}\s*,\s*\{")
 
 
-def _decode_list(path: Path, data: bytes | memoryview) -> list[Event]:
+def _decode_list(path: Path, data: bytes | memoryview, kineto: bool = False, first: int = 0) -> list[Event]:
+    """One slice; ``first``: how many events of the file came before it (for the position in messages)."""
     try:
         return _list_decoder.decode(data)
     except msgspec.ValidationError as exc:
-        raise ProfileError(path, f"not a Chrome trace event list ({exc}); expected trace_view.json / msprof_*.json events") from None
+        raise _bad_event(path, exc, kineto, first) from None
     except msgspec.DecodeError as exc:
+        if kineto:
+            raise _bad_kineto_json(path, exc) from None
         raise ProfileError(path, f"truncated or invalid JSON ({exc}); expected a complete Chrome trace") from None
+
+
+_AT_INDEX = re.compile(r"`\$\[(\d+)\]")
+
+
+def _bad_event(path: Path, exc: msgspec.ValidationError, kineto: bool, first: int) -> ProfileError:
+    """An event of a slice that is not a trace event, named by its position in the file."""
+    where = "$.traceEvents[" if kineto else "$["
+    msg = _AT_INDEX.sub(lambda m: f"`{where}{first + int(m.group(1))}]", str(exc))
+    if kineto:
+        return _not_kineto(path, msg)
+    return ProfileError(path, f"not a Chrome trace event list ({msg}); expected trace_view.json / msprof_*.json events")
+
+
+def _not_kineto(path: Path, exc: Exception | str) -> ProfileError:
+    return ProfileError(path, f"not a trace: {exc}; expected a Chrome/Kineto trace with traceEvents")
+
+
+def _bad_kineto_json(path: Path, exc: Exception | str) -> ProfileError:
+    return ProfileError(path, f"truncated or invalid JSON ({exc}); expected a complete Chrome/Kineto trace")
+
+
+# Locating the traceEvents array of a Kineto object. The object's tokens are walked from its '{': strings
+# whole (so a "traceEvents" inside a string, or a bracket inside one, is skipped), brackets counted (so a
+# "traceEvents" key of a nested object is not at depth 1). Only the part before the array is walked.
+_TOKEN = re.compile(rb'"[^"\\]*(?:\\.[^"\\]*)*"|[\[\]{}]|"', re.S)
+_EVENTS_KEY = b'"traceEvents"'
+_HEAD_LIMIT = 8 << 20  # the array must start within this many bytes, else the whole file is decoded at once
+_MORE = -1
+
+
+def _skip_ws(buf: bytes | bytearray | mmap.mmap, i: int, end: int) -> int:
+    while i < end and buf[i] in _WS:
+        i += 1
+    return i
+
+
+def _events_array_start(buf: bytes | bytearray | mmap.mmap, start: int, end: int) -> int | None:
+    """Index of the ``[`` that opens the value of the top-level ``"traceEvents"`` key of the object whose
+    ``{`` is at ``start``; ``None`` when the object has no such array (no such key, or its value is not an
+    array); ``_MORE`` when ``buf[start:end]`` ends before that is known."""
+    depth = 0
+    for m in _TOKEN.finditer(buf, start, end):
+        a, b = m.span()
+        c = buf[a]
+        if c == 0x22:  # '"'
+            if b - a == 1:
+                return _MORE  # a string not closed within the window
+            if depth == 1 and b - a == len(_EVENTS_KEY) and buf[a:b] == _EVENTS_KEY:
+                j = _skip_ws(buf, b, end)
+                if j == end:
+                    return _MORE
+                if buf[j] != 0x3A:  # not followed by ':': a string value "traceEvents", not a key
+                    continue
+                j = _skip_ws(buf, j + 1, end)
+                if j == end:
+                    return _MORE
+                return j if buf[j] == 0x5B else None
+        elif c in (0x7B, 0x5B):
+            depth += 1
+        else:
+            depth -= 1
+            if depth == 0:
+                return None  # the object closed without a top-level traceEvents array
+    return _MORE
+
+
+def _kineto_prefix_ok(prefix: bytes) -> bool:
+    """The part of the object before the array (ending with its ``[``), closed right after, decodes."""
+    try:
+        _kineto_decoder.decode(prefix + b"]}")
+    except (msgspec.DecodeError, msgspec.ValidationError):
+        return False
+    return True
+
+
+def _kineto_rest(path: Path, out: DecodedFile, prefix: bytes, suffix: bytes | memoryview) -> None:
+    """Decode the object without the array's contents (``prefix`` ends with its ``[``, ``suffix`` starts
+    with its ``]``) and take the file-level metadata from it."""
+    try:
+        f = _kineto_decoder.decode(prefix + bytes(suffix))
+    except msgspec.ValidationError as exc:
+        raise _not_kineto(path, exc) from None
+    except msgspec.DecodeError as exc:
+        raise _bad_kineto_json(path, exc) from None
+    out.distributed_info = f.distributedInfo
+
+
+def _whole_object(path: Path, out: DecodedFile) -> Iterator[list[Event]]:
+    """A Kineto object decoded at once: for files whose traceEvents array could not be located as above."""
+    buf = read_bytes(path)
+    try:
+        f = _kineto_decoder.decode(buf)
+    except msgspec.ValidationError as exc:
+        raise _not_kineto(path, exc) from None
+    except msgspec.DecodeError as exc:
+        raise _bad_kineto_json(path, exc) from None
+    del buf  # the ts values keep what they need alive
+    out.distributed_info = f.distributedInfo
+    yield f.traceEvents
+
+
+_TRAILING = re.compile(r"trailing characters \(byte (\d+)\)")
+
+
+def _list_end(exc: msgspec.DecodeError, data: bytes | bytearray | memoryview) -> int | None:
+    """When decoding ``data`` (a list) failed on bytes after the complete list: the index of the list's
+    closing ``]``. msgspec reports the offset just past the first such byte."""
+    m = _TRAILING.search(str(exc))
+    if m is None:
+        return None
+    i = int(m.group(1)) - 2  # the byte before the first trailing one
+    while i > 0 and data[i] in _WS:
+        i -= 1
+    return i if i > 0 and data[i] == 0x5D else None
 
 
 def _open_binary(path: Path):
@@ -126,17 +247,25 @@ _TAIL = 1 << 16
 ByteProgress = Callable[[int, int, str], None]
 
 
-def _stream_array_chunks(path: Path, on_bytes: ByteProgress | None = None) -> Iterator[list[Event]]:
+def _stream_array_chunks(path: Path, on_bytes: ByteProgress | None = None,
+                         out: DecodedFile | None = None) -> Iterator[list[Event]]:
     """Decode a top-level JSON array while reading it in ``CHUNK_BYTES`` blocks: memory stays at a few
     blocks whatever the file size. Each slice ends at a ``}`` followed by ``,`` and ``{`` near the end of the
     data read so far; the byte after that ``}`` is overwritten with ``]`` and the first byte of the slice
-    with ``[`` for decoding. A cut inside a nested value fails to decode and an earlier one is tried."""
+    with ``[`` for decoding. A cut inside a nested value fails to decode and an earlier one is tried.
+
+    With ``out`` the file is a Kineto object: the ``traceEvents`` array is streamed the same way, the
+    array's end is where msgspec reports bytes after a complete list, and the rest of the object is decoded
+    at the end into ``out.distributed_info``."""
     f = _open_binary(path)
     try:
         size = path.stat().st_size if on_bytes is not None and path.suffix != ".gz" else 0
         done = 0
         carry = bytearray()
         started = False
+        prefix = b""  # Kineto: the object up to and including the array's '['
+        last = -1  # Kineto: index in carry of the array's ']' once it is known
+        n_done = 0  # events decoded so far
         while True:
             try:
                 block = f.read(CHUNK_BYTES)
@@ -151,17 +280,39 @@ def _stream_array_chunks(path: Path, on_bytes: ByteProgress | None = None) -> It
                 stripped = carry.lstrip()
                 if not stripped and block:
                     continue
-                if not stripped.startswith(b"["):
-                    raise ProfileError(path, "not a JSON array of trace events; expected trace_view.json / msprof_*.json")
-                del carry[: len(carry) - len(stripped)]
+                if out is None:
+                    if not stripped.startswith(b"["):
+                        raise ProfileError(path, "not a JSON array of trace events; expected trace_view.json / msprof_*.json")
+                    del carry[: len(carry) - len(stripped)]
+                else:
+                    del carry[: len(carry) - len(stripped)]
+                    arr = _events_array_start(carry, 0, len(carry)) if carry.startswith(b"{") else None
+                    if arr == _MORE and block and len(carry) < _HEAD_LIMIT:
+                        continue
+                    if arr is None or arr == _MORE or not _kineto_prefix_ok(bytes(carry[: arr + 1])):
+                        # no top-level traceEvents array found near the start: decode the file at once
+                        f.close()
+                        yield from _whole_object(path, out)
+                        return
+                    prefix = bytes(carry[: arr + 1])
+                    del carry[:arr]  # carry[0] is the array's '['
                 started = True
+            if last >= 0 and block:
+                continue  # Kineto: the array has ended, the rest of the object is being read
             if not block:  # end of file: the rest must close the array
+                if out is not None:
+                    carry[0] = 0x5B
+                    if last < 0:
+                        last = _kineto_array_end(path, bytes(carry), 0, n_done)
+                    yield _decode_list(path, bytes(carry[: last + 1]), True, n_done)
+                    _kineto_rest(path, out, prefix, carry[last:])
+                    return
                 end = len(carry.rstrip())
                 if end == 0 or carry[end - 1] != 0x5D:
                     raise ProfileError(path, "truncated JSON: the top-level array is not closed; expected a complete "
                                              "Chrome trace (JSON list of events)")
                 carry[0] = 0x5B
-                yield _decode_list(path, bytes(carry[:end]))
+                yield _decode_list(path, bytes(carry[:end]), False, n_done)
                 return
             if len(carry) < CHUNK_BYTES:
                 continue
@@ -179,26 +330,53 @@ def _stream_array_chunks(path: Path, on_bytes: ByteProgress | None = None) -> It
                     with memoryview(carry) as view:
                         piece = bytes(view[: close + 1])
                     decoded = _list_decoder.decode(piece)
-                except (msgspec.DecodeError, msgspec.ValidationError):
+                except msgspec.ValidationError as exc:  # an event that is not one, whatever the cut
+                    raise _bad_event(path, exc, out is not None, n_done) from None
+                except msgspec.DecodeError as exc:
                     decoded = None
+                    at = _list_end(exc, carry) if out is not None else None
+                    if at is not None:  # Kineto: the array ended before this cut
+                        carry[close] = saved
+                        last = at
+                        break
                 carry[close] = saved
                 if decoded is not None:
                     del carry[: m.end() - 2]  # keep from the byte just before the next '{'
                     break
             if decoded is not None:
+                n_done += len(decoded)
                 yield decoded
     finally:
         f.close()
 
 
+def _kineto_array_end(path: Path, data: bytes | memoryview, base: int, first: int) -> int:
+    """Index (``base`` + offset) of the ``]`` that closes the array starting at ``data[0]``, which the
+    rest of the object follows: msgspec reports where the bytes after the complete list begin."""
+    try:
+        _list_decoder.decode(data)
+    except msgspec.ValidationError as exc:
+        raise _bad_event(path, exc, True, first) from None
+    except msgspec.DecodeError as exc:
+        at = _list_end(exc, data)
+        if at is None:
+            raise _bad_kineto_json(path, exc) from None
+        return base + at
+    raise _bad_kineto_json(path, "the top-level object is not closed")
+
+
 _WS = b" \t\r\n"
 
 
-def _mapped_array_chunks(path: Path, on_bytes: ByteProgress | None = None) -> Iterator[list[Event]]:
+def _mapped_array_chunks(path: Path, on_bytes: ByteProgress | None = None,
+                         out: DecodedFile | None = None) -> Iterator[list[Event]]:
     """Like :func:`_stream_array_chunks`, for an uncompressed file, without copying it: the file is mapped
     copy-on-write (the brackets written at the cuts never reach the file) and each slice is decoded straight
     from the mapping. Pages already decoded are handed back (``MADV_DONTNEED``) so resident memory stays at
-    about one slice; a private mapping re-reads such a page from the file if it is touched again."""
+    about one slice; a private mapping re-reads such a page from the file if it is touched again.
+
+    With ``out`` the file is a Kineto object: its ``traceEvents`` array is decoded in slices the same way
+    (its end is found where msgspec reports bytes after a complete list), then the rest of the object."""
     try:
         with open(path, "rb") as fh:
             size = os.fstat(fh.fileno()).st_size
@@ -211,24 +389,42 @@ def _mapped_array_chunks(path: Path, on_bytes: ByteProgress | None = None) -> It
         raise ProfileError(path, f"cannot be read ({exc.__class__.__name__}: {exc})") from None
     view = memoryview(mm)
     can_drop = hasattr(mm, "madvise") and hasattr(mmap, "MADV_DONTNEED")
+    kineto = out is not None
     try:
         lo = 0
         while lo < size and mm[lo] in _WS:
             lo += 1
-        if lo == size or mm[lo] != 0x5B:
-            raise ProfileError(path, "not a JSON array of trace events; expected trace_view.json / msprof_*.json")
-        last = size - 1
-        while last > lo and mm[last] in _WS:
-            last -= 1
-        if last == lo or mm[last] != 0x5D:
-            raise ProfileError(path, "truncated JSON: the top-level array is not closed; expected a complete "
-                                     "Chrome trace (JSON list of events)")
+        prefix = b""
+        last: int | None
+        if not kineto:
+            if lo == size or mm[lo] != 0x5B:
+                raise ProfileError(path, "not a JSON array of trace events; expected trace_view.json / msprof_*.json")
+            last = size - 1
+            while last > lo and mm[last] in _WS:
+                last -= 1
+            if last == lo or mm[last] != 0x5D:
+                raise ProfileError(path, "truncated JSON: the top-level array is not closed; expected a complete "
+                                         "Chrome trace (JSON list of events)")
+        else:
+            arr = _events_array_start(mm, lo, min(size, lo + _HEAD_LIMIT)) if lo < size and mm[lo] == 0x7B else None
+            if arr is None or arr == _MORE or not _kineto_prefix_ok(mm[lo: arr + 1]):
+                # no top-level traceEvents array found near the start: decode the file at once
+                yield from _whole_object(path, out)  # type: ignore[arg-type]
+                return
+            prefix = mm[lo: arr + 1]
+            lo = arr
+            last = None  # found when a decode runs past the array's end
         dropped = 0
         reach = CHUNK_BYTES
+        n_done = 0  # events decoded so far
         while True:
-            if last + 1 - lo <= reach + (reach >> 2):  # the rest, up to the closing bracket
+            if (size if last is None else last + 1) - lo <= reach + (reach >> 2):  # the rest, up to the closing bracket
                 mm[lo] = 0x5B
-                yield _decode_list(path, view[lo: last + 1])
+                if last is None:
+                    last = _kineto_array_end(path, view[lo:], lo, n_done)
+                yield _decode_list(path, view[lo: last + 1], kineto, n_done)
+                if kineto:
+                    _kineto_rest(path, out, prefix, view[last:])  # type: ignore[arg-type]
                 if on_bytes is not None:
                     on_bytes(size, size, path.name)
                 return
@@ -244,16 +440,25 @@ def _mapped_array_chunks(path: Path, on_bytes: ByteProgress | None = None) -> It
                 mm[close] = 0x5D
                 try:
                     decoded = _list_decoder.decode(view[lo: close + 1])
-                except (msgspec.DecodeError, msgspec.ValidationError):
+                except msgspec.ValidationError as exc:  # an event that is not one, whatever the cut
+                    raise _bad_event(path, exc, kineto, n_done) from None
+                except msgspec.DecodeError as exc:
                     decoded = None
+                    at = _list_end(exc, view[lo: close + 1]) if kineto else None
+                    if at is not None:  # Kineto: the array ended before this cut
+                        mm[close] = saved
+                        last = lo + at
+                        break
                 mm[close] = saved
                 if decoded is not None:
                     lo = m.end() - 2  # the byte just before the next '{'
                     break
-            if decoded is None:  # no usable cut in this stretch: take a longer one
-                reach += CHUNK_BYTES
-                continue
+            if decoded is None:
+                if last is None or last >= lo + reach:  # no usable cut in this stretch: take a longer one
+                    reach += CHUNK_BYTES
+                continue  # else the Kineto array's end was found in it: the rest is its last slice
             reach = CHUNK_BYTES
+            n_done += len(decoded)
             yield decoded
             del decoded
             if on_bytes is not None:
@@ -271,19 +476,21 @@ def _mapped_array_chunks(path: Path, on_bytes: ByteProgress | None = None) -> It
 
 
 def decode_trace(path: Path, on_bytes: ByteProgress | None = None) -> DecodedFile:
+    """The events of a trace file in slices. For a Kineto object ``distributed_info`` is filled in once
+    ``chunks`` has been consumed (the rest of the object is decoded after the array)."""
     kind = peek_kind(path, strict=False)
     if kind == "list":
         chunks = _stream_array_chunks(path, on_bytes) if path.suffix == ".gz" else _mapped_array_chunks(path, on_bytes)
         return DecodedFile(chunks, None, False)
     if kind == "object":
-        buf = read_bytes(path)
-        try:
-            f = _kineto_decoder.decode(buf)
-        except msgspec.ValidationError as exc:
-            raise ProfileError(path, f"not a trace: {exc}; expected a Chrome/Kineto trace with traceEvents") from None
-        except msgspec.DecodeError as exc:
-            raise ProfileError(path, f"truncated or invalid JSON ({exc}); expected a complete Chrome/Kineto trace") from None
-        return DecodedFile(iter([f.traceEvents]), f.distributedInfo, True)
+        out = DecodedFile(iter(()), None, True)
+        if not STREAM_KINETO:
+            out.chunks = _whole_object(path, out)
+        elif path.suffix == ".gz":
+            out.chunks = _stream_array_chunks(path, on_bytes, out)
+        else:
+            out.chunks = _mapped_array_chunks(path, on_bytes, out)
+        return out
     if not path.exists():
         raise ProfileError(path, "file not found")
     raise ProfileError(path, "not JSON; expected a Chrome trace (trace_view.json, msprof_*.json or a Kineto trace)")
@@ -558,6 +765,33 @@ def _track_ids(tracks: _Interner, pids: list, tids: list) -> np.ndarray:
     return table[key]
 
 
+def _renumber_tracks(tracks: _Interner, track: np.ndarray) -> np.ndarray:
+    """Track ids as :func:`_track_ids` numbers them over a whole file in one go, for columns built slice by
+    slice (where each slice numbers its new tracks on its own): sorted (pid, tid) order when all ids are
+    integers and the dense table fits, else first-seen order. So a Kineto trace gives the same ids, and
+    streams in the same order, whether it was decoded in slices or at once."""
+    pairs = tracks.values
+    n = len(pairs)
+    if n < 2:
+        return track
+    pids = {p for p, _ in pairs}
+    tids = {t for _, t in pairs}
+    if (len(pids) * len(tids) <= (1 << 22) and all(type(v) is int for v in pids)
+            and all(type(v) is int for v in tids)):
+        order = sorted(range(n), key=pairs.__getitem__)
+    else:
+        ids, first = np.unique(track, return_index=True)
+        order = ids[np.argsort(first, kind="stable")].tolist()
+    if order == list(range(n)):
+        return track
+    lut = np.empty(n, dtype=np.int32)
+    lut[order] = np.arange(n, dtype=np.int32)
+    tracks.values[:] = [pairs[i] for i in order]
+    tracks.index.clear()
+    tracks.index.update((p, i) for i, p in enumerate(tracks.values))
+    return lut[track]
+
+
 def flow_id_array(ids: list[object]) -> np.ndarray:
     """Flow ids as int64 when they all are integers that fit, else as strings."""
     try:
@@ -695,6 +929,8 @@ def _columnarise(path: Path, flow_cats: frozenset[str], kineto_args: bool, keep_
         cols = [np.concatenate([p[i] for p in parts]) for i in range(8)]
     else:
         cols = [np.zeros(0, dtype=t) for t in (np.int32, np.int64, np.int64, np.int32, np.int32, np.int32, np.int64, np.int64)]
+    if decoded.wrapped and len(parts) > 1:
+        cols[0] = _renumber_tracks(tracks, cols[0])
     return Columns(track=cols[0], start_ns=cols[1], dur_ns=cols[2], name_id=cols[3], cat_id=cols[4],
                    task_type_id=cols[5], stream_arg=cols[6], correlation=cols[7], tracks=tracks.values,
                    names=names.values, cats=cats.values, task_types=ttypes.values, process_name=process_name,
