@@ -88,14 +88,18 @@ def test_install_and_uninstall_at_every_table_site(standin: Any) -> None:
         assert vars(owner)[leaf] is original, name
 
 
-def test_missing_site_patches_nothing(standin: Any) -> None:
-    renamed = dataclasses.replace(site_by_name("a3.moe_dispatch"), qualname="TokenDispatcherWithAll2AllV.gone")
-    sites = [site_by_name("a2.moe_prepare"), renamed]
+def _refused_with_nothing_patched(bad_dispatch_site: Any, match: str) -> None:
+    """Installing a good site together with ``bad_dispatch_site`` fails with ``match`` and patches neither."""
     cls = _mod("vllm_ascend.ops.fused_moe.prepare_finalize").PrepareAndFinalizeWithAllGather
     original = vars(cls)["prepare"]
-    with pytest.raises(DBOConfigError, match=r"gone is not defined on TokenDispatcherWithAll2AllV.*doctor"):
-        install_sites(sites, module_prefix=PREFIX)
+    with pytest.raises(DBOConfigError, match=match):
+        install_sites([site_by_name("a2.moe_prepare"), bad_dispatch_site], module_prefix=PREFIX)
     assert vars(cls)["prepare"] is original
+
+
+def test_missing_site_patches_nothing(standin: Any) -> None:
+    renamed = dataclasses.replace(site_by_name("a3.moe_dispatch"), qualname="TokenDispatcherWithAll2AllV.gone")
+    _refused_with_nothing_patched(renamed, r"gone is not defined on TokenDispatcherWithAll2AllV.*doctor")
 
 
 def _layer(tag: str, pf: Any, td: Any, log: list, x: torch.Tensor) -> torch.Tensor:
@@ -332,9 +336,4 @@ def test_changed_signature_is_refused_and_patches_nothing(standin: Any) -> None:
     # whose table entry expects a parameter the stand-in function does not have.
     changed = dataclasses.replace(site_by_name("a3.moe_dispatch"),
                                   params=(*site_by_name("a3.moe_dispatch").params, "label"))
-    sites = [site_by_name("a2.moe_prepare"), changed]
-    cls = _mod("vllm_ascend.ops.fused_moe.prepare_finalize").PrepareAndFinalizeWithAllGather
-    original = vars(cls)["prepare"]
-    with pytest.raises(DBOConfigError, match=r"a3\.moe_dispatch .*signature changed.*missing label.*doctor"):
-        install_sites(sites, module_prefix=PREFIX)
-    assert vars(cls)["prepare"] is original
+    _refused_with_nothing_patched(changed, r"a3\.moe_dispatch .*signature changed.*missing label.*doctor")
