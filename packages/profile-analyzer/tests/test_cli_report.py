@@ -180,3 +180,15 @@ def test_text_headers_never_break_inside_a_word(profiles):
         # every header word shows whole on some header line of its table
         broken = [w for w in words if not any(w in c.split() for c in cells)]
         assert not broken, (width, broken)
+
+
+def test_jobs_default_and_bad_values(profiles, monkeypatch):
+    from profile_analyzer import commands
+
+    monkeypatch.setattr(commands.os, "sched_getaffinity", lambda pid: {0, 1, 2, 3})
+    assert commands.default_jobs() == 2
+    monkeypatch.setattr(commands.os, "sched_getaffinity", lambda pid: {0})
+    assert commands.default_jobs() == 1
+    for bad in ("0", "-3", "two"):
+        res = run("report", str(profiles[0]), "--jobs", bad)
+        assert res.returncode == 2 and "expected a number of processes >= 1" in res.stderr, res.stderr

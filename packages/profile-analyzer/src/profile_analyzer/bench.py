@@ -204,9 +204,7 @@ def trace_files(truth: GroundTruth) -> dict[int, Path]:
 def run_ours(truth: GroundTruth, work: Path, timeout_s: float, cprofile: bool = False, jobs: int = 1) -> tuple[Run, dict]:
     out = work / "report.json"
     cmd = [sys.executable, "-m", "profile_analyzer", "report", str(truth.root), "--format", "json", "--output",
-           str(out)]
-    if jobs > 1:
-        cmd += ["--jobs", str(jobs)]
+           str(out), "--jobs", str(jobs)]  # always explicit: the CLI's default depends on the machine
     if cprofile:  # where the time goes: the top of a cProfile of the same command
         cmd = [sys.executable, "-m", "cProfile", "-o", str(work / "ours.pstats"), *cmd[1:]]
     run = measure(cmd, timeout_s, work / "ours.log")
