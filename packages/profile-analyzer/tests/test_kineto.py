@@ -176,7 +176,17 @@ def test_real_gloo_trace_overlap_equals_hta_formula(tmp_path):
             if e["name"].startswith("aten::") and not COMM_RANGE.search(e["name"]):
                 s, f = float(e["ts"]), float(e["ts"]) + float(e["dur"])
                 if not any(t == e["tid"] and cs <= s and f <= ce for t, cs, ce in comm):
-                    comp.append((s, f))
+                    comp.append((e["tid"], s, f))
+        # a thread with more communication than compute is a backend thread (its aten ops are bookkeeping),
+        # except the one carrying the ProfilerStep ranges
+        step_tids = {e["tid"] for e in xs if e["name"].startswith("ProfilerStep#")}
+
+        def busy(iv):
+            return sum(e - s for s, e in _merge(iv))
+
+        backend = {t for t, _, _ in comm if t not in step_tids
+                   and busy([(s, e) for u, s, e in comm if u == t]) > busy([(s, e) for u, s, e in comp if u == t])}
+        comp = [(s, f) for t, s, f in comp if t not in backend]
         cm = _merge([(s, e) for _, s, e in comm])
         cp = _merge(comp)
         inter = sum(max(0.0, min(e1, e2) - max(s1, s2)) for s1, e1 in cm for s2, e2 in cp)
@@ -348,3 +358,26 @@ def test_cpu_compute_spans_win_over_a_thread_that_mostly_waits(tmp_path):
     p.write_text(json.dumps({"traceEvents": ev}))
     (r,) = pa.analyze(pa.load(p)).to_dict()["breakdown"]
     assert r["computing"] == 100.0
+
+
+def test_cpu_main_thread_waiting_long_in_a_collective_keeps_its_compute(tmp_path):
+    """A rank that waits for a slower one spends longer in its synchronous all_reduce than in its matmuls (seen in
+    CI on the real gloo trace above under load): the thread carrying the ProfilerStep ranges is the model's, so its
+    aten ops stay compute. A gloo worker thread that mostly communicates still does not count its aten ops."""
+    ev = []
+
+    def x(name, tid, s, e, cat="cpu_op"):
+        ev.append({"ph": "X", "cat": cat, "name": name, "pid": 1, "tid": tid, "ts": s, "dur": e - s})
+
+    x("ProfilerStep#1", 1, 0, 1000, "user_annotation")
+    x("aten::mm", 1, 0, 100)
+    x("c10d::allreduce_", 1, 100, 700)  # blocked waiting for the other rank
+    x("aten::mm", 1, 700, 800)
+    x("gloo:all_reduce", 2, 650, 900)  # the async collective on gloo's worker thread, under the second mm
+    x("aten::empty", 2, 880, 890)  # the collective's own bookkeeping, inside its range
+    x("aten::zeros", 2, 950, 960)  # on the worker thread, outside its collective: still not model compute
+    p = tmp_path / "rank0.pt.trace.json"
+    p.write_text(json.dumps({"traceEvents": ev}))
+    (r,) = pa.analyze(pa.load(p)).to_dict()["breakdown"]
+    # compute = [0, 100) + [700, 800); communication = [100, 900)
+    assert (r["computing"], r["communication"], r["overlapped"]) == (200.0, 800.0, 100.0)

@@ -11,7 +11,8 @@ Communication rule (explicit, used everywhere in this package):
   broadcast / barrier / send / recv) is communication; ``aten::*`` ops are compute, except those nested
   inside a communication range on the same thread (the collective's own copies) and those on a thread
   that spends more time in communication ranges than in aten ops (a communication/backend thread, whose
-  aten ops are the collectives' bookkeeping), unless they sit inside an explicit compute span
+  aten ops are the collectives' bookkeeping; never the thread that carries the ``ProfilerStep#N`` ranges),
+  unless they sit inside an explicit compute span
   (``dbo.<micro-batch>.compute.<tag>``, written by dbo_runtime's profiling), which makes them compute.
 
 Overlap is then HTA's ``|comm ∩ comp| / |comm|`` (= Overlapped / Communication in the breakdown).
@@ -111,7 +112,13 @@ def load_kineto(path: Path, rank_hint: int, host_events: bool = False) -> RankTi
         # a thread that mostly communicates (a backend's worker, a communication thread) does no model
         # compute: its small aten ops (output allocation, copies) are bookkeeping of the collectives
         comm_threads: set[int] = set()
+        # the thread that carries the ProfilerStep#N ranges runs the model: a long synchronous collective (one
+        # rank waiting for a slower one) can outlast its compute, yet its aten ops stay compute
+        step_ids = np.array([i for i, n in enumerate(names) if STEP_NAME.match(n)], np.int32)
+        step_threads = set(np.unique(cols.track[np.isin(nid, step_ids)]).tolist()) if step_ids.size else set()
         for t in np.unique(cols.track[is_comm]):
+            if int(t) in step_threads:
+                continue
             on = cols.track == t
             comm_len = iv.total(iv.union(start[on & is_comm], end[on & is_comm]))
             comp_len = iv.total(iv.union(start[on & is_comp], end[on & is_comp]))
