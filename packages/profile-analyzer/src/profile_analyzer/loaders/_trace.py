@@ -191,28 +191,24 @@ def _kineto_prefix_ok(prefix: bytes) -> bool:
     return True
 
 
-def _kineto_rest(path: Path, out: DecodedFile, prefix: bytes, suffix: bytes | memoryview) -> None:
-    """Decode the object without the array's contents (``prefix`` ends with its ``[``, ``suffix`` starts
-    with its ``]``) and take the file-level metadata from it."""
+def _decode_kineto(path: Path, data: bytes) -> KinetoFile:
     try:
-        f = _kineto_decoder.decode(prefix + bytes(suffix))
+        return _kineto_decoder.decode(data)
     except msgspec.ValidationError as exc:
         raise _not_kineto(path, exc) from None
     except msgspec.DecodeError as exc:
         raise _bad_kineto_json(path, exc) from None
-    out.distributed_info = f.distributedInfo
+
+
+def _kineto_rest(path: Path, out: DecodedFile, prefix: bytes, suffix: bytes | memoryview) -> None:
+    """Decode the object without the array's contents (``prefix`` ends with its ``[``, ``suffix`` starts
+    with its ``]``) and take the file-level metadata from it."""
+    out.distributed_info = _decode_kineto(path, prefix + bytes(suffix)).distributedInfo
 
 
 def _whole_object(path: Path, out: DecodedFile) -> Iterator[list[Event]]:
     """A Kineto object decoded at once: for files whose traceEvents array could not be located as above."""
-    buf = read_bytes(path)
-    try:
-        f = _kineto_decoder.decode(buf)
-    except msgspec.ValidationError as exc:
-        raise _not_kineto(path, exc) from None
-    except msgspec.DecodeError as exc:
-        raise _bad_kineto_json(path, exc) from None
-    del buf  # the ts values keep what they need alive
+    f = _decode_kineto(path, read_bytes(path))  # the ts values keep what they need of the bytes alive
     out.distributed_info = f.distributedInfo
     yield f.traceEvents
 
@@ -391,9 +387,7 @@ def _mapped_array_chunks(path: Path, on_bytes: ByteProgress | None = None,
     can_drop = hasattr(mm, "madvise") and hasattr(mmap, "MADV_DONTNEED")
     kineto = out is not None
     try:
-        lo = 0
-        while lo < size and mm[lo] in _WS:
-            lo += 1
+        lo = _skip_ws(mm, 0, size)
         prefix = b""
         last: int | None
         if not kineto:

@@ -102,29 +102,24 @@ def load_kineto(path: Path, rank_hint: int, host_events: bool = False) -> RankTi
         nid = cols.name_id
         is_comm = rng & name_comm_range[nid]
         is_comp = rng & name_aten[nid] & ~is_comm
-        # aten ops inside a communication range on the same thread belong to the collective
-        for t in np.unique(cols.track[is_comm]):
-            on = cols.track == t
-            cset = iv.union(start[on & is_comm], end[on & is_comm])
-            cand = np.flatnonzero(on & is_comp)
-            inside = iv.overlap_with_each(start[cand], end[cand], cset) >= (end[cand] - start[cand])
-            is_comp[cand[inside]] = False
-        # a thread that mostly communicates (a backend's worker, a communication thread) does no model
-        # compute: its small aten ops (output allocation, copies) are bookkeeping of the collectives
-        comm_threads: set[int] = set()
         # the thread that carries the ProfilerStep#N ranges runs the model: a long synchronous collective (one
         # rank waiting for a slower one) can outlast its compute, yet its aten ops stay compute
         step_ids = np.array([i for i, n in enumerate(names) if STEP_NAME.match(n)], np.int32)
         step_threads = set(np.unique(cols.track[np.isin(nid, step_ids)]).tolist()) if step_ids.size else set()
+        backend = np.zeros(cols.track.size, dtype=bool)
         for t in np.unique(cols.track[is_comm]):
-            if int(t) in step_threads:
-                continue
             on = cols.track == t
-            comm_len = iv.total(iv.union(start[on & is_comm], end[on & is_comm]))
-            comp_len = iv.total(iv.union(start[on & is_comp], end[on & is_comp]))
-            if comm_len > comp_len:
-                comm_threads.add(int(t))
-                is_comp[on] = False
+            cset = iv.union(start[on & is_comm], end[on & is_comm])
+            # aten ops inside a communication range on the same thread belong to the collective
+            cand = np.flatnonzero(on & is_comp)
+            inside = iv.overlap_with_each(start[cand], end[cand], cset) >= (end[cand] - start[cand])
+            is_comp[cand[inside]] = False
+            # a thread that mostly communicates (a backend's worker, a communication thread) does no model
+            # compute: its small aten ops (output allocation, copies) are bookkeeping of the collectives
+            if int(t) not in step_threads and iv.total(cset) > iv.total(iv.union(start[on & is_comp], end[on & is_comp])):
+                backend |= on
+        own = is_comp.copy()  # aten ops outside every collective of their thread
+        is_comp &= ~backend
         # explicit compute spans (dbo_runtime's ``dbo.<micro-batch>.compute.<tag>`` record_function ranges) say
         # what is model compute: aten ops inside one are compute even on a thread that mostly waits on
         # collectives (a micro-batch thread of a DBO run can), unless they sit inside a collective's range
@@ -132,11 +127,8 @@ def load_kineto(path: Path, rank_hint: int, host_events: bool = False) -> RankTi
         for t in np.unique(cols.track[marked]):
             on = cols.track == t
             span = iv.union(start[on & marked], end[on & marked])
-            cand = np.flatnonzero(on & rng & name_aten[nid] & ~is_comm)
+            cand = np.flatnonzero(on & own)
             inside = iv.overlap_with_each(start[cand], end[cand], span) >= (end[cand] - start[cand])
-            if on.any() and (on & is_comm).any():
-                cset = iv.union(start[on & is_comm], end[on & is_comm])
-                inside &= iv.overlap_with_each(start[cand], end[cand], cset) < (end[cand] - start[cand])
             is_comp[cand[inside]] = True
         kind[is_comm] = int(Kind.COMMUNICATION)
         kind[is_comp] = int(Kind.COMPUTE)
