@@ -46,9 +46,9 @@ class Run:
 
     ``peak_rss_bytes`` is the kernel's high-water mark of the largest single process of the tree (the child's
     ``ru_maxrss`` from ``wait4``, which covers the children it waited for); ``tree_peak_rss_bytes`` is the
-    largest *sum* of the resident sizes of the child and all its descendants, sampled from /proc every 20 ms (PSS every 60 ms)
+    largest *sum* of the resident sizes of the child and all its descendants, sampled from /proc every 20 ms
     (0 where /proc is missing). ``tree_peak_pss_bytes`` is the largest sum of their proportional set sizes
-    (``/proc/PID/smaps_rollup``): what the machine actually holds for the tree, shared pages counted once;
+    (``/proc/PID/smaps_rollup``, sampled every 60 ms): what the machine actually holds for the tree, shared pages counted once;
     0 where the kernel does not provide it.
     """
 
@@ -283,6 +283,14 @@ def run_msprof_compare(exe: Path, truth: GroundTruth, work: Path, timeout_s: flo
 # --------------------------------------------------------------------------------------------------
 
 
+def _tree_memory(run: Run, largest: int) -> dict[str, float]:
+    """The process tree's peak memory fields of a result row, and their ratio to the largest input file."""
+    return {"tree_peak_rss_bytes": run.tree_peak_rss_bytes,
+            "peak_rss_vs_largest_file": round(run.tree_peak_rss_bytes / largest, 3),
+            "tree_peak_pss_bytes": run.tree_peak_pss_bytes,
+            "peak_memory_vs_largest_file": round(run.tree_peak_bytes / largest, 3)}
+
+
 def run_bench(out_dir: Path, *, cache: Path, ranks: int = 8, target_bytes: int = GIB, with_msprof: bool = True,
               timeout_s: float = 3600, cprofile: bool = False, phases: bool = False, log=print,
               layers: int | None = None, jobs: int = 1) -> dict:
@@ -300,10 +308,7 @@ def run_bench(out_dir: Path, *, cache: Path, ranks: int = 8, target_bytes: int =
                   "events": truth.total_events, "profile": str(truth.root), "generator_params": truth.params},
         "ours": {"wall_s": round(ours.wall_s, 3), "events_per_s": round(truth.total_events / ours.wall_s),
                  "mb_per_s": round(total_bytes / 1e6 / ours.wall_s, 1), "jobs": jobs,
-                 "peak_rss_bytes": ours.peak_rss_bytes, "tree_peak_rss_bytes": ours.tree_peak_rss_bytes,
-                 "peak_rss_vs_largest_file": round(ours.tree_peak_rss_bytes / largest, 3),
-                 "tree_peak_pss_bytes": ours.tree_peak_pss_bytes,
-                 "peak_memory_vs_largest_file": round(ours.tree_peak_bytes / largest, 3),
+                 "peak_rss_bytes": ours.peak_rss_bytes, **_tree_memory(ours, largest),
                  "command": " ".join(ours.command)},
         "targets": {"speed_ratio_min": SPEED_TARGET, "peak_memory_vs_largest_file_max": MEMORY_TARGET,
                     "memory_measure": "sum of PSS over the process tree" if ours.tree_peak_pss_bytes
@@ -313,10 +318,7 @@ def run_bench(out_dir: Path, *, cache: Path, ranks: int = 8, target_bytes: int =
         log("profile-analyzer report --jobs 1: running ...")
         seq, _ = run_ours(truth, work, timeout_s, jobs=1)
         result["ours_jobs1"] = {"wall_s": round(seq.wall_s, 3), "events_per_s": round(truth.total_events / seq.wall_s),
-                                "tree_peak_rss_bytes": seq.tree_peak_rss_bytes,
-                                "peak_rss_vs_largest_file": round(seq.tree_peak_rss_bytes / largest, 3),
-                                "tree_peak_pss_bytes": seq.tree_peak_pss_bytes,
-                                "peak_memory_vs_largest_file": round(seq.tree_peak_bytes / largest, 3)}
+                                **_tree_memory(seq, largest)}
     # the analysis itself must be right on the bench input, or the speed means nothing
     summary = report.get("summary", {})
     gt_comp = sum(r["totals"]["computing_us"] for r in truth.ranks.values())
