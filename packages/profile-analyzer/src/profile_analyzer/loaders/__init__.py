@@ -149,9 +149,10 @@ def _trace_file(p: Path, rank: int, host_events: bool = False,
 
 
 def _load_and_run(p: Path, fmt: str, rank: int, host_events: bool,
-                  per_rank: Callable[[RankTimeline], object]) -> list[tuple[RankTimeline, object]]:
-    """A worker's job: load one entry and run ``per_rank`` on each of its ranks there, while they are at hand."""
-    return [(rt, per_rank(rt)) for rt in _load_single(p, fmt, rank, host_events)]
+                  per_rank: Callable[[RankTimeline], object] | None) -> list[tuple[RankTimeline, object]]:
+    """A worker's job: load one entry and run ``per_rank`` (if any) on each of its ranks there, while they are
+    at hand."""
+    return [(rt, per_rank(rt) if per_rank is not None else None) for rt in _load_single(p, fmt, rank, host_events)]
 
 
 def load(path: str | Path, *, ranks: list[int] | None = None,
@@ -205,17 +206,12 @@ def load(path: str | Path, *, ranks: list[int] | None = None,
 
         ctx = multiprocessing.get_context("fork" if "fork" in multiprocessing.get_all_start_methods() else "spawn")
         with ProcessPoolExecutor(max_workers=min(workers, total), mp_context=ctx) as pool:
-            if per_rank is None:
-                futures = [(entry, pool.submit(_load_single, entry, f, rank, host_events)) for entry, f, rank in jobs]
-            else:
-                futures = [(entry, pool.submit(_load_and_run, entry, f, rank, host_events, per_rank))
-                           for entry, f, rank in jobs]
+            futures = [(entry, pool.submit(_load_and_run, entry, f, rank, host_events, per_rank))
+                       for entry, f, rank in jobs]
             for done, (entry, fut) in enumerate(futures, 1):
                 got = fut.result()
-                if per_rank is None:
-                    add(entry, got, done)
-                else:
-                    add(entry, [rt for rt, _ in got], done)
+                add(entry, [rt for rt, _ in got], done)
+                if per_rank is not None:
                     results.update((rt.rank, res) for rt, res in got)
     else:
         for done, (entry, f, rank) in enumerate(jobs, 1):
