@@ -22,10 +22,12 @@ The module-level hook functions are no-ops outside a micro-batch thread, so mode
 
 from __future__ import annotations
 
+import contextlib
 import queue
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 from dbo_runtime.devices.base import DeviceBackend
@@ -53,6 +55,7 @@ __all__ = [
     "handoff_count",
     "note_site",
     "busy_workers",
+    "ThreadState",
 ]
 
 T = TypeVar("T")
@@ -67,6 +70,71 @@ _WATCHDOG_PERIOD_S = 0.05
 
 _THREAD_CONTEXTS: dict[int, UBatchContext] = {}
 _HANDOFFS = 0  # process-wide count of baton handoffs, for benchmarks and tests
+
+
+_AUTOCAST_DEVICE_TYPES = ("cpu", "cuda", "npu", "xpu")
+
+
+@dataclass
+class ThreadState:
+    """The caller's thread-local execution state, re-created in each micro-batch thread.
+
+    A micro-batch runs the caller's model code on another OS thread, so everything torch or the engine keeps per
+    thread must be carried over, or the two halves run under different rules than the whole batch would. The
+    list is complete for what torch keeps per thread and vLLM's forward pass reads:
+
+    * ``inference_mode`` / ``grad_enabled``: torch's autograd TLS (``c10::AutogradState``); vLLM's
+      ``execute_model`` runs under ``torch.inference_mode()``: without it an in-place write to an inference
+      tensor (the KV cache, persistent buffers) raises in the micro-batch thread;
+    * ``autocast``: the per-device-type autocast enable flag and dtype (also TLS in torch);
+    * ``device``: the current device index of the accelerator (TLS in CUDA/NPU runtimes); ``None`` on CPU;
+    * the current stream: not captured here: :func:`run_ubatches` sets each micro-batch's compute stream through
+      the device backend before the micro-batch starts and after every resume;
+    * the forward context: vLLM keeps it in a module global, not in TLS, so it is re-installed on every resume by
+      the ``on_resume`` callbacks of :func:`run_ubatches`, not once per thread.
+
+    Everything else a model reads (weights, configs, distributed groups) is process-global.
+    """
+
+    inference_mode: bool = False
+    grad_enabled: bool = True
+    autocast: dict[str, tuple[bool, Any]] = field(default_factory=dict)
+    device: tuple[Any, int] | None = None
+
+    @classmethod
+    def capture(cls, device_module: Any = None) -> ThreadState:
+        """The calling thread's state; ``device_module`` (``torch.cuda``, ``torch.npu``) adds its current device."""
+        import torch
+
+        autocast = {}
+        for device_type in _AUTOCAST_DEVICE_TYPES:
+            try:
+                enabled = torch.is_autocast_enabled(device_type)
+            except RuntimeError:  # a device type this torch build does not know
+                continue
+            if enabled:
+                autocast[device_type] = (True, torch.get_autocast_dtype(device_type))
+        device = None
+        if device_module is not None:
+            device = (device_module, int(device_module.current_device()))
+        return cls(inference_mode=torch.is_inference_mode_enabled(), grad_enabled=torch.is_grad_enabled(),
+                   autocast=autocast, device=device)
+
+    @contextlib.contextmanager
+    def applied(self) -> Iterator[None]:
+        """Enter this state on the current thread for the duration of the block."""
+        import torch
+
+        with contextlib.ExitStack() as stack:
+            if self.device is not None:
+                module, index = self.device
+                module.set_device(index)
+            stack.enter_context(torch.inference_mode(self.inference_mode))
+            if not self.inference_mode:
+                stack.enter_context(torch.set_grad_enabled(self.grad_enabled))
+            for device_type, (enabled, dtype) in self.autocast.items():
+                stack.enter_context(torch.autocast(device_type, dtype=dtype, enabled=enabled))
+            yield
 
 
 class _Aborted(BaseException):
@@ -125,6 +193,7 @@ class UBatchContext:
         self._keyed_events: dict[str, Any] = {}
         self.recv_hook: Callable[[], None] | None = None
         self.site = _START_SITE
+        self.on_resume: Callable[[], None] | None = None
 
     # -- baton -----------------------------------------------------------------------------------------------
     def _others_alive(self) -> bool:
@@ -176,6 +245,8 @@ class UBatchContext:
         run.holder = self.id
         run.last_progress = time.monotonic()
         self.site = site
+        if self.on_resume is not None:
+            self.on_resume()
 
     def _check_running(self, site: str) -> None:
         if self._run.aborted:
@@ -452,14 +523,16 @@ def busy_workers() -> int:
         return sum(1 for w in _POOL if w.busy)
 
 
-def _ubatch_main(ctx: UBatchContext, fn: Callable[[], Any], barrier: threading.Barrier) -> None:
+def _ubatch_main(ctx: UBatchContext, fn: Callable[[], Any], barrier: threading.Barrier,
+                 state: ThreadState | None) -> None:
     run = ctx._run
     _THREAD_CONTEXTS[threading.get_ident()] = ctx
     try:
         barrier.wait()
-        ctx._take_baton(_START_SITE)
-        ctx._update_stream(ctx.compute_stream)
-        result = fn()
+        with state.applied() if state is not None else contextlib.nullcontext():
+            ctx._take_baton(_START_SITE)
+            ctx._update_stream(ctx.compute_stream)
+            result = fn()
         ctx.site = _EXIT_SITE
         ctx.maybe_run_recv_hook()
         run.results[ctx.id] = result
@@ -498,8 +571,15 @@ def run_ubatches(
     *,
     backend: DeviceBackend | None = None,
     timeout_s: float = 60.0,
+    thread_state: ThreadState | None = None,
+    on_resume: Sequence[Callable[[], None] | None] | None = None,
 ) -> list[T]:
     """Run ``fns[i]`` as micro-batch ``i`` in its own thread, ping-ponging at the hook calls; return their results.
+
+    Each micro-batch thread runs under ``thread_state`` (default: :meth:`ThreadState.capture` of the caller, so
+    a caller under ``torch.inference_mode()`` gets micro-batches under it too). ``on_resume[i]``, when given, runs
+    in micro-batch ``i``'s thread each time it takes the baton (at its start and after every yield): the place to
+    re-install process-global state that belongs to one micro-batch, such as vLLM's forward context.
 
     Exactly two micro-batches. Micro-batch 0 starts; each hands over at its yields. Raises
     :class:`DBOWorkerError` for an exception inside a micro-batch (``__cause__`` is the original) and
@@ -518,14 +598,22 @@ def run_ubatches(
 
         backend = get_backend("auto")
 
+    if on_resume is not None and len(on_resume) != len(fns):
+        raise DBOConfigError(f"on_resume has {len(on_resume)} entries for {len(fns)} micro-batches; accepted: one each")
+    if thread_state is None:
+        thread_state = ThreadState.capture()
+
     run = _Run(len(fns), float(timeout_s))
     compute_stream = backend.current_stream()
     comm_stream = backend.new_stream()
     run.contexts = [UBatchContext(i, run, backend, compute_stream, comm_stream) for i in range(len(fns))]
+    for i, ctx in enumerate(run.contexts):
+        ctx.on_resume = None if on_resume is None else on_resume[i]
     barrier = threading.Barrier(len(fns) + 1, timeout=timeout_s)
     workers = _acquire_workers(len(fns))
     for worker, ctx, fn in zip(workers, run.contexts, fns, strict=True):
-        worker.jobs.put((lambda ctx=ctx, fn=fn: _ubatch_main(ctx, fn, barrier), lambda: _ubatch_exited(run)))
+        worker.jobs.put((lambda ctx=ctx, fn=fn: _ubatch_main(ctx, fn, barrier, thread_state),
+                         lambda: _ubatch_exited(run)))
     try:
         barrier.wait()
     except threading.BrokenBarrierError as exc:
