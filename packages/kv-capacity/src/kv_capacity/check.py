@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 from kv_capacity.errors import InsufficientKVCacheError
 from kv_capacity.model_spec import ModelSpec
 from kv_capacity.planner import (
@@ -12,6 +14,39 @@ from kv_capacity.planner import (
     plan,
 )
 from kv_capacity.sizes import GiB, to_vllm_flag_value
+
+
+def max_model_len_error(spec: ModelSpec, max_model_len: int) -> str | None:
+    """vLLM's start-up error for a max_model_len above what the model's config allows, or None.
+
+    vLLM derives the limit from max_position_embeddings (times a RoPE scaling factor) and refuses a longer
+    max_model_len unless config.json's model_max_length allows it or VLLM_ALLOW_LONG_MAX_MODEL_LEN is set
+    (vllm/config/model.py, _get_and_verify_max_len).
+    """
+    if spec.max_position_embeddings is None:
+        return None
+    factor = spec.rope_scaling_factor
+    derived: float | int = spec.max_position_embeddings * factor if factor != 1.0 else spec.max_position_embeddings
+    if max_model_len <= derived:
+        return None
+    if spec.model_max_length is not None and max_model_len <= spec.model_max_length:
+        return None
+    if os.environ.get("VLLM_ALLOW_LONG_MAX_MODEL_LEN", "0").strip().lower() in ("1", "true"):
+        return None
+    return (
+        f"User-specified max_model_len ({max_model_len}) is greater than the derived max_model_len "
+        f"(max_position_embeddings={derived} or model_max_length={spec.model_max_length} in model's "
+        "config.json). To allow overriding this maximum, set the env var VLLM_ALLOW_LONG_MAX_MODEL_LEN=1."
+    )
+
+
+def max_model_len_hint(spec: ModelSpec) -> str:
+    """What to change when max_model_len is above the model's limit."""
+    limit = int(spec.max_position_embeddings * spec.rope_scaling_factor) if spec.max_position_embeddings else 0
+    return (
+        f"Use --max-model-len {limit} or less (the model's limit), or set VLLM_ALLOW_LONG_MAX_MODEL_LEN=1 "
+        "if the model really handles longer sequences."
+    )
 
 
 def fix_hint(result: CapacityPlan) -> str:

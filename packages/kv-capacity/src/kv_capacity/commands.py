@@ -1,22 +1,23 @@
-"""The planner's subcommands: plan, required, check, presets.
+"""The subcommands of kv-capacity: plan, check, required, presets, verify (click commands).
 
 Exit status: 0 success, 1 the budget does not fit (vLLM would refuse to start), 2 bad input (one line on
-stderr naming the input and what is accepted).
+stderr naming the input and what is accepted; printed by the tool group in `kv_capacity.cli`).
 """
 
 from __future__ import annotations
 
-import argparse
+import io
 import json
-import os
 import sys
 from collections.abc import Callable
 from typing import Any
 
+import click
 from rich.console import Console
 from rich.table import Table
+from toolkit_cli import ByteSize, PositiveInt, format_option, output_option, write_output
 
-from kv_capacity.check import fix_hint
+from kv_capacity.check import fix_hint, max_model_len_error, max_model_len_hint
 from kv_capacity.errors import KVCapacityInputError
 from kv_capacity.model_spec import ModelSpec, load_model, load_preset_config, preset_names
 from kv_capacity.planner import (
@@ -33,151 +34,107 @@ from kv_capacity.planner import (
 from kv_capacity.sizes import ACCEPTED_SIZES, format_size, parse_size, to_vllm_flag_value
 
 PROG = "kv-capacity"
+# Bounds of the integer options: far above any real setting, low enough that every figure stays exact.
+MAX_MODEL_LEN = 1 << 40
+MAX_BLOCK_SIZE = 1 << 20
+MAX_TP = 1 << 16
+MAX_CONCURRENCY = 1 << 32
+MAX_BATCHED_TOKENS = 1 << 40
+MAX_CONCURRENT_BATCHES = 1 << 10
+
+SIZE = ByteSize(parse_size, (KVCapacityInputError,))
 
 
-class _InputError(Exception):
-    """Raised by argument types so the message stays one line and the exit status 2."""
+class KVCacheDtype(click.ParamType):
+    name = "dtype"
+
+    def get_metavar(self, param: click.Parameter, ctx: click.Context | None = None) -> str:
+        return "D"
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> str:
+        if value in KV_CACHE_DTYPE_BYTES:
+            return str(value)
+        self.fail(f"kv cache dtype {str(value)[:40]!r} is not supported; expected one of {ACCEPTED_KV_CACHE_DTYPES}",
+                  param, ctx)
 
 
-def _positive_int(name: str) -> Callable[[str], int]:
-    def convert(text: str) -> int:
+class Seconds(click.ParamType):
+    name = "seconds"
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> float:
         try:
-            value = int(text.strip().replace("_", ""))
-        except ValueError:
-            raise argparse.ArgumentTypeError(
-                f"{name} {text!r} is not an integer; expected a positive integer"
-            ) from None
-        if value <= 0:
-            raise argparse.ArgumentTypeError(f"{name} {text!r} must be positive; expected a positive integer")
-        return value
-
-    convert.__name__ = name
-    return convert
+            number = float(value)
+        except (TypeError, ValueError):
+            number = -1.0
+        if not 0 < number < 1e7:
+            self.fail(f"timeout {str(value)[:40]!r} is not a positive number of seconds (below 10,000,000)", param, ctx)
+        return number
 
 
-def _size(text: str) -> int:
-    try:
-        return parse_size(text)
-    except KVCapacityInputError as exc:
-        raise argparse.ArgumentTypeError(str(exc)) from None
+def sizing_options(*, budget: bool) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """The options plan, check and required share (vLLM's names)."""
+
+    def decorate(func: Callable[..., Any]) -> Callable[..., Any]:
+        options = [
+            click.option("--model", required=True, help="bundled preset name, config.json path, or model directory"),
+        ]
+        if budget:
+            options.append(click.option(
+                "--kv-cache-memory-bytes", "--kv-cache-memory", "kv_cache_memory_bytes", type=SIZE, required=True,
+                help=f"per-device KV cache budget: {ACCEPTED_SIZES}"))
+        options += [
+            click.option("--max-model-len", type=PositiveInt(MAX_MODEL_LEN, what="max model len"), required=True,
+                         metavar="N"),
+            click.option("--block-size", type=PositiveInt(MAX_BLOCK_SIZE, what="block size"),
+                         default=DEFAULT_BLOCK_SIZE, show_default=True, metavar="N",
+                         help="tokens per KV block (vLLM-Ascend forces 128; CUDA backends use 16/64/128)"),
+            click.option("--tensor-parallel-size", "-tp", type=PositiveInt(MAX_TP, what="tensor parallel size"),
+                         default=1, show_default=True, metavar="N"),
+            click.option("--kv-cache-dtype", type=KVCacheDtype(), default="auto", show_default=True,
+                         help=f"one of {ACCEPTED_KV_CACHE_DTYPES}"),
+            click.option("--max-num-batched-tokens", type=PositiveInt(MAX_BATCHED_TOKENS, what="max num batched tokens"),
+                         default=DEFAULT_MAX_NUM_BATCHED_TOKENS, show_default=True, metavar="N",
+                         help="scheduler token budget per step; only sizes sliding-window layers"),
+            click.option("--max-concurrent-batches",
+                         type=PositiveInt(MAX_CONCURRENT_BATCHES, what="max concurrent batches"),
+                         default=DEFAULT_MAX_CONCURRENT_BATCHES, show_default=True, metavar="N",
+                         help="batches in flight: 2 with async scheduling (vLLM default), 1 without; only sizes "
+                              "sliding-window layers"),
+            click.option("--disable-hybrid-kv-cache-manager", is_flag=True,
+                         help="as vLLM's flag: cache sliding-window layers of hybrid models like full attention"),
+            format_option("text", "json"),
+            output_option(),
+        ]
+        for option in reversed(options):
+            func = option(func)
+        return func
+
+    return decorate
 
 
-def _kv_dtype(text: str) -> str:
-    if text not in KV_CACHE_DTYPE_BYTES:
-        raise argparse.ArgumentTypeError(
-            f"kv cache dtype {text!r} is not supported; expected one of {ACCEPTED_KV_CACHE_DTYPES}"
-        )
-    return text
+class _Args:
+    """The parsed options as attributes (the shape the helpers below read)."""
+
+    def __init__(self, **values: Any) -> None:
+        self.__dict__.update(values)
 
 
-def _one_line_errors(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
-    """argparse prints usage plus the message on errors; the project's CLIs print one line and exit 2."""
-
-    def error(message: str) -> None:
-        print(f"{parser.prog}: error: {message}", file=sys.stderr)
-        raise SystemExit(2)
-
-    parser.error = error  # type: ignore[method-assign]
-    return parser
+def _console(file: io.StringIO | None = None) -> Console:
+    tty = sys.stdout.isatty()
+    return Console(file=file, force_terminal=tty if file is not None else None, highlight=False, soft_wrap=False,
+                   width=None if tty else 110)
 
 
-def _add_sizing_args(parser: argparse.ArgumentParser, *, budget: bool) -> None:
-    parser.add_argument(
-        "--model", required=True, help="bundled preset name, config.json path, or model directory"
-    )
-    if budget:
-        parser.add_argument(
-            "--kv-cache-memory-bytes",
-            "--kv-cache-memory",
-            dest="kv_cache_memory_bytes",
-            type=_size,
-            required=True,
-            metavar="SIZE",
-            help=f"per-device KV cache budget: {ACCEPTED_SIZES}",
-        )
-    parser.add_argument("--max-model-len", type=_positive_int("max model len"), required=True, metavar="N")
-    parser.add_argument(
-        "--block-size",
-        type=_positive_int("block size"),
-        default=DEFAULT_BLOCK_SIZE,
-        metavar="N",
-        help=f"tokens per KV block (default {DEFAULT_BLOCK_SIZE}, as vLLM-Ascend forces; CUDA backends use 16/64/128)",
-    )
-    parser.add_argument(
-        "--tensor-parallel-size", "-tp", type=_positive_int("tensor parallel size"), default=1, metavar="N"
-    )
-    parser.add_argument(
-        "--kv-cache-dtype",
-        type=_kv_dtype,
-        default="auto",
-        metavar="D",
-        help=f"one of {ACCEPTED_KV_CACHE_DTYPES}",
-    )
-    parser.add_argument(
-        "--max-num-batched-tokens",
-        type=_positive_int("max num batched tokens"),
-        default=DEFAULT_MAX_NUM_BATCHED_TOKENS,
-        metavar="N",
-        help=f"scheduler token budget per step; only sizes sliding-window layers (default {DEFAULT_MAX_NUM_BATCHED_TOKENS})",
-    )
-    parser.add_argument(
-        "--max-concurrent-batches",
-        type=_positive_int("max concurrent batches"),
-        default=DEFAULT_MAX_CONCURRENT_BATCHES,
-        metavar="N",
-        help="batches in flight: 2 with async scheduling (vLLM default), 1 without; only sizes sliding-window layers",
-    )
-    parser.add_argument(
-        "--disable-hybrid-kv-cache-manager",
-        action="store_true",
-        help="as vLLM's flag: cache sliding-window layers of hybrid models like full attention",
-    )
+def _emit(output: Any, render: Callable[[Console], None]) -> None:
+    """Render with a rich console into a string, then write it to stdout or atomically to `output`."""
+    buffer = io.StringIO()
+    console = _console(buffer) if output is None else Console(file=buffer, highlight=False, soft_wrap=False,
+                                                               width=110, color_system=None)
+    render(console)
+    write_output(output, buffer.getvalue())
 
 
-def add_parser(subparsers: argparse._SubParsersAction) -> None:
-    """Register plan / required / check / presets on the kv-capacity command line."""
-    p = _one_line_errors(
-        subparsers.add_parser("plan", help="KV cache blocks, tokens and concurrency for a budget")
-    )
-    _add_sizing_args(p, budget=True)
-    p.add_argument("--format", choices=("text", "json"), default="text")
-    p.set_defaults(func=_run_plan)
-
-    c = _one_line_errors(
-        subparsers.add_parser("check", help="exit 1 with vLLM's start-up error when the budget does not fit")
-    )
-    _add_sizing_args(c, budget=True)
-    c.add_argument("--format", choices=("text", "json"), default="text")
-    c.set_defaults(func=_run_check)
-
-    r = _one_line_errors(
-        subparsers.add_parser("required", help="smallest budget for C concurrent requests of L tokens")
-    )
-    _add_sizing_args(r, budget=False)
-    r.add_argument("--concurrency", type=_positive_int("concurrency"), default=1, metavar="C")
-    r.add_argument("--format", choices=("text", "json"), default="text")
-    r.set_defaults(func=_run_required)
-
-    s = _one_line_errors(subparsers.add_parser("presets", help="list the bundled model presets"))
-    s.add_argument("--format", choices=("text", "json"), default="text")
-    s.set_defaults(func=_run_presets)
-
-
-def _guard(func: Callable[[argparse.Namespace], int]) -> Callable[[argparse.Namespace], int]:
-    def run(args: argparse.Namespace) -> int:
-        try:
-            return func(args)
-        except KVCapacityInputError as exc:
-            print(f"{PROG}: error: {exc}", file=sys.stderr)
-            return 2
-        except BrokenPipeError:  # e.g. `kv-capacity plan ... | head`: stop quietly
-            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
-            return 1
-
-    return run
-
-
-def _plan_from_args(args: argparse.Namespace) -> tuple[ModelSpec, CapacityPlan]:
+def _plan_from_args(args: _Args) -> tuple[ModelSpec, CapacityPlan]:
     spec = load_model(args.model)
     result = plan(
         spec,
@@ -191,12 +148,6 @@ def _plan_from_args(args: argparse.Namespace) -> tuple[ModelSpec, CapacityPlan]:
         disable_hybrid_kv_cache_manager=args.disable_hybrid_kv_cache_manager,
     )
     return spec, result
-
-
-def _console(stderr: bool = False) -> Console:
-    return Console(
-        stderr=stderr, highlight=False, soft_wrap=False, width=None if sys.stdout.isatty() else 110
-    )
 
 
 def _plan_table(spec: ModelSpec, result: CapacityPlan) -> Table:
@@ -259,53 +210,71 @@ def _plan_table(spec: ModelSpec, result: CapacityPlan) -> Table:
     return table
 
 
-def _print_plan(spec: ModelSpec, result: CapacityPlan, fmt: str) -> None:
+def _plan_text(spec: ModelSpec, result: CapacityPlan, fmt: str, output: Any) -> None:
     if fmt == "json":
-        print(json.dumps(result.to_dict(), indent=2))
+        write_output(output, json.dumps(result.to_dict(), indent=2) + "\n")
         return
-    console = _console()
-    console.print(_plan_table(spec, result))
-    if result.fits:
-        console.print(f"vLLM logs: {result.vllm_log_line}")
-    for note in result.notes:
-        console.print(f"note: {note}", style="dim")
+
+    def render(console: Console) -> None:
+        console.print(_plan_table(spec, result))
+        if result.fits:
+            console.print(f"vLLM logs: {result.vllm_log_line}")
+        for note in result.notes:
+            console.print(f"note: {note}", style="dim")
+
+    _emit(output, render)
 
 
-def _print_failure(result: CapacityPlan) -> None:
-    print(f"ValueError: {result.vllm_error_message}", file=sys.stderr)
-    print(fix_hint(result), file=sys.stderr)
+def _print_failure(message: str, hint: str) -> None:
+    print(f"ValueError: {message}", file=sys.stderr)
+    print(hint, file=sys.stderr)
 
 
-@_guard
-def _run_plan(args: argparse.Namespace) -> int:
+@click.command("plan", help="KV cache blocks, tokens and concurrency for a budget")
+@sizing_options(budget=True)
+def plan_command(**options: Any) -> int:
+    args = _Args(**options)
     spec, result = _plan_from_args(args)
-    _print_plan(spec, result, args.format)
+    _plan_text(spec, result, args.format, args.output)
     if not result.fits:
-        _print_failure(result)
+        _print_failure(result.vllm_error_message or "", fix_hint(result))
         return 1
     return 0
 
 
-@_guard
-def _run_check(args: argparse.Namespace) -> int:
+@click.command("check", help="exit 1 with vLLM's start-up error when vLLM would not start")
+@sizing_options(budget=True)
+def check_command(**options: Any) -> int:
+    args = _Args(**options)
     spec, result = _plan_from_args(args)
+    length_error = max_model_len_error(spec, result.max_model_len)
+    error = length_error or result.vllm_error_message
     if args.format == "json":
         data: dict[str, Any] = result.to_dict()
-        data["vllm_error"] = result.vllm_error_message
-        print(json.dumps(data, indent=2))
-    elif result.fits:
-        print(
-            f"OK: {spec.name} at max_model_len {result.max_model_len:,} fits in {format_size(result.kv_cache_memory_bytes)} "
-            f"({result.kv_cache_tokens:,} tokens, {result.max_concurrency:.2f}x)."
-        )
+        data["vllm_error"] = error
+        data["starts"] = error is None
+        write_output(args.output, json.dumps(data, indent=2) + "\n")
+    elif error is None:
+        write_output(args.output,
+                     f"OK: {spec.name} at max_model_len {result.max_model_len:,} fits in "
+                     f"{format_size(result.kv_cache_memory_bytes)} ({result.kv_cache_tokens:,} tokens, "
+                     f"{result.max_concurrency:.2f}x).\n")
+    if length_error is not None:
+        _print_failure(length_error, max_model_len_hint(spec))
+        return 1
     if not result.fits:
-        _print_failure(result)
+        _print_failure(result.vllm_error_message or "", fix_hint(result))
         return 1
     return 0
 
 
-@_guard
-def _run_required(args: argparse.Namespace) -> int:
+@click.command("required", help="smallest budget for N concurrent requests of L tokens")
+@sizing_options(budget=False)
+@click.option("--max-num-seqs", "--concurrency", "concurrency", type=PositiveInt(MAX_CONCURRENCY, what="concurrency"),
+              default=1, show_default=True, metavar="N",
+              help="concurrent requests of --max-model-len tokens (vLLM's --max-num-seqs)")
+def required_command(**options: Any) -> int:
+    args = _Args(**options)
     spec = load_model(args.model)
     kwargs = dict(
         max_model_len=args.max_model_len,
@@ -330,7 +299,7 @@ def _run_required(args: argparse.Namespace) -> int:
             "kv_cache_memory_bytes_flag": to_vllm_flag_value(needed),
             "plan": result.to_dict(),
         }
-        print(json.dumps(data, indent=2))
+        write_output(args.output, json.dumps(data, indent=2) + "\n")
         return 0
     table = Table(
         title=f"KV cache needed: {spec.name}, {args.concurrency} x {args.max_model_len:,} tokens",
@@ -343,12 +312,14 @@ def _run_required(args: argparse.Namespace) -> int:
     table.add_row("flag", f"--kv-cache-memory-bytes {to_vllm_flag_value(needed)}")
     table.add_row("num_blocks at that budget", f"{result.num_blocks:,}")
     table.add_row("vLLM would report", f"{result.kv_cache_tokens:,} tokens, {result.max_concurrency:.2f}x")
-    _console().print(table)
+    _emit(args.output, lambda console: console.print(table))
     return 0
 
 
-@_guard
-def _run_presets(args: argparse.Namespace) -> int:
+@click.command("presets", help="list the bundled model presets")
+@format_option("text", "json")
+@output_option()
+def presets_command(format: str, output: Any) -> int:
     rows = []
     for name in preset_names():
         spec = load_model(name)
@@ -364,8 +335,8 @@ def _run_presets(args: argparse.Namespace) -> int:
                 "source": load_preset_config(name).get("_source", ""),
             }
         )
-    if args.format == "json":
-        print(json.dumps(rows, indent=2))
+    if format == "json":
+        write_output(output, json.dumps(rows, indent=2) + "\n")
         return 0
     table = Table(title="Bundled model presets (KV bytes/token at TP 1, model dtype)", title_justify="left")
     for column, justify in (
@@ -388,5 +359,34 @@ def _run_presets(args: argparse.Namespace) -> int:
             f"{row['max_position_embeddings']:,}",
             f"{row['bytes_per_token']:,}",
         )
-    _console().print(table)
+    _emit(output, lambda console: console.print(table))
     return 0
+
+
+@click.command(
+    "verify",
+    help="Start a real vLLM offline with these settings, read the KV cache capacity it logs (or its start-up "
+    "error), stop it, and compare with the planner. Arguments after `--` go to vLLM unchanged.",
+    short_help="start a real vLLM and compare the KV capacity it reports with the planner",
+)
+@click.option("--model", required=True, metavar="DIR", help="local model directory (config.json, weights, tokenizer)")
+@click.option("--kv-cache-memory-bytes", "--kv-cache-memory", "kv_cache_memory_bytes", type=SIZE,
+              help="per-device KV cache budget (e.g. 64M, 1G, 8GiB)")
+@click.option("--max-model-len", type=PositiveInt(MAX_MODEL_LEN, what="max model len"), metavar="N")
+@click.option("--cases", type=click.Choice(["seed", "plugin-timing"]),
+              help="seed: the seed's three verification cases; plugin-timing: seed case 3 without and with the "
+                   "kv_capacity plugin, timed from launch to the start-up error")
+@format_option("text", "json")
+@click.option("--timeout", type=Seconds(), default=600.0, show_default=True, metavar="SECONDS",
+              help="longest wait for each vLLM start")
+@click.option("--vllm-python", metavar="PATH", help="python with vLLM (default $DBO_TOOLKIT_VLLM_PYTHON, else .venv-vllm)")
+@click.argument("vllm_args", nargs=-1, type=click.UNPROCESSED)
+def verify_command(model: str, kv_cache_memory_bytes: int | None, max_model_len: int | None, cases: str | None,
+                   format: str, timeout: float, vllm_python: str | None, vllm_args: tuple[str, ...]) -> int:
+    from kv_capacity.verify import run_verify
+
+    return run_verify(model=model, kv_cache_memory_bytes=kv_cache_memory_bytes, max_model_len=max_model_len,
+                      cases=cases, fmt=format, timeout=timeout, vllm_python=vllm_python, vllm_args=list(vllm_args))
+
+
+__all__ = ["check_command", "plan_command", "presets_command", "required_command", "verify_command"]

@@ -14,7 +14,10 @@ KV cache specs:
 
 from __future__ import annotations
 
+import errno
 import json
+import os
+import stat
 from dataclasses import asdict, dataclass, field
 from importlib import resources
 from pathlib import Path
@@ -56,6 +59,30 @@ _QWEN_MODEL_TYPES = frozenset({"qwen2", "qwen2_moe", "qwen3", "qwen3_moe"})
 
 _DTYPE_BYTES = {"bfloat16": 2, "float16": 2, "half": 2, "float32": 4, "float": 4}
 
+# The largest value each field can have in a real model (today's largest have ~128 layers, 128 heads of
+# 256, windows and positions of a few million). Beyond these a config is a typo or an attack: a number of
+# layers of 1e8 would build a list of 1e8 layer specs. Each bound is said in the refusal.
+FIELD_LIMITS: dict[str, int] = {
+    "num_hidden_layers": 10_000,
+    "num_attention_heads": 1_000_000,
+    "num_key_value_heads": 1_000_000,
+    "head_dim": 65_536,
+    "hidden_size": 1 << 26,
+    "kv_lora_rank": 65_536,
+    "qk_rope_head_dim": 65_536,
+    "sliding_window": 1 << 40,
+    "max_position_embeddings": 1 << 40,
+    "sliding_window_pattern": 10_000,
+    "max_window_layers": 10_000,
+}
+# A config.json is a few KiB; a model directory's is read only when it is a regular file of at most this.
+MAX_CONFIG_BYTES = 16 << 20
+# Attention-free model types: their state is not a KV cache (vLLM sizes it with Mamba specs).
+_ATTENTION_FREE_MODEL_TYPES = frozenset(
+    {"mamba", "mamba2", "falcon_mamba", "rwkv", "rwkv5", "rwkv6", "rwkv7", "xlstm", "retnet", "hyena"}
+)
+_SSM_FIELDS = ("state_size", "ssm_state_size", "d_state", "mamba_d_state", "conv_kernel", "ssm_cfg")
+
 ACCEPTED_MODELS = (
     "a bundled preset name (see `kv-capacity presets`), a config.json file, or a model directory holding one"
 )
@@ -81,6 +108,10 @@ class ModelSpec:
     qk_rope_head_dim: int | None = None
     source: str = ""
     notes: tuple[str, ...] = field(default_factory=tuple)
+    # vLLM's derived max_model_len is max_position_embeddings times this (RoPE scaling types that stretch it)
+    rope_scaling_factor: float = 1.0
+    # config.json's model_max_length: vLLM lets a max_model_len up to it pass the derived limit
+    model_max_length: int | None = None
 
     @property
     def is_mla(self) -> bool:
@@ -140,46 +171,120 @@ def load_preset_config(name: str) -> dict[str, Any]:
 def load_model(name_or_path: str) -> ModelSpec:
     """Load a model's KV-cache shape from a preset name, a config.json path, or a model directory."""
     if not isinstance(name_or_path, str) or not name_or_path.strip():
-        raise KVCapacityInputError(f"model {name_or_path!r} is empty; expected {ACCEPTED_MODELS}")
+        raise KVCapacityInputError(f"model {_short(name_or_path, 80)} is empty; expected {ACCEPTED_MODELS}")
     text = name_or_path.strip()
     if text.lower() in preset_names():
         name = text.lower()
         return spec_from_config(load_preset_config(name), name=name, source=f"preset {name}")
 
     path = Path(text).expanduser()
-    if path.is_dir():
+    info = _stat(path, text, what="model")
+    if info is not None and stat.S_ISDIR(info.st_mode):
         path = path / "config.json"
-        if not path.is_file():
+        info = _stat(path, text, what="config.json of model directory")
+        if info is None:
             raise KVCapacityInputError(
-                f"model directory {text!r} has no config.json; expected {ACCEPTED_MODELS}"
+                f"model directory {_short(text, 80)} has no config.json; expected {ACCEPTED_MODELS}"
             )
-    elif not path.exists():
+    elif info is None:
         raise KVCapacityInputError(
-            f"model {text!r} is neither a bundled preset ({', '.join(preset_names())}) nor an existing path; "
+            f"model {_short(text, 80)} is neither a bundled preset ({', '.join(preset_names())}) nor an existing path; "
             f"expected {ACCEPTED_MODELS}"
         )
+    config = _parse_config(path, _read_config(path))
+    name = path.parent.name if path.name == "config.json" else path.stem
+    return spec_from_config(config, name=name or str(path), source=str(path))
+
+
+def _stat(path: Path, text: str, *, what: str) -> os.stat_result | None:
+    """`path`'s status (following links); None when nothing is there; KVCapacityInputError when it cannot
+    be examined (a symlink loop, a component that is not a directory, no permission ...)."""
     try:
-        raw = path.read_text(encoding="utf-8")
+        return path.stat()
+    except ValueError:  # an embedded NUL byte
+        raise KVCapacityInputError(
+            f"{what} {_short(text, 80)} is not a usable path (it holds a NUL byte); expected {ACCEPTED_MODELS}"
+        ) from None
+    except FileNotFoundError:
+        try:
+            path.lstat()
+        except OSError:
+            return None
+        raise KVCapacityInputError(
+            f"{what} {str(path)!r} is a dangling symbolic link; expected {ACCEPTED_MODELS}"
+        ) from None
+    except OSError as exc:
+        reason = "a symbolic link loop" if exc.errno == errno.ELOOP else exc.strerror
+        raise KVCapacityInputError(
+            f"{what} {str(path)!r} cannot be examined ({reason}); expected {ACCEPTED_MODELS}"
+        ) from None
+
+
+def _read_config(path: Path) -> str:
+    """The text of a config file: a regular file of at most MAX_CONFIG_BYTES, UTF-8.
+
+    Opened without blocking (a FIFO would wait for a writer forever) and checked on the open descriptor,
+    so a device such as /dev/zero or a FIFO is refused, not read until memory runs out.
+    """
+    shown = repr(str(path))
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
     except OSError as exc:
         raise KVCapacityInputError(
-            f"config {str(path)!r} cannot be read ({exc.strerror}); expected {ACCEPTED_MODELS}"
+            f"config {shown} cannot be read ({exc.strerror}); expected {ACCEPTED_MODELS}"
         ) from None
+    with os.fdopen(fd, "rb") as handle:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode):
+            kind = (
+                "a FIFO" if stat.S_ISFIFO(info.st_mode)
+                else "a device" if stat.S_ISCHR(info.st_mode) or stat.S_ISBLK(info.st_mode)
+                else "a socket" if stat.S_ISSOCK(info.st_mode)
+                else "not a regular file"
+            )
+            raise KVCapacityInputError(
+                f"config {shown} is {kind}; expected a model's config.json (a regular file)"
+            )
+        try:
+            raw = handle.read(MAX_CONFIG_BYTES + 1)
+        except OSError as exc:
+            raise KVCapacityInputError(
+                f"config {shown} cannot be read ({exc.strerror}); expected {ACCEPTED_MODELS}"
+            ) from None
+    if len(raw) > MAX_CONFIG_BYTES:
+        raise KVCapacityInputError(
+            f"config {shown} is larger than {MAX_CONFIG_BYTES >> 20} MiB; expected a model's config.json "
+            "(a few KiB)"
+        )
+    try:
+        return raw.decode("utf-8")
     except UnicodeDecodeError:
         raise KVCapacityInputError(
-            f"config {str(path)!r} is not UTF-8 text; expected a model's config.json"
+            f"config {shown} is not UTF-8 text; expected a model's config.json"
         ) from None
+
+
+def _parse_config(path: Path, raw: str) -> dict[str, Any]:
+    shown = repr(str(path))
     try:
         config = json.loads(raw)
     except json.JSONDecodeError as exc:
         raise KVCapacityInputError(
-            f"config {str(path)!r} is not valid JSON (line {exc.lineno}: {exc.msg}); expected a model's config.json"
+            f"config {shown} is not valid JSON (line {exc.lineno}: {exc.msg}); expected a model's config.json"
+        ) from None
+    except ValueError as exc:  # Python refuses integers of more than 4,300 digits
+        raise KVCapacityInputError(
+            f"config {shown} is not a usable config ({str(exc).splitlines()[0][:80]}); expected a model's config.json"
+        ) from None
+    except RecursionError:
+        raise KVCapacityInputError(
+            f"config {shown} nests arrays or objects too deeply to be a config; expected a model's config.json"
         ) from None
     if not isinstance(config, dict):
         raise KVCapacityInputError(
-            f"config {str(path)!r} is not a JSON object; expected a model's config.json"
+            f"config {shown} is not a JSON object; expected a model's config.json"
         )
-    name = path.parent.name if path.name == "config.json" else path.stem
-    return spec_from_config(config, name=name or str(path), source=str(path))
+    return config
 
 
 def _int_field(
@@ -192,9 +297,22 @@ def _int_field(
                 f"{where}: field {key!r} is missing; a positive integer is needed to size the KV cache"
             )
         return None
+    limit = FIELD_LIMITS.get(key)
+    expected = "a positive integer" + (f" up to {limit:,}" if limit else "")
     if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-        raise KVCapacityInputError(f"{where}: field {key!r} is {value!r}; expected a positive integer")
+        raise KVCapacityInputError(f"{where}: field {key!r} is {_short(value)}; expected {expected}")
+    if limit is not None and value > limit:
+        raise KVCapacityInputError(
+            f"{where}: field {key!r} is {_short(value)}, more than any real model has; expected {expected}"
+        )
     return value
+
+
+def _short(value: object, limit: int = 40) -> str:
+    if isinstance(value, int) and value.bit_length() > 128:  # str() of a huge int is slow, or refused
+        return f"a number of about {int(value.bit_length() * 0.30103):,} digits"
+    text = repr(value)
+    return text if len(text) <= limit else f"{text[: limit - 10]}... ({len(text):,} characters)"
 
 
 def spec_from_config(config: dict[str, Any], *, name: str, source: str = "") -> ModelSpec:
@@ -218,6 +336,14 @@ def spec_from_config(config: dict[str, Any], *, name: str, source: str = "") -> 
                 "supported: full attention (MHA/GQA), MLA, sliding-window and hybrid mixes of those"
             )
 
+    if model_type in _ATTENTION_FREE_MODEL_TYPES or (
+        "num_attention_heads" not in text and any(f in text for f in _SSM_FIELDS)
+    ):
+        raise KVCapacityInputError(
+            f"{where}: model_type {model_type!r} is an attention-free (Mamba/SSM/RNN) model, which has no KV cache "
+            "to size and is not supported; supported: full attention (MHA/GQA), MLA, sliding-window and hybrid "
+            "mixes of those"
+        )
     num_layers = _int_field(text, "num_hidden_layers", where)
     num_heads = _int_field(text, "num_attention_heads", where)
     assert num_layers is not None and num_heads is not None
@@ -243,6 +369,10 @@ def spec_from_config(config: dict[str, Any], *, name: str, source: str = "") -> 
         dtype = "float16"
 
     max_pos = _int_field(text, "max_position_embeddings", where, required=False)
+    rope_factor = _rope_scaling_factor(text, model_type)
+    model_max_length = text.get("model_max_length")
+    if isinstance(model_max_length, bool) or not isinstance(model_max_length, int):
+        model_max_length = None
 
     kv_lora_rank = text.get("kv_lora_rank")
     if kv_lora_rank is not None and (model_type not in _MLA_MODEL_TYPES or "compress_ratios" in text):
@@ -265,6 +395,8 @@ def spec_from_config(config: dict[str, Any], *, name: str, source: str = "") -> 
             head_size_v=0,
             dtype=dtype,
             max_position_embeddings=max_pos,
+            rope_scaling_factor=rope_factor,
+            model_max_length=model_max_length,
             layer_kinds=(MLA,) * num_layers,
             kv_lora_rank=kv_lora_rank,
             qk_rope_head_dim=rope,
@@ -290,9 +422,14 @@ def spec_from_config(config: dict[str, Any], *, name: str, source: str = "") -> 
     if model_type in _QWEN_MODEL_TYPES and not text.get("use_sliding_window", False):
         sliding_window = None
     if sliding_window is not None:
-        if isinstance(sliding_window, bool) or not isinstance(sliding_window, int) or sliding_window < 0:
+        if (
+            isinstance(sliding_window, bool)
+            or not isinstance(sliding_window, int)
+            or not 0 <= sliding_window <= FIELD_LIMITS["sliding_window"]
+        ):
             raise KVCapacityInputError(
-                f"{where}: field 'sliding_window' is {sliding_window!r}; expected a positive integer or null"
+                f"{where}: field 'sliding_window' is {_short(sliding_window)}; expected a positive integer "
+                f"up to {FIELD_LIMITS['sliding_window']:,} or null"
             )
         if sliding_window == 0:  # vLLM: a window of 0 means no sliding window
             sliding_window = None
@@ -317,11 +454,35 @@ def spec_from_config(config: dict[str, Any], *, name: str, source: str = "") -> 
         head_size_v=head_dim,
         dtype=dtype,
         max_position_embeddings=max_pos,
+        rope_scaling_factor=rope_factor,
+        model_max_length=model_max_length,
         layer_kinds=kinds,
         sliding_window=sliding_window if SLIDING in kinds else None,
         source=source,
         notes=tuple(notes),
     )
+
+
+# RoPE types whose max_position_embeddings is already the scaled length (vLLM's _get_and_verify_max_len).
+_ROPE_TYPES_NOT_SCALING = frozenset(
+    {"su", "longrope", "llama3", "yarn", "deepseek_yarn", "deepseek_llama_scaling"}
+)
+
+
+def _rope_scaling_factor(text: dict[str, Any], model_type: str) -> float:
+    """The factor vLLM multiplies max_position_embeddings by to derive the longest max_model_len."""
+    raw = text.get("rope_parameters") or text.get("rope_scaling")
+    if not isinstance(raw, dict) or "gemma3" in model_type:
+        return 1.0
+    params = list(raw.values()) if raw and all(isinstance(v, dict) for v in raw.values()) else [raw]
+    factor = 1.0
+    for rp in params:
+        rope_type = rp.get("rope_type") or rp.get("type") or "default"
+        if rope_type not in _ROPE_TYPES_NOT_SCALING:
+            value = rp.get("factor", factor)
+            if isinstance(value, (int, float)) and not isinstance(value, bool) and 0 < value < 1e6:
+                factor = float(value)
+    return factor
 
 
 def _layer_types(
@@ -347,9 +508,15 @@ def _layer_types(
     if model_type == "gemma2":
         return ["sliding_attention" if (i + 1) % 2 else "full_attention" for i in range(num_layers)]
     if model_type in ("gemma3", "gemma3_text"):
-        pattern = text.get("sliding_window_pattern", 6)
+        pattern = _int_field(text, "sliding_window_pattern", where, required=False, default=6)
+        assert pattern is not None
         return ["sliding_attention" if (i + 1) % pattern else "full_attention" for i in range(num_layers)]
     if model_type in _QWEN_MODEL_TYPES:
         start = text.get("max_window_layers", num_layers)
+        if isinstance(start, bool) or not isinstance(start, int) or not 0 <= start <= FIELD_LIMITS["max_window_layers"]:
+            raise KVCapacityInputError(
+                f"{where}: field 'max_window_layers' is {_short(start)}; expected an integer from 0 to "
+                f"{FIELD_LIMITS['max_window_layers']:,}"
+            )
         return ["sliding_attention" if i >= start else "full_attention" for i in range(num_layers)]
     return None

@@ -38,10 +38,23 @@ _UNIT_MULTIPLIER = {
     "ti": TiB,
 }
 
+# A budget is a per-device byte count: vLLM keeps it in a C int64 (torch sizes), so 2**63 bytes and more
+# is no setting anyone has, only a typo; refusing it also keeps every product below exact in an int.
+MAX_SIZE_BYTES = 2**63 - 1
+# Longer digit strings are refused before any conversion (Python's int() refuses > 4,300 digits anyway).
+_MAX_DIGITS = 40
+
 ACCEPTED_SIZES = (
-    "a positive byte count such as 8589934592, 8G or 2816M (binary, integers only), 8g or 8.5g (decimal), "
-    "or 8GiB / 8Gi / 512MiB (binary) / 8GB (decimal)"
+    "a positive byte count below 2^63 such as 8589934592, 8G or 2816M (binary, integers only), 8g or 8.5g "
+    "(decimal), or 8GiB / 8Gi / 512MiB (binary) / 8GB (decimal)"
 )
+
+
+def _shown(text: str, limit: int = 40) -> str:
+    """The input quoted for a message; a long one is cut and its length said instead of echoing it all."""
+    if len(text) <= limit:
+        return repr(text)
+    return f"{text[: limit - 10]!r}... ({len(text):,} characters)"
 
 _VLLM_FORM = re.compile(r"(\d+(?:\.\d+)?)([kKmMgGtT])")
 _UNIT_FORM = re.compile(r"(\d+(?:\.\d+)?)\s*([kKmMgGtT](?:[iI]?[bB]|[iI])|[bB])")
@@ -55,19 +68,26 @@ def parse_size(text: str) -> int:
     a negative budget fails later with "No available memory for the cache blocks").
     """
     if not isinstance(text, str):
-        raise KVCapacityInputError(f"size {text!r} is not text; expected {ACCEPTED_SIZES}")
+        raise KVCapacityInputError(f"size {_shown(repr(text))} is not text; expected {ACCEPTED_SIZES}")
     value = text.strip()
+    shown = _shown(text)
     result: int | None = None
+    digits = len(re.sub(r"[^0-9]", "", value))
+    if digits > _MAX_DIGITS:
+        raise KVCapacityInputError(
+            f"size {shown} has {digits:,} digits; expected {ACCEPTED_SIZES}"
+        )
 
     match = _VLLM_FORM.fullmatch(value)
     if match:
         number, suffix = match.groups()
         if suffix in _VLLM_DECIMAL:
             # Same float arithmetic as vLLM, so e.g. 8.5g gives vLLM's exact integer.
-            result = int(float(number) * _VLLM_DECIMAL[suffix])
+            product = float(number) * _VLLM_DECIMAL[suffix]
+            result = int(product) if product < 2.0**64 else MAX_SIZE_BYTES + 1
         elif "." in number:
             raise KVCapacityInputError(
-                f"size {text!r}: decimals are not allowed with binary suffixes like {suffix} "
+                f"size {shown}: decimals are not allowed with binary suffixes like {suffix} "
                 f"(vLLM rejects them too); did you mean {number}{suffix.lower()}? Accepted: {ACCEPTED_SIZES}"
             )
         else:
@@ -81,14 +101,18 @@ def parse_size(text: str) -> int:
             exact = Fraction(number) * _UNIT_MULTIPLIER[unit.lower()]
             if exact.denominator != 1:
                 raise KVCapacityInputError(
-                    f"size {text!r} is not a whole number of bytes; expected {ACCEPTED_SIZES}"
+                    f"size {shown} is not a whole number of bytes; expected {ACCEPTED_SIZES}"
                 )
             result = int(exact)
 
     if result is None:
-        raise KVCapacityInputError(f"size {text!r} is not understood; expected {ACCEPTED_SIZES}")
+        raise KVCapacityInputError(f"size {shown} is not understood; expected {ACCEPTED_SIZES}")
     if result <= 0:
-        raise KVCapacityInputError(f"size {text!r} must be positive; expected {ACCEPTED_SIZES}")
+        raise KVCapacityInputError(f"size {shown} must be positive; expected {ACCEPTED_SIZES}")
+    if result > MAX_SIZE_BYTES:
+        raise KVCapacityInputError(
+            f"size {shown} is {format_size(result)}, 2^63 bytes or more; expected {ACCEPTED_SIZES}"
+        )
     return result
 
 

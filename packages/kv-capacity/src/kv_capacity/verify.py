@@ -20,7 +20,6 @@ figures and the start-up error are vLLM's own, not this package's plugin's.
 
 from __future__ import annotations
 
-import argparse
 import collections
 import json
 import math
@@ -659,67 +658,6 @@ def run_plugin_timing(
 # CLI
 
 
-def _size_arg(text: str) -> int:
-    from kv_capacity.sizes import parse_size
-
-    try:
-        return parse_size(text)
-    except KVCapacityInputError as exc:
-        raise argparse.ArgumentTypeError(str(exc)) from None
-
-
-def _positive(name: str):
-    def convert(text: str) -> int:
-        try:
-            value = int(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"{name} {text!r} is not an integer; expected a positive integer") from None
-        if value <= 0:
-            raise argparse.ArgumentTypeError(f"{name} {text!r} must be positive; expected a positive integer")
-        return value
-
-    return convert
-
-
-def _positive_float(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        value = -1.0
-    if not value > 0:
-        raise argparse.ArgumentTypeError(f"timeout {text!r} is not a positive number of seconds")
-    return value
-
-
-def add_parser(subparsers: argparse._SubParsersAction) -> None:
-    """Register `verify` on the kv-capacity command line."""
-    p = subparsers.add_parser(
-        "verify",
-        help="start a real vLLM and compare the KV capacity it reports with the planner",
-        description="Start vLLM offline with these settings, read the KV cache capacity it logs (or its start-up "
-        "error), stop it, and compare with the planner. Arguments after `--` go to vLLM unchanged.",
-    )
-
-    def error(message: str) -> None:
-        print(f"{PROG}: error: {message}", file=sys.stderr)
-        raise SystemExit(2)
-
-    p.error = error  # type: ignore[method-assign]
-    p.add_argument("--model", required=True, metavar="DIR", help="local model directory (config.json, weights, tokenizer)")
-    p.add_argument("--kv-cache-memory-bytes", "--kv-cache-memory", dest="kv_cache_memory_bytes", type=_size_arg,
-                   metavar="SIZE", help="per-device KV cache budget (e.g. 64M, 1G, 8GiB)")
-    p.add_argument("--max-model-len", type=_positive("max model len"), metavar="N")
-    p.add_argument("--cases", choices=("seed", "plugin-timing"),
-                   help="seed: the seed's three verification cases; plugin-timing: seed case 3 without and with "
-                   "the kv_capacity plugin, timed from launch to the start-up error")
-    p.add_argument("--format", choices=("text", "json"), default="text")
-    p.add_argument("--timeout", type=_positive_float, default=DEFAULT_TIMEOUT_S, metavar="SECONDS",
-                   help=f"longest wait for each vLLM start (default {DEFAULT_TIMEOUT_S:.0f})")
-    p.add_argument("--vllm-python", metavar="PATH", help=f"python with vLLM (default ${VLLM_PYTHON_ENV}, else .venv-vllm)")
-    p.add_argument("vllm_args", nargs=argparse.REMAINDER, help="-- then extra vLLM engine arguments")
-    p.set_defaults(func=run_cli)
-
-
 def _console():
     from rich.console import Console
 
@@ -740,15 +678,53 @@ def _comparison_table(comparison: Comparison):
 
 
 def _fail(message: str, log_tail: list[str] | None = None) -> int:
-    print(f"{PROG}: error: {message}", file=sys.stderr)
+    """One line on stderr; vLLM's log, when there is one, goes to a file that the line names."""
     if log_tail:
-        print("last lines of vLLM's log:", file=sys.stderr)
-        for line in log_tail:
-            print(f"  {line}", file=sys.stderr)
+        import tempfile
+
+        fd, log_path = tempfile.mkstemp(prefix="kv-capacity-verify-", suffix=".log")
+        with os.fdopen(fd, "w", encoding="utf-8") as handle:
+            handle.write("\n".join(log_tail) + "\n")
+        message = f"{message} (last {len(log_tail)} lines of vLLM's log: {log_path})"
+    print(f"{PROG}: error: {' '.join(message.split())}", file=sys.stderr)
     return 2
 
 
-def run_cli(args: argparse.Namespace) -> int:
+def probe_vllm_python(python: str) -> str | None:
+    """Why `python` cannot run the verification child (no vLLM, no kv_capacity), or None when it can.
+
+    Only looks the modules up (importlib.util.find_spec), without importing vLLM: a second, not a minute.
+    """
+    code = ("import importlib.util as u, sys; "
+            "sys.stdout.write(' '.join(m for m in ('vllm', 'kv_capacity') if u.find_spec(m) is None))")
+    try:
+        proc = subprocess.run([python, "-c", code], capture_output=True, text=True, timeout=60,
+                              stdin=subprocess.DEVNULL)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return f"--vllm-python {python!r} cannot be run ({exc.__class__.__name__}); expected a python with vLLM"
+    if proc.returncode != 0:
+        return f"--vllm-python {python!r} is not a working python (exit status {proc.returncode}); expected a python with vLLM"
+    missing = proc.stdout.split()
+    if "vllm" in missing:
+        return f"no vLLM in this interpreter: {python} cannot import vllm; expected a python with vLLM (`make vllm-env`)"
+    if "kv_capacity" in missing:
+        return (f"kv_capacity is not installed in {python}; install it there with "
+                "`pip install --no-deps -e packages/kv-capacity` (make vllm-env does)")
+    return None
+
+
+def run_verify(*, model: str, kv_cache_memory_bytes: int | None, max_model_len: int | None, cases: str | None,
+               fmt: str, timeout: float, vllm_python: str | None, vllm_args: list[str]) -> int:
+    """The body of `kv-capacity verify` (the click command is in kv_capacity.commands)."""
+    import types
+
+    args = types.SimpleNamespace(model=model, kv_cache_memory_bytes=kv_cache_memory_bytes,
+                                 max_model_len=max_model_len, cases=cases, format=fmt, timeout=timeout,
+                                 vllm_python=vllm_python, vllm_args=list(vllm_args))
+    return run_cli(args)  # type: ignore[arg-type]
+
+
+def run_cli(args: Any) -> int:
     from kv_capacity.model_spec import load_model
 
     extra = list(args.vllm_args)
@@ -768,6 +744,9 @@ def run_cli(args: argparse.Namespace) -> int:
         load_model(args.model)
     except KVCapacityInputError as exc:
         return _fail(str(exc))
+    problem = probe_vllm_python(python)
+    if problem:
+        return _fail(problem)
 
     console = _console()
     show = console.print if args.format == "text" else (lambda *a, **k: None)
