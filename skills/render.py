@@ -1,22 +1,30 @@
 #!/usr/bin/env python3
-"""Render one template of one agent skill: the single renderer for every skill under skills/.
+# /// script
+# requires-python = ">=3.11"
+# dependencies = ["jinja2>=3.1", "pyyaml>=6"]
+# ///
+"""Render one template of the agent skill this file belongs to.
 
-    python skills/render.py SKILL TEMPLATE [--values FILE.yaml ...] [--set KEY=VALUE ...]
-                            [--set-str KEY=VALUE ...] [--set-file KEY=FILE.json|yaml ...] [--output FILE]
-    python skills/render.py SKILL --list            # templates of SKILL and the variables each one needs
+    python scripts/render.py TEMPLATE [--example] [--values FILE.yaml ...] [--set KEY=VALUE ...]
+                             [--set-str KEY=VALUE ...] [--set-file KEY=FILE.json|yaml ...] [-o FILE]
+    python scripts/render.py --list      # the skill's templates and the variables each one needs
 
-TEMPLATE is a file name under skills/SKILL/templates/ with or without its `.j2` suffix. Values are
-merged in order: every --values file, then --set-file, --set and --set-str (later wins). --set parses
-its value as a YAML scalar or flow collection (`4`, `true`, `[1, 4]`); --set-str keeps it as text;
+The skill is the folder above this script's folder (the one holding SKILL.md); `--skill DIR` names
+another. TEMPLATE is a file under the skill's assets/ with or without its `.j2` suffix, or its stem
+(`launch_server` for `launch_server.sh.j2`). Values are merged in order: the template's example values
+(assets/<stem>.values.yaml, with --example), every --values file, then --set-file, --set and --set-str
+(later wins). --set parses its value as YAML (`4`, `true`, `[1, 4]`); --set-str keeps it as text;
 --set-file loads a JSON/YAML document (for example `profile-analyzer report --format json` output).
-Dotted keys (`server.port=8000`) build nested mappings.
+Dotted keys (`server.port=8000`) build nested mappings. Relative paths are read from the current
+folder, and the output is written there, never into the skill.
 
-Every variable a template references must be given: the renderer lists the template's free variables
-before rendering and renders with StrictUndefined, so a forgotten value is an error, not an empty
-string in a launch script. The rendered text is checked by the kind of file it is (bash -n for shell
-scripts, compile() for Python, yaml/json parsing) before anything is written; the output is written to
-a temporary file and renamed into place, so a failure never leaves a partial file. Bad input prints
-one line on stderr and exits 2.
+Every variable the template references must be given: a forgotten value is an error, not an empty
+string in a launch script. The rendered text is checked by its kind (bash -n for shell, compile() for
+Python, YAML/JSON parsing) before anything is written, and it is written through a temporary file, so
+a failure never leaves a partial file. Bad input prints one line on stderr and exits 2.
+
+This file has one source in the repository (skills/render.py); every skill's scripts/render.py is an
+identical copy written by `make skills-sync`.
 """
 
 from __future__ import annotations
@@ -32,8 +40,9 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-SKILLS_DIR = Path(__file__).resolve().parent
 TEMPLATE_SUFFIX = ".j2"
+VALUES_SUFFIX = ".values.yaml"
+TEMPLATE_FOLDER = "assets"
 
 
 class RenderError(Exception):
@@ -49,14 +58,22 @@ def _require_libraries() -> tuple[Any, Any]:
     return jinja2, yaml
 
 
-def skill_names() -> list[str]:
-    """The skills: folders of skills/ that hold a SKILL.md."""
-    return sorted(p.name for p in SKILLS_DIR.iterdir() if (p / "SKILL.md").is_file())
+def default_skill_dir() -> Path:
+    """The skill this copy belongs to: the folder above scripts/."""
+    return Path(__file__).resolve().parent.parent
 
 
-def template_names(skill: str) -> list[str]:
-    """Template names of `skill` (file names below templates/, without the .j2 suffix)."""
-    root = SKILLS_DIR / skill / "templates"
+def skill_root(skill_dir: Path | str | None = None) -> Path:
+    """The skill folder (holding SKILL.md), or RenderError."""
+    root = Path(skill_dir).resolve() if skill_dir is not None else default_skill_dir()
+    if not (root / "SKILL.md").is_file():
+        raise RenderError(f"--skill {root}: no SKILL.md there (give the folder of a skill)")
+    return root
+
+
+def template_names(skill_dir: Path) -> list[str]:
+    """Template names of the skill (files below assets/ ending in .j2, without the suffix)."""
+    root = Path(skill_dir) / TEMPLATE_FOLDER
     if not root.is_dir():
         return []
     return sorted(
@@ -64,17 +81,25 @@ def template_names(skill: str) -> list[str]:
     )
 
 
-def _template_path(skill: str, template: str) -> Path:
-    if skill not in skill_names():
-        raise RenderError(f"unknown skill {skill!r}; accepted: {', '.join(skill_names())}")
+def template_path(skill_dir: Path, template: str) -> Path:
+    """assets/<template>.j2 of the skill; accepts the name with or without .j2, or its stem."""
     name = template[: -len(TEMPLATE_SUFFIX)] if template.endswith(TEMPLATE_SUFFIX) else template
-    names = template_names(skill)
+    name = name.removeprefix(TEMPLATE_FOLDER + "/")
+    names = template_names(skill_dir)
     by_stem = [n for n in names if n.split(".", 1)[0] == name]
-    if name not in names and len(by_stem) == 1:  # `matrix` for `matrix.yaml`
+    if name not in names and len(by_stem) == 1:
         name = by_stem[0]
     if name not in names:
-        raise RenderError(f"unknown template {template!r} of skill {skill}; accepted: {', '.join(names) or '(none)'}")
-    return SKILLS_DIR / skill / "templates" / (name + TEMPLATE_SUFFIX)
+        raise RenderError(
+            f"unknown template {template!r} of skill {Path(skill_dir).name}; accepted: {', '.join(names) or '(none)'}"
+        )
+    return Path(skill_dir) / TEMPLATE_FOLDER / (name + TEMPLATE_SUFFIX)
+
+
+def example_values_path(skill_dir: Path, template: str) -> Path:
+    """assets/<stem>.values.yaml: the complete example values of a template."""
+    path = template_path(skill_dir, template)
+    return path.parent / (path.name.split(".", 1)[0] + VALUES_SUFFIX)
 
 
 def _shquote(value: Any) -> str:
@@ -99,11 +124,11 @@ def _cli_args(mapping: dict[str, Any] | None) -> str:
     return " ".join(parts)
 
 
-def make_environment() -> Any:
-    """The jinja2 environment all skill templates share (StrictUndefined, shell/JSON helpers)."""
+def make_environment(skill_dir: Path) -> Any:
+    """The jinja2 environment of the skill's templates (StrictUndefined, shell/Python/JSON quoting filters)."""
     jinja2, _ = _require_libraries()
     env = jinja2.Environment(
-        loader=jinja2.FileSystemLoader(str(SKILLS_DIR)),
+        loader=jinja2.FileSystemLoader(str(Path(skill_dir) / TEMPLATE_FOLDER)),
         undefined=jinja2.StrictUndefined,
         keep_trailing_newline=True,
         trim_blocks=True,
@@ -117,22 +142,23 @@ def make_environment() -> Any:
     return env
 
 
-def required_variables(skill: str, template: str) -> set[str]:
+def required_variables(skill_dir: Path, template: str) -> set[str]:
     """Every free variable the template (and what it includes) references."""
     jinja2, _ = _require_libraries()
     from jinja2 import meta
 
-    env = make_environment()
-    path = _template_path(skill, template)
+    env = make_environment(skill_dir)
+    assets = Path(skill_dir) / TEMPLATE_FOLDER
+    path = template_path(skill_dir, template)
     seen: set[str] = set()
     needed: set[str] = set()
-    pending = [str(path.relative_to(SKILLS_DIR))]
+    pending = [str(path.relative_to(assets))]
     while pending:
         name = pending.pop()
         if name in seen:
             continue
         seen.add(name)
-        source = (SKILLS_DIR / name).read_text(encoding="utf-8")
+        source = (assets / name).read_text(encoding="utf-8")
         try:
             ast = env.parse(source, name=name)
         except jinja2.TemplateSyntaxError as exc:
@@ -172,7 +198,8 @@ def _load_document(option: str, path_text: str) -> Any:
         return json.loads(text) if path.suffix == ".json" else yaml.safe_load(text)
     except (ValueError, yaml.YAMLError) as exc:
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        raise RenderError(f"{option} {path_text}: not valid {'JSON' if path.suffix == '.json' else 'YAML'} ({first})") from None
+        kind = "JSON" if path.suffix == ".json" else "YAML"
+        raise RenderError(f"{option} {path_text}: not valid {kind} ({first})") from None
 
 
 def collect_values(
@@ -208,7 +235,7 @@ def check_rendered(name: str, text: str) -> None:
     """Check the rendered text by the kind of file `name` is; RenderError if it is not valid."""
     _, yaml = _require_libraries()
     suffix = Path(name).suffix
-    if suffix in (".sh", ".bash") or text.startswith("#!/usr/bin/env bash") or text.startswith("#!/bin/bash"):
+    if suffix in (".sh", ".bash") or text.startswith(("#!/usr/bin/env bash", "#!/bin/bash")):
         bash = shutil.which("bash")
         if bash is None:
             return
@@ -233,30 +260,33 @@ def check_rendered(name: str, text: str) -> None:
             raise RenderError(f"rendered {name} is not valid JSON: {exc}") from None
 
 
-def render(skill: str, template: str, values: dict[str, Any]) -> str:
-    """Render `template` of `skill` with `values`; every referenced variable must be present."""
+def render(skill_dir: Path, template: str, values: dict[str, Any]) -> str:
+    """Render `template` of the skill in `skill_dir` with `values`; every referenced variable must be present."""
     jinja2, _ = _require_libraries()
-    path = _template_path(skill, template)
-    missing = sorted(required_variables(skill, template) - set(values))
+    path = template_path(skill_dir, template)
+    label = f"{Path(skill_dir).name}/{path.name}"
+    missing = sorted(required_variables(skill_dir, template) - set(values))
     if missing:
         raise RenderError(
-            f"template {skill}/{path.name} needs values for: {', '.join(missing)} (give them with --set KEY=VALUE or --values FILE)"
+            f"template {label} needs values for: {', '.join(missing)} "
+            "(give them with --example, --values FILE or --set KEY=VALUE)"
         )
-    env = make_environment()
+    env = make_environment(skill_dir)
     try:
-        text = env.get_template(str(path.relative_to(SKILLS_DIR))).render(**values)
+        text = env.get_template(str(path.relative_to(Path(skill_dir) / TEMPLATE_FOLDER))).render(**values)
     except jinja2.UndefinedError as exc:
-        raise RenderError(f"template {skill}/{path.name}: a value has the wrong shape ({exc.message})") from None
+        raise RenderError(f"template {label}: a value has the wrong shape ({exc.message})") from None
     except jinja2.TemplateError as exc:
-        raise RenderError(f"template {skill}/{path.name}: {exc}") from None
+        raise RenderError(f"template {label}: {exc}") from None
     except (TypeError, ValueError, KeyError, AttributeError) as exc:
-        raise RenderError(f"template {skill}/{path.name}: a value has the wrong shape ({type(exc).__name__}: {exc})") from None
+        raise RenderError(f"template {label}: a value has the wrong shape ({type(exc).__name__}: {exc})") from None
     check_rendered(path.name[: -len(TEMPLATE_SUFFIX)], text)
     return text
 
 
 def write_atomically(path: Path, text: str) -> None:
     """Write `text` to `path` through a temporary file in the same folder; executable if it has a shebang."""
+    path = Path(path)
     if not path.parent.is_dir():
         raise RenderError(f"--output {path}: folder {path.parent} does not exist")
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=str(path.parent))
@@ -271,39 +301,40 @@ def write_atomically(path: Path, text: str) -> None:
         raise
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        prog="render.py", description="Render a template of an agent skill (jinja2, every variable required)."
-    )
-    parser.add_argument("skill", help="skill folder name under skills/")
-    parser.add_argument("template", nargs="?", help="template name under SKILL/templates/ (.j2 optional)")
-    parser.add_argument("--values", action="append", default=[], metavar="FILE", help="YAML/JSON file of values (repeatable)")
-    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="a value, parsed as YAML")
-    parser.add_argument("--set-str", action="append", default=[], metavar="KEY=VALUE", help="a value, kept as text")
-    parser.add_argument("--set-file", action="append", default=[], metavar="KEY=FILE", help="a value loaded from a JSON/YAML file")
-    parser.add_argument("--output", "-o", metavar="FILE", help="write here (default: stdout)")
-    parser.add_argument("--list", action="store_true", help="list the skill's templates and their variables")
-    return parser
-
-
 class _OneLineParser(argparse.ArgumentParser):
     def error(self, message: str) -> None:  # noqa: D401 - argparse hook
         self.exit(2, f"{self.prog}: {message}\n")
 
 
+def build_parser() -> argparse.ArgumentParser:
+    parser = _OneLineParser(
+        prog="render.py",
+        description="Render a template of this agent skill (jinja2; every variable must be given).",
+        epilog="Example: python scripts/render.py launch_server --example --set dbo=false -o launch_off.sh",
+    )
+    parser.add_argument("template", nargs="?", help="template under the skill's assets/ (.j2 optional, or its stem)")
+    parser.add_argument("--example", action="store_true", help="start from the template's example values")
+    parser.add_argument("--values", action="append", default=[], metavar="FILE", help="YAML/JSON file of values (repeatable)")
+    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="a value, parsed as YAML")
+    parser.add_argument("--set-str", action="append", default=[], metavar="KEY=VALUE", help="a value, kept as text")
+    parser.add_argument("--set-file", action="append", default=[], metavar="KEY=FILE", help="a value loaded from a JSON/YAML file")
+    parser.add_argument("--output", "-o", metavar="FILE", help="write here (default: stdout)")
+    parser.add_argument("--list", action="store_true", help="list the templates and their variables")
+    parser.add_argument("--skill", metavar="DIR", help="the skill folder (default: the folder above this script)")
+    return parser
+
+
 def main(argv: list[str] | None = None) -> int:
-    parser = build_parser()
-    parser.__class__ = _OneLineParser
-    args = parser.parse_args(argv)
+    args = build_parser().parse_args(argv)
     try:
+        root = skill_root(args.skill)
         if args.list or args.template is None:
-            if args.skill not in skill_names():
-                raise RenderError(f"unknown skill {args.skill!r}; accepted: {', '.join(skill_names())}")
-            for name in template_names(args.skill):
-                print(f"{name}: {', '.join(sorted(required_variables(args.skill, name)))}")
+            for name in template_names(root):
+                print(f"{name}: {', '.join(sorted(required_variables(root, name)))}")
             return 0
-        values = collect_values(args.values, args.set, args.set_str, args.set_file)
-        text = render(args.skill, args.template, values)
+        examples = [str(example_values_path(root, args.template))] if args.example else []
+        values = collect_values(examples + args.values, args.set, args.set_str, args.set_file)
+        text = render(root, args.template, values)
         if args.output:
             write_atomically(Path(args.output), text)
         else:

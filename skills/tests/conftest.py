@@ -1,6 +1,8 @@
 """Shared helpers of the skills tests: the repository paths and the skills' scripts loaded as modules.
 
-The scripts live in folders whose names have hyphens (skill names), so they are loaded by path.
+The scripts live in folders whose names have hyphens (skill names), so they are loaded by path. The
+renderer is loaded from its one source, skills/render.py; each skill's scripts/render.py is a copy
+(test_self_contained.py checks that they are identical).
 """
 
 from __future__ import annotations
@@ -15,6 +17,19 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[2]
 SKILLS = REPO / "skills"
+SKILL_NAMES = sorted(p.parent.name for p in SKILLS.glob("*/SKILL.md"))
+
+
+def skill_dir(name: str) -> Path:
+    """The folder of skill `name` in this repository."""
+    return SKILLS / name
+
+
+def example_values(skill: str, template: str) -> dict:
+    """assets/<stem>.values.yaml of `template` of `skill`: its complete example values."""
+    import yaml
+
+    return yaml.safe_load((SKILLS / skill / "assets" / f"{template.split('.', 1)[0]}.values.yaml").read_text())
 
 
 def load_script(relative: str, name: str) -> ModuleType:
@@ -30,8 +45,19 @@ def load_script(relative: str, name: str) -> ModuleType:
 
 
 @pytest.fixture(scope="session")
+def examples():
+    """example_values(skill, template) as a fixture (test modules are imported by path, not as a package)."""
+    return example_values
+
+
+@pytest.fixture(scope="session")
 def render_mod() -> ModuleType:
     return load_script("render.py", "skills_render")
+
+
+@pytest.fixture(scope="session")
+def job_mod() -> ModuleType:
+    return load_script("job.py", "skills_job")
 
 
 @pytest.fixture(scope="session")

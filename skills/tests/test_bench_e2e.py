@@ -60,7 +60,7 @@ def test_harness_runs_a_real_vllm_matrix(tmp_path: Path, vllm_python: str, rende
         "concurrencies": CONCURRENCIES,
     }
     matrix_path = tmp_path / "matrix.yaml"
-    matrix_path.write_text(render_mod.render("vllm-serve-bench", "matrix.yaml", values))
+    matrix_path.write_text(render_mod.render(SKILLS / "vllm-serve-bench", "matrix.yaml", values))
     assert yaml.safe_load(matrix_path.read_text())["sweep"] == {"max-concurrency": CONCURRENCIES}
 
     out = tmp_path / "out"

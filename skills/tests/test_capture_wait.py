@@ -21,6 +21,8 @@ from pathlib import Path
 
 import pytest
 
+SKILLS = Path(__file__).resolve().parents[1]
+
 WRITE_PAUSE_S = 8.0  # longer than the fixed 5 s pause the script used to make
 
 
@@ -79,7 +81,7 @@ def _capture(tmp_path: Path, render_mod, flush_timeout_s: int) -> tuple[subproce
     threading.Thread(target=server.serve_forever, daemon=True).start()
     try:
         script = tmp_path / "capture.sh"
-        render_mod.write_atomically(script, render_mod.render("dbo-debug", "capture_profile.sh", {
+        render_mod.write_atomically(script, render_mod.render(SKILLS / "dbo-debug", "capture_profile.sh", {
             "label": "writer", "base_url": f"http://127.0.0.1:{server.server_address[1]}", "model": "m",
             "profile_dir": str(prof), "report_json": str(report_json), "bench_cmd": f"{sys.executable} -c pass",
             "analyzer": f"{sys.executable} -m profile_analyzer", "num_prompts": 1, "input_len": 8, "output_len": 2,

@@ -1,8 +1,10 @@
 """The commands the skills tell an agent to run exist: every `kv-capacity`, `profile-analyzer`,
-`dbo-runtime`, `skills/render.py` and `serve_bench.py` line in a SKILL.md (and docs/skills.md) code
-block names a real subcommand and only options its argparse parser defines, and every
-`render.py SKILL TEMPLATE` names a real skill and template. The parsers are the packages' own
-`build_parser()`, so a renamed option in a CLI fails here instead of misleading an agent.
+`dbo-runtime`, `render.py`, `job.py` and `serve_bench.py` line in a SKILL.md, a skill's references/
+(and docs/skills.md) code block names a real subcommand and only options its argparse parser defines,
+every `scripts/render.py TEMPLATE` in a skill names a template in that skill's assets/, and every
+`scripts/X` a skill runs is in that skill's folder. A command run through `job.py start NAME -- ...`
+is checked too. The parsers are the tools' own `build_parser()`, so a renamed option in a CLI fails
+here instead of misleading an agent.
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[2]
 SKILLS = REPO / "skills"
-DOCUMENTS = sorted(SKILLS.glob("*/SKILL.md")) + [REPO / "docs" / "skills.md"]
+DOCUMENTS = sorted(SKILLS.glob("*/SKILL.md")) + sorted(SKILLS.glob("*/references/*.md")) + [REPO / "docs" / "skills.md"]
 PACKAGE_CLIS = {"kv-capacity": "kv_capacity.cli", "profile-analyzer": "profile_analyzer.cli", "dbo-runtime": "dbo_runtime.cli"}
 CODE_BLOCK = re.compile(r"```(?:bash|sh)\n(.*?)```", re.S)
 
@@ -42,20 +44,45 @@ def shell_commands(text: str) -> list[list[str]]:
     return found
 
 
+SCRIPTS = ("render.py", "job.py", "serve_bench.py")
+
+
+def _invocation(tokens: list[str]) -> list[tuple[str, str, list[str]]]:
+    """(tool, path as written, arguments) of one command, and of the command a `job.py start` runs."""
+    if tokens[0] in ("python", "python3") and len(tokens) > 1:
+        tokens = tokens[1:]
+    head = tokens[0]
+    if head in PACKAGE_CLIS:
+        return [(head, head, tokens[1:])]
+    tool = next((name for name in SCRIPTS if head == name or head.endswith("/" + name)), None)
+    if tool is None:
+        return []
+    found = [(tool, head, tokens[1:])]
+    if tool == "job.py" and "--" in tokens:
+        rest = tokens[tokens.index("--") + 1:]
+        if rest:
+            found += _invocation(rest)
+    return found
+
+
 def tool_invocations(document: Path) -> list[tuple[str, list[str]]]:
     """(tool, arguments) for each command of a known tool in `document`."""
+    return [(tool, args) for tool, _, args in _located_invocations(document)]
+
+
+def _located_invocations(document: Path) -> list[tuple[str, str, list[str]]]:
     calls = []
     for tokens in shell_commands(document.read_text(encoding="utf-8")):
-        if tokens[0] == "python" and len(tokens) > 1:
-            tokens = tokens[1:]
-        head = tokens[0]
-        if head in PACKAGE_CLIS:
-            calls.append((head, tokens[1:]))
-        elif head.endswith("skills/render.py"):
-            calls.append(("render.py", tokens[1:]))
-        elif head.endswith("scripts/serve_bench.py"):
-            calls.append(("serve_bench.py", tokens[1:]))
+        calls += _invocation(tokens)
     return calls
+
+
+def _skill_of(document: Path) -> Path | None:
+    """The skill folder a document belongs to (None for docs/)."""
+    for parent in document.parents:
+        if (parent / "SKILL.md").is_file():
+            return parent
+    return None
 
 
 def check_against_parser(parser: argparse.ArgumentParser, args: list[str]) -> list[str]:
@@ -84,28 +111,30 @@ def check_against_parser(parser: argparse.ArgumentParser, args: list[str]) -> li
 
 def test_the_skills_name_the_package_clis() -> None:
     tools = {tool for document in DOCUMENTS for tool, _ in tool_invocations(document)}
-    assert {"kv-capacity", "profile-analyzer", "dbo-runtime", "render.py", "serve_bench.py"} <= tools
+    assert {"kv-capacity", "profile-analyzer", "dbo-runtime", "render.py", "serve_bench.py", "job.py"} <= tools
 
 
 @pytest.mark.parametrize("document", DOCUMENTS, ids=lambda p: str(p.relative_to(REPO)))
-def test_commands_match_the_real_parsers(document: Path, render_mod, serve_bench) -> None:
+def test_commands_match_the_real_parsers(document: Path, render_mod, serve_bench, job_mod) -> None:
     parsers = {tool: importlib.import_module(module).build_parser for tool, module in PACKAGE_CLIS.items()}
     parsers["render.py"] = render_mod.build_parser
     parsers["serve_bench.py"] = serve_bench.build_parser
+    parsers["job.py"] = job_mod.build_parser
+    skill = _skill_of(document)
     problems = []
-    for tool, args in tool_invocations(document):
-        line = f"{tool} {' '.join(args)}"
-        problems += [f"{line}: {p}" for p in check_against_parser(parsers[tool](), args)]
+    for tool, path, args in _located_invocations(document):
+        line = f"{path} {' '.join(args)}"
+        own = args[: args.index("--")] if tool == "job.py" and "--" in args else args
+        problems += [f"{line}: {p}" for p in check_against_parser(parsers[tool](), own)]
+        if skill is None or tool in PACKAGE_CLIS:
+            continue
+        if path != f"scripts/{tool}" or not (skill / path).is_file():
+            problems.append(f"{line}: a skill runs its own copy, scripts/{tool} (relative to the skill folder)")
         if tool == "render.py":
-            positional = [a for a in args if not a.startswith("-")]
-            skill = positional[0] if positional else None
-            if skill is None or skill.isupper():  # a usage line with placeholders (SKILL TEMPLATE)
-                continue
-            if skill not in render_mod.skill_names():
-                problems.append(f"{line}: unknown skill {skill!r}")
-            elif "--list" not in args and len(positional) > 1:
+            template = own[0] if own and not own[0].startswith("-") else None
+            if template is not None and not template.isupper():
                 try:
-                    render_mod._template_path(skill, positional[1])  # noqa: SLF001
+                    render_mod.template_path(skill, template)
                 except render_mod.RenderError as exc:
                     problems.append(f"{line}: {exc}")
     assert problems == []

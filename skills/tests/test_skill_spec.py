@@ -112,10 +112,10 @@ def test_skill_is_valid(folder: Path) -> None:
 @pytest.mark.parametrize("folder", skill_folders(), ids=lambda p: p.name)
 def test_every_template_is_documented_and_has_example_values(folder: Path) -> None:
     text = (folder / "SKILL.md").read_text(encoding="utf-8")
-    for template in sorted((folder / "templates").glob("*.j2")):
-        assert f"templates/{template.name}" in text, f"{template.name} not mentioned in SKILL.md"
+    for template in sorted((folder / "assets").glob("*.j2")):
+        assert f"assets/{template.name}" in text, f"{template.name} not mentioned in SKILL.md"
         stem = template.name.split(".", 1)[0]
-        assert (folder / "values" / f"{stem}.yaml").is_file(), f"no values/{stem}.yaml for {template.name}"
+        assert (folder / "assets" / f"{stem}.values.yaml").is_file(), f"no assets/{stem}.values.yaml for {template.name}"
 
 
 @pytest.mark.parametrize("folder", skill_folders(), ids=lambda p: p.name)

@@ -26,11 +26,11 @@ import pytest
 import yaml
 
 SKILLS = Path(__file__).resolve().parents[1]
-TEMPLATES = sorted((p.parent.parent.name, p.name[: -len(".j2")]) for p in SKILLS.glob("*/templates/*.j2"))
+TEMPLATES = sorted((p.parent.parent.name, p.name[: -len(".j2")]) for p in SKILLS.glob("*/assets/*.j2"))
 
 
 def example_values(skill: str, template: str) -> dict[str, Any]:
-    return yaml.safe_load((SKILLS / skill / "values" / f"{template.split('.', 1)[0]}.yaml").read_text())
+    return yaml.safe_load((SKILLS / skill / "assets" / f"{template.split('.', 1)[0]}.values.yaml").read_text())
 
 
 def check_file(path: Path) -> None:
@@ -49,16 +49,18 @@ def check_file(path: Path) -> None:
 
 
 def test_templates_are_found() -> None:
-    assert {skill for skill, _ in TEMPLATES} == {"dbo-debug", "vllm-serve-bench", "kv-cache-sizing"}
-    assert len(TEMPLATES) >= 6
+    assert {skill for skill, _ in TEMPLATES} == {
+        "dbo-debug", "vllm-serve-bench", "kv-cache-sizing", "profile-overlap-analysis",
+    }
+    assert len(TEMPLATES) >= 8
 
 
 @pytest.mark.parametrize(("skill", "template"), TEMPLATES, ids=[f"{s}/{t}" for s, t in TEMPLATES])
 def test_template_renders_valid_file(tmp_path: Path, render_mod, skill: str, template: str) -> None:
     values = example_values(skill, template)
-    assert render_mod.required_variables(skill, template) == set(values), "example values must give exactly what the template uses"
+    assert render_mod.required_variables(SKILLS / skill, template) == set(values), "example values must give exactly what the template uses"
     out = tmp_path / template
-    render_mod.write_atomically(out, render_mod.render(skill, template, values))
+    render_mod.write_atomically(out, render_mod.render(SKILLS / skill, template, values))
     check_file(out)
     text = out.read_text()
     assert "{{" not in text and "{%" not in text
@@ -68,24 +70,24 @@ def test_template_renders_valid_file(tmp_path: Path, render_mod, skill: str, tem
 
 def test_launch_server_switches_dbo_and_profiler(tmp_path: Path, render_mod) -> None:
     values = example_values("dbo-debug", "launch_server.sh")
-    on = render_mod.render("dbo-debug", "launch_server.sh", values)
+    on = render_mod.render(SKILLS / "dbo-debug", "launch_server.sh", values)
     assert "--enable-dbo" in on and "--dbo-prefill-token-threshold 512" in on
     assert "export HCCL_OP_EXPANSION_MODE=AI_CPU" in on and "--profiler-config" in on
     off = render_mod.render(
-        "dbo-debug", "launch_server.sh",
+        SKILLS / "dbo-debug", "launch_server.sh",
         {**values, "dbo": False, "hccl_op_expansion_mode": "", "profile_dir": "", "extra_args": {}},
     )
     assert "--enable-dbo" not in off and "unset HCCL_OP_EXPANSION_MODE" in off and "profil" not in off.lower()
-    env_style = render_mod.render("dbo-debug", "launch_server.sh", {**values, "profiler_style": "env"})
+    env_style = render_mod.render(SKILLS / "dbo-debug", "launch_server.sh", {**values, "profiler_style": "env"})
     assert 'export VLLM_TORCH_PROFILER_DIR="$PROFILE_DIR"' in env_style and "--profiler-config" not in env_style
     # A value with shell metacharacters stays one quoted word.
-    tricky = render_mod.render("dbo-debug", "launch_server.sh", {**values, "model": "/m/a b;rm -rf x"})
+    tricky = render_mod.render(SKILLS / "dbo-debug", "launch_server.sh", {**values, "model": "/m/a b;rm -rf x"})
     assert "'/m/a b;rm -rf x'" in tricky
 
 
 def test_matrix_template_gives_a_matrix_the_harness_accepts(render_mod, serve_bench) -> None:
     values = example_values("vllm-serve-bench", "matrix.yaml")
-    matrix = serve_bench.parse_matrix(yaml.safe_load(render_mod.render("vllm-serve-bench", "matrix.yaml", values)))
+    matrix = serve_bench.parse_matrix(yaml.safe_load(render_mod.render(SKILLS / "vllm-serve-bench", "matrix.yaml", values)))
     assert [v.name for v in matrix.variants] == ["dbo-off", "dbo-on-prefill256", "dbo-on-prefill512"]
     assert matrix.variants[0].server_args == {}
     assert matrix.variants[2].server_args == {
@@ -110,8 +112,7 @@ def test_issue_report_from_real_profile_analyzer_output(tmp_path: Path, render_m
                    check=True, capture_output=True, timeout=120)
     out = tmp_path / "ISSUE.md"
     proc = subprocess.run(
-        [sys.executable, str(SKILLS / "render.py"), "dbo-debug", "issue_report",
-         "--values", str(SKILLS / "dbo-debug/values/issue_report.yaml"),
+        [sys.executable, str(SKILLS / "dbo-debug/scripts/render.py"), "issue_report", "--example",
          "--set-file", f"report_off={tmp_path / 'off.json'}", "--set-file", f"report_on={tmp_path / 'on.json'}",
          "--set-file", f"compare={tmp_path / 'cmp.json'}", "--set", "bench={}", "--set", "precision={}",
          "--set-str", "title=synthetic A2 profile", "--output", str(out)],
@@ -177,7 +178,7 @@ def test_precision_script_detects_divergence(tmp_path: Path, render_mod, stand_i
     script = tmp_path / "precision_compare.py"
 
     def run(servers: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
-        render_mod.write_atomically(script, render_mod.render("dbo-debug", "precision_compare.py", {**values, "servers": servers}))
+        render_mod.write_atomically(script, render_mod.render(SKILLS / "dbo-debug", "precision_compare.py", {**values, "servers": servers}))
         return subprocess.run([sys.executable, str(script), *args], capture_output=True, text=True, timeout=60)
 
     same = run({"dbo-off": reference_url, "dbo-on": reference_url})

@@ -1,4 +1,8 @@
 #!/usr/bin/env python3
+# /// script
+# requires-python = ">=3.11"
+# dependencies = ["pyyaml>=6", "rich>=13"]
+# ///
 """Serving-benchmark harness: start `vllm serve`, wait for /health, run `vllm bench serve`, collect its JSON.
 
     python serve_bench.py run MATRIX.yaml --out DIR [--python PY] [--dry-run]
@@ -784,7 +788,9 @@ class _OneLineParser(argparse.ArgumentParser):
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = _OneLineParser(prog="serve_bench.py", description="vLLM serving-benchmark harness (variants x sweep).")
+    summary, _, details = (__doc__ or "").partition("\n\n")
+    parser = _OneLineParser(prog="serve_bench.py", description=summary, epilog=details,
+                            formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_OneLineParser)
     run = sub.add_parser("run", help="run a matrix file")
     run.add_argument("matrix", type=Path, help="matrix YAML file")

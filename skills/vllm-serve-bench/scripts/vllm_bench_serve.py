@@ -1,3 +1,8 @@
+#!/usr/bin/env python3
+# /// script
+# requires-python = ">=3.11"
+# dependencies = []  # run it with the interpreter that has vLLM
+# ///
 """`vllm bench serve` without the `vllm` console script.
 
 Run it with the vLLM interpreter: `python vllm_bench_serve.py --backend openai --host ... --port ...`.
@@ -12,7 +17,17 @@ import sys
 
 
 def main() -> None:
-    from vllm.benchmarks.serve import add_cli_args
+    try:
+        from vllm.benchmarks.serve import add_cli_args
+    except ModuleNotFoundError as exc:
+        if exc.name != "vllm" and not (exc.name or "").startswith("vllm."):
+            raise
+        if any(arg in ("-h", "--help") for arg in sys.argv[1:]):
+            print(__doc__)
+            print("The full option list is `vllm bench serve --help`; this interpreter has no vLLM.")
+            raise SystemExit(0) from None
+        print(f"vllm_bench_serve.py: no vLLM in {sys.executable}; run it with the vLLM interpreter", file=sys.stderr)
+        raise SystemExit(2) from None
     from vllm.benchmarks.serve import main as bench_main
     from vllm.utils.argparse_utils import FlexibleArgumentParser
 
