@@ -203,6 +203,10 @@ def stop(folder: Path, name: str, grace: float) -> int:
             time.sleep(0.2)
         if not _alive(pgid):
             break
+    try:  # a child that outlived the supervisor (ignored SIGTERM, or slow to exit) still belongs to the group
+        os.killpg(pgid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
     if not (folder / f"{name}.rc").exists():  # killed before it could record: record it here
         _write_atomically(folder / f"{name}.rc", "137\n")
     return status(folder, name, 0)
