@@ -191,4 +191,5 @@ def test_jobs_default_and_bad_values(profiles, monkeypatch):
     assert commands.default_jobs() == 1
     for bad in ("0", "-3", "two"):
         res = run("report", str(profiles[0]), "--jobs", bad)
-        assert res.returncode == 2 and "expected a number of processes >= 1" in res.stderr, res.stderr
+        assert res.returncode == 2 and "expected a positive integer" in res.stderr, res.stderr
+        assert "number of processes" in res.stderr and res.stderr.count("\n") == 1, res.stderr

@@ -13,6 +13,7 @@ import pytest
 # tool name -> "module:attribute" of its ToolGroup
 TOOLS = {
     "kv-capacity": "kv_capacity.cli:cli",
+    "profile-analyzer": "profile_analyzer.cli:cli",
 }
 
 

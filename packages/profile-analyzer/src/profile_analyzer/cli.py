@@ -1,44 +1,24 @@
-"""Command line of profile-analyzer.
-
-Each subcommand lives in its own module, which exposes `add_parser(subparsers)`; that function adds its
-subparser and sets `func=<callable(args) -> int>` as the default. The modules are listed below so that
-each command's owner can grow it without touching the others.
-"""
+"""Command line of profile-analyzer: a click group whose subcommands (in ``profile_analyzer.commands``) load
+lazily. Bad input is one line on stderr and exit status 2 (toolkit_cli's error path)."""
 
 from __future__ import annotations
 
-import argparse
-import importlib
-import sys
+from toolkit_cli import ToolGroup, argparse_mirror
 
-SUBCOMMAND_MODULES: tuple[str, ...] = ("profile_analyzer.commands", "profile_analyzer.synth")
+from profile_analyzer.errors import ProfileError
 
-
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="profile-analyzer", description="Where communication is not overlapped: msprof, torch_npu and Kineto profile analysis")
-    subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")
-    for name in SUBCOMMAND_MODULES:
-        try:
-            module = importlib.import_module(name)
-        except ModuleNotFoundError as exc:
-            if exc.name and (name == exc.name or name.startswith(exc.name + ".")):  # not written yet
-                continue
-            raise
-        add_parser = getattr(module, "add_parser", None)
-        if add_parser is not None:
-            add_parser(subparsers)
-    return parser
+cli = ToolGroup(
+    "profile-analyzer",
+    lazy_subcommands={name: f"profile_analyzer.commands:{name}_command" for name in ("report", "compare", "synth")},
+    domain_errors=(ProfileError,),
+    help="Where communication is not overlapped: msprof, torch_npu and Kineto profile analysis",
+)
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = build_parser()
-    args = parser.parse_args(argv)
-    func = getattr(args, "func", None)
-    if func is None:
-        parser.print_help()
-        return 0
-    try:
-        return int(func(args) or 0)
-    except KeyboardInterrupt:
-        print(f"{parser.prog}: interrupted", file=sys.stderr)
-        return 130
+    return cli.run(argv)
+
+
+def build_parser():  # -> argparse.ArgumentParser
+    """An argparse parser with the same subcommands and option names (for tools that read argparse parsers)."""
+    return argparse_mirror(cli)

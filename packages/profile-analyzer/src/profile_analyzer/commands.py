@@ -1,54 +1,75 @@
-"""``profile-analyzer report`` and ``profile-analyzer compare``."""
+"""The subcommands of profile-analyzer: ``report``, ``compare`` and ``synth`` (click commands).
+
+Option names follow msprof-analyze where it has one: ``-d/--profiling_path`` for the profile,
+``--output_path DIR`` for a report written into DIR under a default file name, and for ``compare``
+``-d`` (the new profile) and ``--bp`` (the base). ``-o FILE`` writes one file; both are written atomically.
+"""
 
 from __future__ import annotations
 
-import argparse
 import functools
 import json
 import os
 import shutil
 import sys
-import tempfile
 from pathlib import Path
 from typing import Any
+
+import click
+from toolkit_cli import (
+    NonNegativeInt,
+    PositiveInt,
+    check_output,
+    format_option,
+    output_option,
+    write_output,
+)
 
 from profile_analyzer.errors import ProfileError
 
 FORMATS = ("text", "json", "md", "html")
+# the file written into --output_path DIR, per format
+DEFAULT_NAMES = {"text": "profile_analysis.txt", "json": "profile_analysis.json", "md": "profile_analysis.md",
+                 "html": "profile_analysis.html"}
+COMPARE_NAMES = {"text": "profile_compare.txt", "json": "profile_compare.json", "md": "profile_compare.md"}
+MAX_JOBS = 1024
+MAX_TOP = 100_000
+JOBS = PositiveInt(MAX_JOBS, what="number of processes")
 
 
-def add_parser(subparsers: argparse._SubParsersAction) -> None:
-    p = subparsers.add_parser("report", help="analyse one profile (a directory, a trace file, or a directory of ranks)")
-    p.add_argument("path", help="*_ascend_pt dir, PROF_* dir, trace_view.json, msprof_*.json, Kineto .json(.gz), or a dir of ranks")
-    p.add_argument("--format", choices=FORMATS, default="text")
-    p.add_argument("--output", "-o", help="write here instead of stdout (written atomically)")
-    p.add_argument("--rank", type=int, help="only this rank")
-    p.add_argument("--step", type=int, help="only this ProfilerStep#N")
-    p.add_argument("--top", type=int, default=20, help="rows per ranked table (default 20)")
-    p.add_argument("--jobs", "-j", type=_jobs, default=None,
-                   help="load and analyse the ranks of a multi-rank profile in this many processes (default: 2 where "
-                        "2 or more CPUs are available, else 1; each process holds about one rank at a time, so memory "
-                        "grows with N; the report is the same for any N)")
-    p.set_defaults(func=run_report)
-
-    c = subparsers.add_parser("compare", help="delta of every breakdown item between two profiles (e.g. DBO off vs on)")
-    c.add_argument("base")
-    c.add_argument("new")
-    c.add_argument("--format", choices=("text", "json", "md"), default="text")
-    c.add_argument("--output", "-o")
-    c.add_argument("--rank", type=int)
-    c.add_argument("--step", type=int)
-    c.set_defaults(func=run_compare)
+def _output_path_option(func):
+    return click.option(
+        "--output_path", "--output-path", "output_path", type=click.Path(file_okay=False, path_type=Path),
+        default=None, metavar="DIR",
+        help="write the report into DIR under a default file name (msprof-analyze's option); DIR is created if "
+             "its parent exists")(func)
 
 
-def _jobs(text: str) -> int:
-    try:
-        n = int(text)
-    except ValueError:
-        n = 0
-    if n < 1:
-        raise argparse.ArgumentTypeError(f"expected a number of processes >= 1, got {text!r}")
-    return n
+def _profile(positional: str | None, option: str | None, what: str, option_name: str) -> str:
+    """The one profile path given either as the argument or as the msprof-analyze style option."""
+    if positional and option and positional != option:
+        raise click.UsageError(f"the {what} is given twice ({positional!r} and {option_name} {option!r}); "
+                               "give it once")
+    path = positional or option
+    if not path:
+        raise click.UsageError(f"missing the {what}: give it as the argument or with {option_name}")
+    return path
+
+
+def _destination(output: Path | None, output_path: Path | None, names: dict[str, str], fmt: str) -> Path | None:
+    """Where the report goes (None: stdout), checked before any work so that a wrong place fails at once."""
+    if output is not None and output_path is not None:
+        raise click.UsageError("give either -o/--output FILE or --output_path DIR, not both")
+    if output_path is None:
+        return output
+    if not output_path.is_dir():
+        if output_path.exists() or not output_path.parent.is_dir():
+            raise click.UsageError(f"--output_path {str(output_path)!r} is not a directory (nor one that can be "
+                                   "created in an existing parent)")
+        output_path.mkdir()
+    target = output_path / names[fmt]
+    check_output(target)
+    return target
 
 
 def default_jobs() -> int:
@@ -77,28 +98,6 @@ def _progress_loader(path: str, ranks: list[int] | None, jobs: int = 1, per_rank
         return load(path, ranks=ranks, progress=cb, workers=jobs, per_rank=per_rank)
 
 
-def _write(text: str, output: str | None) -> None:
-    if output is None:
-        sys.stdout.write(text)
-        return
-    out = Path(output)
-    d = out.parent if str(out.parent) else Path(".")
-    if not d.is_dir():
-        raise ProfileError(out, "the output directory does not exist")
-    fd, tmp = tempfile.mkstemp(dir=d, prefix=f".{out.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(text)
-        umask = os.umask(0)
-        os.umask(umask)
-        os.chmod(tmp, 0o666 & ~umask)
-        os.replace(tmp, out)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
-
-
 def render(report_dict: dict[str, Any], fmt: str) -> str:
     if fmt == "json":
         from profile_analyzer.report.json_report import render_json
@@ -122,26 +121,38 @@ def render(report_dict: dict[str, Any], fmt: str) -> str:
     return render_text(report_dict, width=width, color=tty and not os.environ.get("NO_COLOR"))
 
 
-def _fail(exc: ProfileError) -> int:
-    print(f"profile-analyzer: {exc}", file=sys.stderr)
-    return 2
-
-
-def run_report(args: argparse.Namespace) -> int:
+@click.command("report", help="Analyse one profile: a *_ascend_pt or PROF_* directory, a trace_view.json, a "
+               "msprof_*.json, a Kineto .json(.gz), or a directory of one profile per rank.",
+               short_help="analyse one profile (a directory, a trace file, or a directory of ranks)")
+@click.argument("path", required=False)
+@click.option("-d", "--profiling_path", "--profiling-path", "profiling_path", metavar="PATH",
+              help="the profile (msprof-analyze's name; the same as the argument)")
+@format_option(*FORMATS)
+@output_option()
+@_output_path_option
+@click.option("--rank", type=NonNegativeInt(1 << 31, what="rank"), help="only this rank")
+@click.option("--step", type=NonNegativeInt(1 << 62, what="step"), help="only this ProfilerStep#N")
+@click.option("--top", type=PositiveInt(MAX_TOP, what="rows per ranked table"), default=20, show_default=True,
+              help="rows per ranked table")
+@click.option("--jobs", "-j", type=JOBS, default=None,
+              help="load and analyse the ranks of a multi-rank profile in this many processes (default: 2 where 2 or "
+                   "more CPUs are available, else 1; each process holds about one rank at a time, so memory grows "
+                   "with N; the report is the same for any N)")
+def report_command(path: str | None, profiling_path: str | None, format: str, output: Path | None,
+                   output_path: Path | None, rank: int | None, step: int | None, top: int, jobs: int | None) -> int:
     from profile_analyzer.api import analyze, analyze_rank
 
-    try:
-        # with worker processes, each rank's own analyses run in the worker that loaded it
-        per_rank = functools.partial(analyze_rank, step=args.step, top=args.top)
-        tl = _progress_loader(args.path, [args.rank] if args.rank is not None else None, args.jobs or default_jobs(), per_rank)
-        rep = analyze(tl, rank=args.rank, step=args.step, top=args.top, done=tl.per_rank_results)
-        d = rep.to_dict()
-        text = render(d, args.format)
-        for w in d["warnings"]:
-            print(f"profile-analyzer: warning: {w['message']}", file=sys.stderr)
-        _write(text, args.output)
-    except ProfileError as exc:
-        return _fail(exc)
+    source = _profile(path, profiling_path, "profile", "-d/--profiling_path")
+    target = _destination(output, output_path, DEFAULT_NAMES, format)
+    # with worker processes, each rank's own analyses run in the worker that loaded it
+    per_rank = functools.partial(analyze_rank, step=step, top=top)
+    tl = _progress_loader(source, [rank] if rank is not None else None, jobs or default_jobs(), per_rank)
+    rep = analyze(tl, rank=rank, step=step, top=top, done=tl.per_rank_results)
+    d = rep.to_dict()
+    text = render(d, format)
+    for w in d["warnings"]:
+        print(f"profile-analyzer: warning: {w['message']}", file=sys.stderr)
+    write_output(target, text)
     return 0
 
 
@@ -229,14 +240,95 @@ def render_compare(c: dict[str, Any], fmt: str) -> str:
     return buf.getvalue()
 
 
-def run_compare(args: argparse.Namespace) -> int:
+@click.command("compare", help="Delta of every breakdown item between two profiles (e.g. DBO off vs on): BASE then "
+               "NEW as arguments, or msprof-analyze's --bp BASE -d NEW.",
+               short_help="delta of every breakdown item between two profiles (e.g. DBO off vs on)")
+@click.argument("base", required=False)
+@click.argument("new", required=False)
+@click.option("-d", "--profiling_path", "--profiling-path", "profiling_path", metavar="PATH",
+              help="the new profile (msprof-analyze's name)")
+@click.option("--bp", "--benchmark_path", "benchmark_path", metavar="PATH",
+              help="the base profile to compare against (msprof-analyze's name)")
+@format_option("text", "json", "md")
+@output_option()
+@_output_path_option
+@click.option("--rank", type=NonNegativeInt(1 << 31, what="rank"), help="only this rank")
+@click.option("--step", type=NonNegativeInt(1 << 62, what="step"), help="only this ProfilerStep#N")
+def compare_command(base: str | None, new: str | None, profiling_path: str | None, benchmark_path: str | None,
+                    format: str, output: Path | None, output_path: Path | None, rank: int | None,
+                    step: int | None) -> int:
     from profile_analyzer.api import analyze
 
-    try:
-        ranks = [args.rank] if args.rank is not None else None
-        base = analyze(_progress_loader(args.base, ranks, default_jobs()), rank=args.rank, step=args.step).to_dict()
-        new = analyze(_progress_loader(args.new, ranks, default_jobs()), rank=args.rank, step=args.step).to_dict()
-        _write(render_compare(compare_dicts(base, new), args.format), args.output)
-    except ProfileError as exc:
-        return _fail(exc)
+    if base and not new and profiling_path and not benchmark_path:  # `compare BASE -d NEW`
+        base_path, new_path = base, profiling_path
+    elif base and not new and benchmark_path and not profiling_path:  # `compare NEW --bp BASE`
+        base_path, new_path = benchmark_path, base
+    else:
+        base_path = _profile(base, benchmark_path, "base profile", "--bp")
+        new_path = _profile(new, profiling_path, "new profile", "-d/--profiling_path")
+    target = _destination(output, output_path, COMPARE_NAMES, format)
+    ranks = [rank] if rank is not None else None
+    base_d = analyze(_progress_loader(base_path, ranks, default_jobs()), rank=rank, step=step).to_dict()
+    new_d = analyze(_progress_loader(new_path, ranks, default_jobs()), rank=rank, step=step).to_dict()
+    write_output(target, render_compare(compare_dicts(base_d, new_d), format))
     return 0
+
+
+def _layers_list(text: str) -> tuple[int, ...]:
+    try:
+        layers = tuple(int(x) for x in text.split(",") if x.strip())
+    except ValueError:
+        raise click.BadParameter(f"expected comma-separated layer indices like 3,7, got {text[:40]!r}") from None
+    if any(layer < 0 or layer > 100_000 for layer in layers):
+        raise click.BadParameter(f"layer indices run from 0 to 100,000, got {text[:40]!r}")
+    return layers
+
+
+@click.command("synth", help="Write a synthetic N-rank torch_npu profile (a stand-in for an NPU run) and "
+               "ground_truth.json.", short_help="write a synthetic multi-rank torch_npu profile with a known ground truth")
+@click.argument("out_dir", metavar="OUT_DIR")
+@click.option("--ranks", type=PositiveInt(4096, what="ranks"), default=2, show_default=True)
+@click.option("--steps", type=PositiveInt(100_000, what="steps"), default=2, show_default=True)
+@click.option("--layers", type=PositiveInt(100_000, what="layers"), default=4, show_default=True)
+@click.option("--pattern", type=click.Choice(["a2", "a3"]), default="a2", show_default=True,
+              help="a2: allGather + reduceScatter around the experts; a3: alltoallv dispatch + combine")
+@click.option("--dbo", is_flag=True, help="two micro-batches ping-pong (dual batch overlap)")
+@click.option("--comm-fraction", type=click.FloatRange(0, 1000), default=0.3, show_default=True,
+              help="collective transfer time of a layer relative to its compute time")
+@click.option("--exposed-layers", default="", help="DBO: comma-separated layers whose collectives are too long to hide")
+@click.option("--exposed-factor", type=click.FloatRange(0, 1000), default=6.0, show_default=True)
+@click.option("--seed", type=NonNegativeInt(), default=0, show_default=True)
+@click.option("--pp-receive-us", type=click.FloatRange(0, 1e9), default=0.0,
+              help="start every step with an hcom_receive of this length (a pipeline-stage wait: Bubble)")
+@click.option("--cann", type=click.Choice(["new", "old"]), default="new", show_default=True,
+              help="CANN generation: new = Communication / Physic Stream Id / NPU <id>; old = HCCL / Stream Id")
+@click.option("--comm-process-name", type=click.Choice(["Communication", "HCCL"]), default=None)
+@click.option("--stream-id-key", type=click.Choice(["Physic Stream Id", "Stream Id"]), default=None)
+@click.option("--numeric-ts", is_flag=True, help="write ts as JSON numbers instead of strings")
+@click.option("--large-pids", is_flag=True, help="pids above 2**32")
+@click.option("--no-host-tracks", is_flag=True, help="omit the Python and CANN host tracks")
+@click.option("--workers", type=JOBS, default=None)
+def synth_command(out_dir: str, ranks: int, steps: int, layers: int, pattern: str, dbo: bool, comm_fraction: float,
+                  exposed_layers: str, exposed_factor: float, seed: int, pp_receive_us: float, cann: str,
+                  comm_process_name: str | None, stream_id_key: str | None, numeric_ts: bool, large_pids: bool,
+                  no_host_tracks: bool, workers: int | None) -> int:
+    from profile_analyzer.synth import write_profile
+
+    layer_list = _layers_list(exposed_layers)
+    try:
+        truth = write_profile(
+            out_dir, ranks=ranks, steps=steps, layers=layers, pattern=pattern, dbo=dbo, comm_fraction=comm_fraction,
+            seed=seed, workers=workers, exposed_layers=layer_list, exposed_factor=exposed_factor, cann=cann,
+            comm_process_name=comm_process_name, stream_id_key=stream_id_key, ts_as_string=not numeric_ts,
+            large_pids=large_pids, host_tracks=not no_host_tracks, pp_receive_us=pp_receive_us)
+    except ValueError as exc:
+        raise ProfileError(out_dir, str(exc)) from None
+    except OSError as exc:
+        raise ProfileError(out_dir, f"cannot write ({exc.strerror or exc})") from None
+    mb = truth.total_bytes / 1e6
+    print(f"wrote {len(truth.ranks)} rank(s), {truth.total_events} events, {mb:.1f} MB of trace_view.json "
+          f"under {out_dir}; ground truth: {truth.path}")
+    return 0
+
+
+__all__ = ["compare_command", "report_command", "synth_command"]

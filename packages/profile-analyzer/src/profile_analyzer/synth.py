@@ -26,11 +26,9 @@ Usage: ``write_profile(tmp_path, ranks=2, steps=2, layers=4, dbo=True)`` or
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import shutil
-import sys
 import tempfile
 from dataclasses import dataclass, field, fields
 from pathlib import Path
@@ -38,7 +36,7 @@ from pathlib import Path
 from profile_analyzer.synth_schedule import SynthParams
 from profile_analyzer.synth_writer import write_rank
 
-__all__ = ["GroundTruth", "SynthParams", "write_profile", "add_parser"]
+__all__ = ["GroundTruth", "SynthParams", "write_profile"]
 
 GROUND_TRUTH_FILE = "ground_truth.json"
 
@@ -166,62 +164,3 @@ def write_profile(out_dir: str | Path, *, ranks: int = 2, steps: int = 2, layers
 
 # --------------------------------------------------------------------------------------------------
 # CLI
-
-
-def _layers_list(text: str) -> tuple[int, ...]:
-    try:
-        return tuple(int(x) for x in text.split(",") if x.strip())
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected comma-separated layer indices like 3,7, got {text!r}") from None
-
-
-def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
-    ap = subparsers.add_parser(
-        "synth", help="write a synthetic multi-rank torch_npu profile with a known ground truth",
-        description="Write a synthetic N-rank torch_npu profile (a stand-in for an NPU run) and ground_truth.json.")
-    ap.add_argument("out_dir", metavar="OUT_DIR")
-    ap.add_argument("--ranks", type=int, default=2)
-    ap.add_argument("--steps", type=int, default=2)
-    ap.add_argument("--layers", type=int, default=4)
-    ap.add_argument("--pattern", choices=("a2", "a3"), default="a2",
-                    help="a2: allGather + reduceScatter around the experts; a3: alltoallv dispatch + combine")
-    ap.add_argument("--dbo", action="store_true", help="two micro-batches ping-pong (dual batch overlap)")
-    ap.add_argument("--comm-fraction", type=float, default=0.3,
-                    help="collective transfer time of a layer relative to its compute time (default 0.3)")
-    ap.add_argument("--exposed-layers", type=_layers_list, default=(),
-                    help="DBO: comma-separated layers whose collectives are too long to hide")
-    ap.add_argument("--exposed-factor", type=float, default=6.0)
-    ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--pp-receive-us", type=float, default=0.0,
-                    help="start every step with an hcom_receive of this length (a pipeline-stage wait: Bubble)")
-    ap.add_argument("--cann", choices=("new", "old"), default="new",
-                    help="CANN generation: new = Communication / Physic Stream Id / NPU <id>; old = HCCL / Stream Id")
-    ap.add_argument("--comm-process-name", choices=("Communication", "HCCL"), default=None)
-    ap.add_argument("--stream-id-key", choices=("Physic Stream Id", "Stream Id"), default=None)
-    ap.add_argument("--numeric-ts", action="store_true", help="write ts as JSON numbers instead of strings")
-    ap.add_argument("--large-pids", action="store_true", help="pids above 2**32")
-    ap.add_argument("--no-host-tracks", action="store_true", help="omit the Python and CANN host tracks")
-    ap.add_argument("--workers", type=int, default=None)
-    ap.set_defaults(func=run_cli)
-    return ap
-
-
-def run_cli(args: argparse.Namespace) -> int:
-    try:
-        truth = write_profile(
-            args.out_dir, ranks=args.ranks, steps=args.steps, layers=args.layers, pattern=args.pattern, dbo=args.dbo,
-            comm_fraction=args.comm_fraction, seed=args.seed, workers=args.workers,
-            exposed_layers=args.exposed_layers, exposed_factor=args.exposed_factor, cann=args.cann,
-            comm_process_name=args.comm_process_name, stream_id_key=args.stream_id_key,
-            ts_as_string=not args.numeric_ts, large_pids=args.large_pids, host_tracks=not args.no_host_tracks,
-            pp_receive_us=args.pp_receive_us)
-    except ValueError as exc:
-        print(f"profile-analyzer synth: {exc}", file=sys.stderr)
-        return 2
-    except OSError as exc:
-        print(f"profile-analyzer synth: {args.out_dir}: cannot write ({exc.strerror or exc})", file=sys.stderr)
-        return 2
-    mb = truth.total_bytes / 1e6
-    print(f"wrote {len(truth.ranks)} rank(s), {truth.total_events} events, {mb:.1f} MB of trace_view.json "
-          f"under {args.out_dir}; ground truth: {truth.path}")
-    return 0

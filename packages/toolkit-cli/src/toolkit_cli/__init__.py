@@ -15,6 +15,9 @@ Group and error path
           domain error (an instance of `domain_errors`) or CLIError / any ClickException, exit 2:
               `<prog>: error: <message>`
           KeyboardInterrupt: `<prog>: interrupted`, exit 130
+          SIGTERM (while `run` is active in the main thread): raised as an exception so that finally
+              blocks and context managers run first (workers stopped, no partial output), then
+              `<prog>: terminated`, exit 143
           stdout closed by its reader (`| head`): silent, exit 1
           the bare tool name: its help on stdout, exit 0
         A command's return value is the exit status: None -> 0, an int -> that int.

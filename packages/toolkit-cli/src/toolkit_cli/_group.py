@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib
 import os
+import signal
 import sys
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, NoReturn
@@ -13,6 +14,7 @@ from click.exceptions import NoArgsIsHelpError
 
 USAGE_EXIT = 2
 INTERRUPTED_EXIT = 130
+TERMINATED_EXIT = 128 + signal.SIGTERM
 
 
 class CLIError(click.ClickException):
@@ -23,6 +25,15 @@ class CLIError(click.ClickException):
 
 class _Interrupted(Exception):
     """KeyboardInterrupt re-raised under another name so that click does not turn it into Abort."""
+
+
+class _Terminated(BaseException):
+    """SIGTERM, raised in the main thread so that finally blocks and context managers run (workers stop,
+    temporary files go) before the tool exits."""
+
+
+def _raise_terminated(signum: int, frame: object) -> None:
+    raise _Terminated
 
 
 class _BrokenPipe(Exception):
@@ -107,6 +118,17 @@ class ToolGroup(LazyGroup):
         """Run the tool on `args` (default: sys.argv[1:]) and return the exit status; never exits."""
         prog = prog_name or self.name or "tool"
         try:
+            previous = signal.signal(signal.SIGTERM, _raise_terminated)
+        except ValueError:  # not the main thread: leave signals alone
+            previous = None
+        try:
+            return self._run(args, prog, **extra)
+        finally:
+            if previous is not None:
+                signal.signal(signal.SIGTERM, previous)
+
+    def _run(self, args: Sequence[str] | None, prog: str, **extra: Any) -> int:
+        try:
             result = super().main(args=args, prog_name=prog, standalone_mode=False, **extra)
         except NoArgsIsHelpError as exc:  # the bare tool name: its help, as a request for help
             click.echo(exc.ctx.get_help())
@@ -121,6 +143,9 @@ class ToolGroup(LazyGroup):
         except (_Interrupted, KeyboardInterrupt, click.Abort):
             _stderr(f"{prog}: interrupted")
             return INTERRUPTED_EXIT
+        except _Terminated:
+            _stderr(f"{prog}: terminated")
+            return TERMINATED_EXIT
         except _BrokenPipe:
             _silence_stdout()
             return 1

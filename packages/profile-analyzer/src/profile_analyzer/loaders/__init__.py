@@ -13,6 +13,7 @@ The rank of each entry comes from ``profiler_info_{rank}.json`` (torch_npu), ``d
 
 from __future__ import annotations
 
+import os
 import re
 from collections.abc import Callable
 from pathlib import Path
@@ -54,6 +55,22 @@ def _single_format(p: Path) -> str | None:
 def detect(path: str | Path) -> str:
     """The format of ``path`` (see module doc); raises ProfileError naming what is accepted."""
     p = Path(path)
+    try:
+        return _detect(p)
+    except OSError as exc:
+        raise _os_problem(p, exc) from None
+
+
+def _os_problem(p: Path, exc: OSError) -> ProfileError:
+    """A file system error met while looking at or reading a profile, as ProfileError naming the file."""
+    import errno
+
+    where = exc.filename if isinstance(exc.filename, str) else p
+    reason = "a symbolic link loop" if exc.errno == errno.ELOOP else (exc.strerror or str(exc))
+    return ProfileError(where, f"cannot be read ({reason}); expected a readable profile")
+
+
+def _detect(p: Path) -> str:
     if not p.exists():
         raise ProfileError(p, f"does not exist; {ACCEPTED}")
     fmt = _single_format(p)
@@ -65,6 +82,9 @@ def detect(path: str | Path) -> str:
             return "multi_rank"
         raise ProfileError(p, f"no profile found in this directory; {ACCEPTED}")
     if p.is_file() and (p.name.endswith(".json") or p.name.endswith(".json.gz")):
+        if peek_kind(p) == "object_without_events":
+            raise ProfileError(p, "a JSON object without a traceEvents key (in its first 64 KiB); expected a "
+                                  "Chrome/Kineto trace ({\"traceEvents\": [...]}) or a JSON list of trace events")
         raise ProfileError(p, "not JSON (or empty); expected a Chrome/Kineto trace")
     raise ProfileError(p, f"not a profile; {ACCEPTED}")
 
@@ -115,6 +135,8 @@ def _load_single(p: Path, fmt: str, rank: int, host_events: bool = False,
     """One profile entry -> its rank (one per NPU when an Ascend trace holds several devices)."""
     try:
         return _load_single_inner(p, fmt, rank, host_events, on_bytes)
+    except OSError as exc:  # no permission, a directory where a file belongs, a symlink loop ...
+        raise _os_problem(p, exc) from None
     finally:
         _release_memory()
 
@@ -168,6 +190,14 @@ def load(path: str | Path, *, ranks: list[int] | None = None,
     (CPU-only Kineto traces keep them, since there they are the work).
     """
     p = Path(path)
+    try:
+        return _load(p, ranks, progress, workers, host_events, per_rank)
+    except OSError as exc:
+        raise _os_problem(p, exc) from None
+
+
+def _load(p: Path, ranks: list[int] | None, progress: Callable[[int, int, str], None] | None, workers: int,
+          host_events: bool, per_rank: Callable[[RankTimeline], object] | None) -> Timeline:
     fmt = detect(p)
     if fmt != "multi_rank":
         r = _rank_of(p, fmt)
@@ -205,7 +235,9 @@ def load(path: str | Path, *, ranks: list[int] | None = None,
         from concurrent.futures import ProcessPoolExecutor
 
         ctx = multiprocessing.get_context("fork" if "fork" in multiprocessing.get_all_start_methods() else "spawn")
-        with ProcessPoolExecutor(max_workers=min(workers, total), mp_context=ctx) as pool:
+        pool = ProcessPoolExecutor(max_workers=min(workers, total), mp_context=ctx, initializer=_worker_init,
+                                   initargs=(os.getpid(),))
+        try:
             futures = [(entry, pool.submit(_load_and_run, entry, f, rank, host_events, per_rank))
                        for entry, f, rank in jobs]
             for done, (entry, fut) in enumerate(futures, 1):
@@ -213,6 +245,11 @@ def load(path: str | Path, *, ranks: list[int] | None = None,
                 add(entry, [rt for rt, _ in got], done)
                 if per_rank is not None:
                     results.update((rt.rank, res) for rt, res in got)
+        except BaseException:
+            # an error, Ctrl-C or SIGTERM: stop the workers now instead of waiting for the ranks they load
+            _stop_workers(pool)
+            raise
+        pool.shutdown(wait=True)
     else:
         for done, (entry, f, rank) in enumerate(jobs, 1):
             add(entry, _load_single(entry, f, rank, host_events, progress if total == 1 else None), done)
@@ -223,6 +260,38 @@ def load(path: str | Path, *, ranks: list[int] | None = None,
     fmts = {f for _, f in entries}
     return Timeline(source=str(p), format="multi_rank" if len(loaded) > 1 else next(iter(fmts)),
                     ranks=dict(sorted(loaded.items())), per_rank_results={k: v for k, v in results.items() if k in loaded})
+
+
+def _worker_init(parent: int) -> None:
+    """In each loader worker: die with the parent. Linux delivers SIGTERM to the worker when the process that
+    started it ends (even by SIGKILL), so no worker outlives a killed `report`."""
+    import signal
+
+    try:
+        import ctypes
+
+        pr_set_pdeathsig = 1
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(pr_set_pdeathsig, int(signal.SIGTERM), 0, 0, 0)
+    except (OSError, AttributeError):
+        pass
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)  # a worker forked from a handler-installing parent
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the whole group: the parent decides
+    if os.getppid() != parent:  # the parent is already gone
+        os._exit(1)
+
+
+def _stop_workers(pool) -> None:
+    """Terminate a ProcessPoolExecutor's processes and wait for them (the executor has no public way)."""
+    processes = list(getattr(pool, "_processes", {}).values())
+    for proc in processes:
+        if proc.is_alive():
+            proc.terminate()
+    for proc in processes:
+        proc.join(timeout=5)
+        if proc.is_alive():
+            proc.kill()
+            proc.join(timeout=5)
+    pool.shutdown(wait=False, cancel_futures=True)
 
 
 def _all_ranks(entries: list[tuple[Path, str]]) -> list[int]:

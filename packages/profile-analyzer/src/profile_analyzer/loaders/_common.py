@@ -22,7 +22,7 @@ def merge_columns(parts: list) -> object:
     if len(parts) == 1:
         return parts[0]
     tracks, names, cats, ttypes = _Interner(), _Interner(), _Interner(), _Interner()
-    arrays: list[list[np.ndarray]] = [[] for _ in range(8)]
+    arrays: list[list[np.ndarray]] = [[] for _ in range(9)]
     pn: dict = {}
     pl: dict = {}
     tn: dict = {}
@@ -41,6 +41,7 @@ def merge_columns(parts: list) -> object:
         arrays[5].append(remap_tt[c.task_type_id] if c.task_type_id.size else c.task_type_id)
         arrays[6].append(c.stream_arg)
         arrays[7].append(c.correlation)
+        arrays[8].append(c.problem if c.problem is not None else np.zeros(c.track.size, np.uint8))
         pn.update(c.process_name)
         pl.update(c.process_label)
         tn.update(c.thread_name)
@@ -57,7 +58,34 @@ def merge_columns(parts: list) -> object:
                    cat_id=cols[4].astype(np.int32), task_type_id=cols[5].astype(np.int32), stream_arg=cols[6],
                    correlation=cols[7], tracks=tracks.values, names=names.values, cats=cats.values,
                    task_types=ttypes.values, process_name=pn, process_label=pl, thread_name=tn, flows=flows,
-                   distributed_info=parts[0].distributed_info, n_events=n)
+                   distributed_info=parts[0].distributed_info, n_events=n, problem=cols[8])
+
+
+def set_aside_unplaceable(cols, needed: np.ndarray, source: str, warnings: list) -> object:
+    """The rule for events that cannot be placed (no ts, a ts or dur that is not a number in range, a
+    negative dur; docs/profile-analysis.md): one that ``needed`` marks (a device task the breakdown counts) is
+    an error; the others are left out and counted in one warning. Returns the columns without them."""
+    from profile_analyzer.loaders._trace import PROBLEMS
+    from profile_analyzer.timeline import Warning_
+
+    problem = cols.problem
+    if problem is None or not problem.any():
+        return cols
+    bad = problem != 0
+
+    def tally(mask: np.ndarray) -> str:
+        counts = np.bincount(problem[mask], minlength=len(PROBLEMS) + 1)
+        return ", ".join(f"{int(counts[c]):,} {PROBLEMS[c]}" for c in sorted(PROBLEMS) if counts[c])
+
+    fatal = bad & needed
+    if fatal.any():
+        first = int(np.flatnonzero(fatal)[0])
+        raise ProfileError(source, f"{int(fatal.sum()):,} device task(s) cannot be placed on the timeline "
+                                   f"({tally(fatal)}; the first is {cols.names[int(cols.name_id[first])][:60]!r}); "
+                                   "expected every device task with a numeric ts and a numeric dur >= 0 (µs)")
+    warnings.append(Warning_(source, f"a usable ts or dur on {int(bad.sum()):,} event(s) ({tally(bad)})",
+                             ["those events were skipped (none is a device task the breakdown counts)"]))
+    return cols.take(~bad)
 
 
 def build_steps(step_ids: np.ndarray, host_start: np.ndarray, host_end: np.ndarray, launch_host_ts: np.ndarray,

@@ -16,6 +16,7 @@ import gzip
 import mmap
 import os
 import re
+import zlib
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from operator import attrgetter
@@ -50,7 +51,7 @@ class Event(msgspec.Struct, gc=False):
     pid: int | str = 0
     tid: int | str = 0
     ts: msgspec.Raw = msgspec.Raw(b"")  # the JSON text itself: numbers are parsed exactly (see raw_us_to_ns)
-    dur: float | int | str | None = 0.0
+    dur: float | int | str | None = None  # None: absent (an 'X' event without dur cannot be placed)
     cat: str | None = None
     id: int | str | None = None
     args: Args | None = _NO_ARGS  # one shared instance, not one per event; None only for an explicit "args": null
@@ -98,11 +99,15 @@ def read_bytes(path: Path) -> bytes:
             return f.read()
     except FileNotFoundError:
         raise ProfileError(path, "file not found") from None
-    except (OSError, EOFError, gzip.BadGzipFile) as exc:
+    except (OSError, EOFError, zlib.error) as exc:
         raise ProfileError(path, f"cannot be read ({exc.__class__.__name__}: {exc})") from None
 
 
-_CUT = re.compile(rb"\}\s*,\s*\{")
+# A cut between two events: '}' ',' '{' with at most _GAP blanks on each side (pretty printers indent by a
+# few). The bound keeps every match attempt short, so the search never walks a long run of blanks twice.
+_GAP = 256
+_CUT = re.compile(rb"\}[ \t\r\n]{0,%d},[ \t\r\n]{0,%d}\{" % (_GAP, _GAP))
+_CUT_SPAN = 2 * _GAP + 3  # the longest match: a '}' further back than this cannot start an unfinished cut
 
 
 def _decode_list(path: Path, data: bytes | memoryview, kineto: bool = False, first: int = 0) -> list[Event]:
@@ -146,10 +151,27 @@ _HEAD_LIMIT = 8 << 20  # the array must start within this many bytes, else the w
 _MORE = -1
 
 
+_NON_WS = re.compile(rb"[^ \t\r\n]")
+
+
 def _skip_ws(buf: bytes | bytearray | mmap.mmap, i: int, end: int) -> int:
-    while i < end and buf[i] in _WS:
-        i += 1
-    return i
+    """Index of the first non-blank byte of ``buf[i:end]`` (``end`` when there is none), at C speed: a
+    gigabyte of blanks is not walked byte by byte."""
+    m = _NON_WS.search(buf, i, end)
+    return m.start() if m else end
+
+
+def _last_non_ws(buf: bytes | bytearray | mmap.mmap, lo: int, end: int) -> int:
+    """Index of the last non-blank byte of ``buf[lo:end]``, ``lo - 1`` when there is none; reads backwards
+    in blocks."""
+    while end > lo:
+        start = max(lo, end - (1 << 16))
+        block = bytes(buf[start:end])
+        stripped = len(block.rstrip(_WS))
+        if stripped:
+            return start + stripped - 1
+        end = start
+    return lo - 1
 
 
 def _events_array_start(buf: bytes | bytearray | mmap.mmap, start: int, end: int) -> int | None:
@@ -262,10 +284,11 @@ def _stream_array_chunks(path: Path, on_bytes: ByteProgress | None = None,
         prefix = b""  # Kineto: the object up to and including the array's '['
         last = -1  # Kineto: index in carry of the array's ']' once it is known
         n_done = 0  # events decoded so far
+        scan_from = 1  # index in carry where the search for cuts starts
         while True:
             try:
                 block = f.read(CHUNK_BYTES)
-            except (OSError, EOFError, gzip.BadGzipFile) as exc:
+            except (OSError, EOFError, zlib.error) as exc:
                 raise ProfileError(path, f"cannot be read ({exc.__class__.__name__}: {exc})") from None
             if block:
                 carry += block
@@ -275,6 +298,7 @@ def _stream_array_chunks(path: Path, on_bytes: ByteProgress | None = None,
             if not started:
                 stripped = carry.lstrip()
                 if not stripped and block:
+                    carry.clear()  # only blanks so far: keep nothing, so that each block is looked at once
                     continue
                 if out is None:
                     if not stripped.startswith(b"["):
@@ -313,9 +337,11 @@ def _stream_array_chunks(path: Path, on_bytes: ByteProgress | None = None,
             if len(carry) < CHUNK_BYTES:
                 continue
             decoded = None
-            cands = [m for m in _CUT.finditer(carry, max(1, len(carry) - _TAIL))]
+            # cuts before scan_from were tried in an earlier round and failed (the same bytes fail again):
+            # never scanning them twice keeps a long stretch without cuts (1 GiB of blanks) linear
+            cands = [m for m in _CUT.finditer(carry, max(scan_from, len(carry) - _TAIL))]
             if not cands:  # an unusually long event at the end: look further back
-                cands = [m for m in _CUT.finditer(carry, 1)]
+                cands = [m for m in _CUT.finditer(carry, scan_from)]
             for m in reversed(cands[-8:]):
                 close = m.start() + 1
                 saved = carry[close]
@@ -340,8 +366,11 @@ def _stream_array_chunks(path: Path, on_bytes: ByteProgress | None = None,
                     del carry[: m.end() - 2]  # keep from the byte just before the next '{'
                     break
             if decoded is not None:
+                scan_from = 1
                 n_done += len(decoded)
                 yield decoded
+            elif last < 0:  # only a cut within the last _CUT_SPAN bytes can still complete
+                scan_from = max(scan_from, len(carry) - _CUT_SPAN)
     finally:
         f.close()
 
@@ -393,9 +422,7 @@ def _mapped_array_chunks(path: Path, on_bytes: ByteProgress | None = None,
         if not kineto:
             if lo == size or mm[lo] != 0x5B:
                 raise ProfileError(path, "not a JSON array of trace events; expected trace_view.json / msprof_*.json")
-            last = size - 1
-            while last > lo and mm[last] in _WS:
-                last -= 1
+            last = max(_last_non_ws(mm, lo, size), lo)
             if last == lo or mm[last] != 0x5D:
                 raise ProfileError(path, "truncated JSON: the top-level array is not closed; expected a complete "
                                          "Chrome trace (JSON list of events)")
@@ -410,6 +437,7 @@ def _mapped_array_chunks(path: Path, on_bytes: ByteProgress | None = None,
             last = None  # found when a decode runs past the array's end
         dropped = 0
         reach = CHUNK_BYTES
+        scan_from = 0
         n_done = 0  # events decoded so far
         while True:
             if (size if last is None else last + 1) - lo <= reach + (reach >> 2):  # the rest, up to the closing bracket
@@ -423,9 +451,10 @@ def _mapped_array_chunks(path: Path, on_bytes: ByteProgress | None = None,
                     on_bytes(size, size, path.name)
                 return
             target = lo + reach
-            cands = list(_CUT.finditer(mm, max(lo + 1, target - _TAIL), target))
+            first = max(lo + 1, scan_from)  # cuts before it failed in an earlier round (see the gzip reader)
+            cands = list(_CUT.finditer(mm, max(first, target - _TAIL), target))
             if not cands:  # an unusually long event: look further back
-                cands = list(_CUT.finditer(mm, lo + 1, target))
+                cands = list(_CUT.finditer(mm, first, target))
             decoded = None
             mm[lo] = 0x5B
             for m in reversed(cands[-8:]):
@@ -449,6 +478,7 @@ def _mapped_array_chunks(path: Path, on_bytes: ByteProgress | None = None,
                     break
             if decoded is None:
                 if last is None or last >= lo + reach:  # no usable cut in this stretch: take a longer one
+                    scan_from = max(scan_from, target - _CUT_SPAN)
                     reach += CHUNK_BYTES
                 continue  # else the Kineto array's end was found in it: the rest is its last slice
             reach = CHUNK_BYTES
@@ -492,7 +522,9 @@ def decode_trace(path: Path, on_bytes: ByteProgress | None = None) -> DecodedFil
 
 def peek_kind(path: Path, strict: bool = True) -> str:
     """'list' (Ascend style top-level array), 'object' (Kineto style), or 'other', from the first bytes.
-    With ``strict`` an object must show a ``traceEvents`` key in its first 64 KiB to count as Kineto."""
+    With ``strict`` an object must show a ``traceEvents`` key in its first 64 KiB to count as Kineto; one
+    that does not is 'object_without_events'. A file that cannot be read (no permission, a corrupt or
+    truncated gzip) raises ProfileError saying so."""
     try:
         if path.suffix == ".gz":
             with gzip.open(path, "rb") as f:
@@ -500,14 +532,28 @@ def peek_kind(path: Path, strict: bool = True) -> str:
         else:
             with open(path, "rb") as f:
                 head = f.read(1 << 16)
-    except (OSError, EOFError):
+    except FileNotFoundError:
         return "other"
+    except (OSError, EOFError, zlib.error) as exc:
+        raise ProfileError(path, _read_problem(path, exc)) from None
     head = head.lstrip()
     if head.startswith(b"["):
         return "list"
     if head.startswith(b"{"):
-        return "object" if (b'"traceEvents"' in head or not strict) else "other"
+        if b'"traceEvents"' in head or not strict:
+            return "object"
+        return "object_without_events"
     return "other"
+
+
+def _read_problem(path: Path, exc: BaseException) -> str:
+    """Why a file could not be read, as the tail of a one-line message."""
+    if isinstance(exc, zlib.error | EOFError | gzip.BadGzipFile):
+        return (f"not a complete gzip file ({exc.__class__.__name__}: {exc}); expected a .json.gz written whole "
+                "by the profiler")
+    if isinstance(exc, OSError):
+        return f"cannot be read ({exc.strerror or exc})"
+    return f"cannot be read ({exc.__class__.__name__}: {exc})"
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -555,7 +601,9 @@ def _parse_fixed_format(u: np.ndarray) -> np.ndarray | None:
     place and 1 to 3 decimals (``"1704161511422904.204"``). None when that does not hold."""
     n, width = u.shape
     dot = int(np.argmax(u[0] == 46)) if (u[0] == 46).any() else -1
-    if dot <= 0 or not 1 <= width - dot - 1 <= 3 or dot > 18 or width - 1 > 19:
+    if dot <= 0 or not 1 <= width - dot - 1 <= 3 or dot > _MAX_INT_DIGITS or width - 1 > 19:
+        return None
+    if dot == _MAX_INT_DIGITS and (u[:, 0] > ord("8")).any():  # 9e15 µs and more do not fit int64 ns
         return None
     if not (u[:, dot] == 46).all():
         return None
@@ -569,6 +617,166 @@ def _parse_fixed_format(u: np.ndarray) -> np.ndarray | None:
             acc *= 10
             acc += d[:, j]
     return acc * int(_POW10[3 - (width - dot - 1)])
+
+
+# Why an 'X' event cannot be placed on the timeline (0: it can). The loaders turn these into an error for a
+# device task the breakdown needs, else into a skipped-events warning (docs/profile-analysis.md, "Events that
+# cannot be placed").
+OK, NO_TS, BAD_TS, NO_DUR, NEGATIVE_DUR, BAD_DUR = range(6)
+PROBLEMS = {NO_TS: "without ts", BAD_TS: "with a ts that is not a number in range",
+            NO_DUR: "without dur", NEGATIVE_DUR: "with a negative dur",
+            BAD_DUR: "with a dur that is not a number in range"}
+# |value| below 9e15 µs (285 years) fits int64 ns with room; 16 integer digits at most, the first below 9
+_LIMIT_US = 9e15
+_MAX_INT_DIGITS = 16
+_NUMBER_BYTES = np.zeros(256, dtype=bool)
+_NUMBER_BYTES[list(b'0123456789.-+eE" \t\n\x00')] = True
+
+
+def _decimal_ok(u: np.ndarray) -> np.ndarray:
+    """Per row of a fixed-width byte matrix (NUL padded): True when it reads as a decimal number in range
+    (digits, one optional sign and dot, surrounding quotes or blanks; no other byte)."""
+    n, width = u.shape
+    if n == 0:
+        return np.zeros(0, dtype=bool)
+    only_number = _NUMBER_BYTES[u].all(axis=1)
+    isd = (u >= 48) & (u <= 57)
+    dot = u == 46
+    dotpos = np.where(dot.any(axis=1), dot.argmax(axis=1), width)
+    int_digits = (isd & (np.arange(width)[None, :] < dotpos[:, None])).sum(axis=1)
+    first = np.where(isd.any(axis=1), u[np.arange(n), isd.argmax(axis=1)], 48)
+    in_range = (int_digits < _MAX_INT_DIGITS) | ((int_digits == _MAX_INT_DIGITS) & (first <= ord("8")))
+    return only_number & isd.any(axis=1) & in_range
+
+
+def dur_to_ns_checked(values: list[object], path: Path | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """Durations in µs (numbers, decimal strings or None) -> (int64 ns, problem code per value).
+
+    A value that is absent, not a number, not finite, 9e15 µs or more, or negative gets a code (NO_DUR,
+    BAD_DUR, NEGATIVE_DUR) and 0 ns; every other value converts exactly as :func:`to_ns` does.
+    """
+    n = len(values)
+    code = np.zeros(n, dtype=np.uint8)
+    if n == 0:
+        return np.zeros(0, dtype=np.int64), code
+    first = values[0]
+    if not isinstance(first, str):
+        try:
+            arr = np.array(values)
+        except (TypeError, ValueError, OverflowError):
+            arr = None
+        if arr is not None and arr.ndim == 1 and arr.dtype in (np.float64, np.int64):
+            with np.errstate(invalid="ignore"):
+                bad = ~np.isfinite(arr) | (np.abs(arr) >= _LIMIT_US) if arr.dtype == np.float64 else (
+                    np.abs(arr) >= int(_LIMIT_US))
+                code[bad] = BAD_DUR
+                code[(code == 0) & (arr < 0)] = NEGATIVE_DUR
+            clean = np.where(code == 0, arr, 0)
+            ns = np.rint(clean * 1000.0).astype(np.int64) if arr.dtype == np.float64 else clean.astype(np.int64) * 1000
+            return ns, code
+    out = np.zeros(n, dtype=np.int64)
+    for i, v in enumerate(values):  # the general case: mixed types, strings, None, huge integers
+        if v is None:
+            code[i] = NO_DUR
+            continue
+        if isinstance(v, bool):
+            code[i] = BAD_DUR
+            continue
+        if isinstance(v, str):
+            raw = v.encode("utf-8", "replace").strip()
+            u = np.frombuffer(raw, dtype=np.uint8)[None, :] if raw else np.zeros((1, 1), np.uint8)
+            if not raw or b"e" in raw.lower() or not _decimal_ok(u)[0]:
+                code[i] = BAD_DUR
+                continue
+            ns = int(parse_decimal_us_to_ns(np.array([raw], dtype="S"))[0])
+        elif isinstance(v, int):
+            if abs(v) >= _LIMIT_US:
+                code[i] = BAD_DUR
+                continue
+            ns = v * 1000
+        elif isinstance(v, float):
+            if not (abs(v) < _LIMIT_US):
+                code[i] = BAD_DUR
+                continue
+            ns = int(round(v * 1000.0))
+        else:
+            code[i] = BAD_DUR
+            continue
+        if ns < 0:
+            code[i] = NEGATIVE_DUR
+            continue
+        out[i] = ns
+    return out, code
+
+
+def ts_to_ns_checked(values: list, path: Path | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """Raw JSON ts values -> (int64 ns, problem code per value): NO_TS for an absent or null ts, BAD_TS for
+    one that is not a decimal number below 9e15 µs (junk bytes, an exponent out of range ...); 0 ns then."""
+    n = len(values)
+    code = np.zeros(n, dtype=np.uint8)
+    if n == 0:
+        return np.zeros(0, dtype=np.int64), code
+    values.append(b"")
+    try:
+        joined = b"\n".join(values)
+    finally:
+        values.pop()
+    if joined.count(b"\n") != n:
+        return _ts_one_by_one(values, path)
+    buf = np.frombuffer(joined, dtype=np.uint8)
+    ends = np.flatnonzero(buf == _NL)
+    starts = np.empty(n, dtype=np.int64)
+    starts[0] = 0
+    starts[1:] = ends[:-1] + 1
+    lengths = ends - starts
+    isd = (buf >= 48) & (buf <= 57)
+    has_digit = np.add.reduceat(isd.astype(np.int64), starts) > 0 if buf.size else np.zeros(n, bool)
+    has_digit &= lengths > 0
+    junk = np.add.reduceat((~_NUMBER_BYTES[buf]).astype(np.int64), starts) > 0 if buf.size else np.zeros(n, bool)
+    junk &= lengths > 0
+    is_null = (lengths == 4) & junk & ~has_digit
+    if is_null.any():
+        nulls = np.flatnonzero(is_null)
+        is_null[nulls] = [joined[starts[i]:ends[i]] == b"null" for i in nulls.tolist()]
+    code[(lengths == 0) | is_null] = NO_TS
+    code[(code == 0) & (junk | ~has_digit)] = BAD_TS
+    # integer digits: those before the dot (or the exponent); bounded so that the sums below cannot wrap
+    owner = np.repeat(np.arange(n), lengths + 1)
+    pos = np.arange(buf.size, dtype=np.int64)
+    stop = np.where((buf == 46) | (buf == 101) | (buf == 69), pos, np.iinfo(np.int64).max)
+    first_stop = np.minimum.reduceat(stop, starts) if buf.size else np.zeros(n, np.int64)
+    int_digits = np.add.reduceat((isd & (pos < first_stop[owner])).astype(np.int64), starts) if buf.size else code
+    code[(code == 0) & (int_digits > _MAX_INT_DIGITS)] = BAD_TS
+    if code.any():
+        ok = np.flatnonzero(code == 0)
+        ns = np.zeros(n, dtype=np.int64)
+        if ok.size:
+            sub = [values[i] for i in ok.tolist()]
+            ns[ok], sub_code = _ts_to_ns_valid(sub, path)
+            code[ok] = sub_code
+        return np.where(code == 0, ns, 0), code
+    ns, code = _ts_to_ns_valid(values, path)
+    return ns, code
+
+
+def _ts_to_ns_valid(values: list, path: Path | None) -> tuple[np.ndarray, np.ndarray]:
+    """Values that passed the byte checks: parse, then range-check the ones that went through float."""
+    ns = raw_us_to_ns(values, path)
+    code = np.zeros(len(values), dtype=np.uint8)
+    code[np.abs(ns) >= int(_LIMIT_US * 1000)] = BAD_TS
+    return ns, code
+
+
+def _ts_one_by_one(values: list, path: Path | None) -> tuple[np.ndarray, np.ndarray]:
+    """A ts value holding a line break (only in a JSON string): check each value on its own."""
+    ns = np.zeros(len(values), dtype=np.int64)
+    code = np.zeros(len(values), dtype=np.uint8)
+    for i, v in enumerate(values):
+        if b"\n" in bytes(v):
+            code[i] = BAD_TS
+        else:
+            ns[i:i + 1], code[i:i + 1] = ts_to_ns_checked([v], path)
+    return ns, code
 
 
 def to_ns(values: list[object], path: Path | None = None) -> np.ndarray:
@@ -679,7 +887,8 @@ def _parse_joined(buf: np.ndarray, n: int, joined: bytes, path: Path | None) -> 
         for i in np.unique(owner[(buf == 101) | (buf == 69)]).tolist():
             text = joined[starts[i]:ends[i]].strip(b'" \t')
             try:
-                ns[i] = int(round(float(text) * 1000.0))
+                value = float(text)
+                ns[i] = int(round(value * 1000.0)) if abs(value) < _LIMIT_US else np.iinfo(np.int64).max
             except ValueError:
                 raise ProfileError(path or "<trace>", f"ts value {text[:40]!r} is not a number; expected µs numbers "
                                                       "or decimal strings") from None
@@ -735,6 +944,18 @@ class Columns:
     flows: dict[tuple[str, str], tuple[np.ndarray, np.ndarray]]  # (cat, ph) -> (flow ids, ts_ns)
     distributed_info: dict[str, object] | None
     n_events: int
+    # uint8 per event: 0, or why it cannot be placed (NO_TS, BAD_TS, NO_DUR, NEGATIVE_DUR, BAD_DUR)
+    problem: np.ndarray | None = None
+
+    def take(self, keep: np.ndarray) -> Columns:
+        """The same columns with only the events where ``keep`` is True (tables and metadata shared)."""
+        return Columns(track=self.track[keep], start_ns=self.start_ns[keep], dur_ns=self.dur_ns[keep],
+                       name_id=self.name_id[keep], cat_id=self.cat_id[keep], task_type_id=self.task_type_id[keep],
+                       stream_arg=self.stream_arg[keep], correlation=self.correlation[keep], tracks=self.tracks,
+                       names=self.names, cats=self.cats, task_types=self.task_types, process_name=self.process_name,
+                       process_label=self.process_label, thread_name=self.thread_name, flows=self.flows,
+                       distributed_info=self.distributed_info, n_events=self.n_events,
+                       problem=None if self.problem is None else self.problem[keep])
 
 
 def _track_ids(tracks: _Interner, pids: list, tids: list) -> np.ndarray:
@@ -881,9 +1102,12 @@ def _columnarise(path: Path, flow_cats: frozenset[str], kineto_args: bool, keep_
         if flow_evs:
             keys = list(map(_FLOW_KEY, flow_evs))
             ids_all = flow_id_array(list(map(_ID, flow_evs)))
-            ts_all = raw_us_to_ns(list(map(_TS, flow_evs)), path)
+            ts_all, ts_problem = ts_to_ns_checked(list(map(_TS, flow_evs)), path)
             key_ids = _Interner()
             kid = key_ids.ids(keys)
+            if ts_problem.any():  # a flow end that cannot be placed links nothing
+                placed = ts_problem == 0
+                ids_all, ts_all, kid = ids_all[placed], ts_all[placed], kid[placed]
             for k_i, key in enumerate(key_ids.values):
                 sel = kid == k_i
                 entry = flows.setdefault(key, ([], []))
@@ -898,8 +1122,9 @@ def _columnarise(path: Path, flow_cats: frozenset[str], kineto_args: bool, keep_
         if not xs:
             continue
         track = _track_ids(tracks, list(map(_PID, xs)), list(map(_TID, xs)))
-        start = raw_us_to_ns(list(map(_TS, xs)), path)
-        dur = to_ns(list(map(_DUR, xs)), path)
+        start, ts_problem = ts_to_ns_checked(list(map(_TS, xs)), path)
+        dur, dur_problem = dur_to_ns_checked(list(map(_DUR, xs)), path)
+        problem = np.where(ts_problem != 0, ts_problem, dur_problem)
         name_id = names.ids(list(map(_NAME, xs)))
         cat_id = cats.ids(list(map(_CAT, xs)))
         try:
@@ -916,17 +1141,18 @@ def _columnarise(path: Path, flow_cats: frozenset[str], kineto_args: bool, keep_
                 dtype=np.int64, count=len(xs))
         else:
             stream_arg = corr = np.full(len(xs), -1, dtype=np.int64)
-        parts.append((track, start, dur, name_id, cat_id, ttype, stream_arg, corr))
+        parts.append((track, start, dur, name_id, cat_id, ttype, stream_arg, corr, problem))
         del xs, argl
     flow_arrays = {k: (concat_ids(v[0]), np.concatenate(v[1])) for k, v in flows.items()}
     if parts:
-        cols = [np.concatenate([p[i] for p in parts]) for i in range(8)]
+        cols = [np.concatenate([p[i] for p in parts]) for i in range(9)]
     else:
-        cols = [np.zeros(0, dtype=t) for t in (np.int32, np.int64, np.int64, np.int32, np.int32, np.int32, np.int64, np.int64)]
+        cols = [np.zeros(0, dtype=t) for t in (np.int32, np.int64, np.int64, np.int32, np.int32, np.int32, np.int64, np.int64,
+                                               np.uint8)]
     if decoded.wrapped and len(parts) > 1:
         cols[0] = _renumber_tracks(tracks, cols[0])
     return Columns(track=cols[0], start_ns=cols[1], dur_ns=cols[2], name_id=cols[3], cat_id=cols[4],
                    task_type_id=cols[5], stream_arg=cols[6], correlation=cols[7], tracks=tracks.values,
                    names=names.values, cats=cats.values, task_types=ttypes.values, process_name=process_name,
                    process_label=process_label, thread_name=thread_name, flows=flow_arrays,
-                   distributed_info=decoded.distributed_info, n_events=n_events)
+                   distributed_info=decoded.distributed_info, n_events=n_events, problem=cols[8])

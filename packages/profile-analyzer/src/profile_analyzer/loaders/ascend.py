@@ -27,7 +27,14 @@ import msgspec
 import numpy as np
 
 from profile_analyzer.errors import ProfileError
-from profile_analyzer.loaders._common import STEP_NAME, build_steps, merge_columns, read_csv_rows, to_float
+from profile_analyzer.loaders._common import (
+    STEP_NAME,
+    build_steps,
+    merge_columns,
+    read_csv_rows,
+    set_aside_unplaceable,
+    to_float,
+)
 from profile_analyzer.loaders._trace import ByteProgress, Columns, columnarise, match_flows
 from profile_analyzer.timeline import Kind, RankTimeline, TimelineBuilder, Warning_
 
@@ -232,6 +239,9 @@ def columns_to_rank(cols: Columns, *, rank: int, source: str, fmt: str, kernel_d
         elif label.startswith("CPU") or pname.startswith(_HOST_PROCESS_PREFIXES):
             role[t] = 4
             track_stream[t] = b.stream_index(("host", pid, tid), f"{pname} {tname}".strip(), "host")
+    # device tasks (hardware, communication op and plane tracks) must be placeable; other bad events are dropped
+    cols = set_aside_unplaceable(cols, np.isin(role, (1, 2, 3))[cols.track] if cols.track.size else
+                                 np.zeros(0, bool), source, warnings)
     ev_role = role[cols.track] if cols.track.size else np.zeros(0, np.int8)
     names = cols.names
     ttypes = cols.task_types

@@ -29,7 +29,7 @@ import numpy as np
 
 from profile_analyzer import intervals as iv
 from profile_analyzer.errors import ProfileError
-from profile_analyzer.loaders._common import STEP_NAME, build_steps
+from profile_analyzer.loaders._common import STEP_NAME, build_steps, set_aside_unplaceable
 from profile_analyzer.loaders._trace import columnarise
 from profile_analyzer.timeline import Kind, RankTimeline, TimelineBuilder, Warning_
 
@@ -44,8 +44,23 @@ _LAUNCH_CATS = frozenset({"cuda_runtime", "cuda_driver", "Runtime", "runtime"})
 _COMPUTE_RANGE_CATS = frozenset({"cpu_op", "user_annotation"})
 
 
+def _needed_tasks(cols) -> np.ndarray:
+    """The events the breakdown counts: GPU kernels, or in a CPU-only trace the aten ops and collectives."""
+    cats = cols.cats
+    is_gpu_cat = np.array([(c or "") in _GPU_CATS for c in cats], dtype=bool)
+    ev_gpu = (cols.stream_arg >= 0) & is_gpu_cat[cols.cat_id] if cols.cat_id.size else np.zeros(0, bool)
+    if ev_gpu.any():
+        return ev_gpu
+    rng = np.isin(cols.cat_id, np.array([i for i, c in enumerate(cats) if c in _COMPUTE_RANGE_CATS], np.int32))
+    named = np.array([n.startswith("aten::") or bool(COMM_RANGE.search(n)) for n in cols.names], dtype=bool)
+    return rng & named[cols.name_id] if cols.name_id.size else rng
+
+
 def load_kineto(path: Path, rank_hint: int, host_events: bool = False) -> RankTimeline:
     cols = columnarise(path)
+    unplaced: list[Warning_] = []
+    if cols.problem is not None and cols.problem.any():
+        cols = set_aside_unplaceable(cols, _needed_tasks(cols), str(path), unplaced)
     if cols.n_events == 0 or cols.track.size == 0:
         raise ProfileError(path, "no complete ('X') events; expected a PyTorch profiler trace with traceEvents")
     rank = rank_hint
@@ -70,7 +85,7 @@ def load_kineto(path: Path, rank_hint: int, host_events: bool = False) -> RankTi
     kind = np.full(cols.track.size, int(Kind.HOST), dtype=np.int8)
     stream_idx = np.zeros(cols.track.size, dtype=np.int32)
     gpu_annotation = np.zeros(cols.track.size, dtype=bool)
-    warnings: list[Warning_] = []
+    warnings: list[Warning_] = list(unplaced)
     start = cols.start_ns
     end = cols.start_ns + cols.dur_ns
     if ev_gpu.any():

@@ -1,0 +1,245 @@
+"""Hostile and careless input (issue 11): one line naming the input and what is accepted, exit 2, nothing
+written; events that cannot be placed follow the documented rule; big or endless input stays bounded."""
+
+from __future__ import annotations
+
+import gzip
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from profile_analyzer.cli import main
+from profile_analyzer.loaders import _trace
+
+BASE = 1_704_161_511_000_000  # µs
+DEVICE = {"matmul": -3, "add": -2, "allreduce": -1}  # index from the end of trace()
+STEP = 7  # index of the ProfilerStep#7 host range
+
+
+def ts(us: float) -> str:
+    return f"{BASE + us:.3f}"
+
+
+def trace() -> list[dict]:
+    """One step on one NPU: two kernels on a compute stream and an all-reduce on a communication track."""
+    hw, hccl, py = 800, 900, 437675
+    ev: list[dict] = [
+        {"ph": "M", "name": "process_name", "pid": py, "tid": 0, "args": {"name": "Python"}},
+        {"ph": "M", "name": "process_labels", "pid": py, "tid": 0, "args": {"labels": "CPU"}},
+        {"ph": "M", "name": "process_name", "pid": hw, "tid": 0, "args": {"name": "Ascend Hardware"}},
+        {"ph": "M", "name": "process_labels", "pid": hw, "tid": 0, "args": {"labels": "NPU"}},
+        {"ph": "M", "name": "thread_name", "pid": hw, "tid": 5, "args": {"name": "Stream 5"}},
+        {"ph": "M", "name": "process_name", "pid": hccl, "tid": 0, "args": {"name": "HCCL"}},
+        {"ph": "M", "name": "thread_name", "pid": hccl, "tid": 0, "args": {"name": "Group 42 Communication"}},
+        {"ph": "X", "name": "ProfilerStep#7", "pid": py, "tid": py, "ts": ts(90), "dur": 310.0, "cat": "cpu_op"},
+    ]
+    for pid, tid, name, s, e, args in (
+        (hw, 5, "aclnnMatmul_MatMulV3", 100, 150, {"Task Type": "AI_CORE"}),
+        (hw, 5, "aclnnAdd", 200, 260, {"Task Type": "AI_VECTOR_CORE"}),
+        (hccl, 0, "hcom_allReduce__42_1_1", 140, 210, {}),
+    ):
+        ev.append({"ph": "X", "name": name, "pid": pid, "tid": tid, "ts": ts(s), "dur": e - s, "args": args})
+    return ev
+
+
+def profile(tmp_path: Path, events: list[dict], name: str = "p", raw: tuple[bytes, bytes] | None = None) -> Path:
+    out = tmp_path / f"{name}_ascend_pt" / "ASCEND_PROFILER_OUTPUT"
+    out.mkdir(parents=True)
+    text = json.dumps(events).encode()
+    if raw:
+        text = text.replace(*raw)
+    (out / "trace_view.json").write_bytes(text)
+    return out.parent
+
+
+def run(capsys, *args: str) -> tuple[int, str, str]:
+    status = main(list(args))
+    out, err = capsys.readouterr()
+    return status, out, err
+
+
+def one_line_error(capsys, *args: str) -> str:
+    status, out, err = run(capsys, *args)
+    assert status == 2, err
+    assert err.count("\n") == 1 and "Traceback" not in err, err
+    assert out == ""
+    return err
+
+
+def test_the_valid_trace_reports(capsys, tmp_path):
+    status, out, _ = run(capsys, "report", str(profile(tmp_path, trace())), "--format", "json")
+    assert status == 0 and json.loads(out)["summary"]["steps"] == 1
+
+
+@pytest.mark.parametrize(
+    "change,reason",
+    [
+        (lambda e: e[DEVICE["matmul"]].update(ts=1e300), "with a ts that is not a number in range"),
+        (lambda e: e[DEVICE["allreduce"]].update(dur=1e308), "with a dur that is not a number in range"),
+        (lambda e: e[DEVICE["matmul"]].pop("ts"), "without ts"),
+        (lambda e: [e[i].pop("ts") for i in (DEVICE["matmul"], DEVICE["add"])], "2 without ts"),
+        (lambda e: e[DEVICE["add"]].pop("dur"), "without dur"),
+        (lambda e: e[DEVICE["add"]].update(dur=-5.0), "with a negative dur"),
+        (lambda e: e[DEVICE["add"]].update(dur="fast"), "with a dur that is not a number in range"),
+        (lambda e: e[DEVICE["add"]].update(ts="17041615110002x0.000"), "with a ts that is not a number in range"),
+        (lambda e: e[DEVICE["add"]].update(ts="9" * 25), "with a ts that is not a number in range"),
+    ],
+)
+def test_a_device_task_that_cannot_be_placed_is_an_error(capsys, tmp_path, change, reason):
+    events = trace()
+    change(events)
+    line = one_line_error(capsys, "report", str(profile(tmp_path, events)))
+    assert "cannot be placed" in line and reason in line and "trace_view.json" in line
+
+
+def test_a_ts_with_bytes_that_are_not_utf8_is_an_error(capsys, tmp_path):
+    events = trace()
+    events[DEVICE["matmul"]]["ts"] = "@@"
+    path = profile(tmp_path, events, raw=(b'"@@"', b'"1704161511000100.000\xff\xfe"'))
+    assert "with a ts that is not a number in range" in one_line_error(capsys, "report", str(path))
+
+
+def test_a_host_event_that_cannot_be_placed_is_skipped_with_a_warning(capsys, tmp_path):
+    events = trace()
+    del events[STEP]["ts"]
+    status, out, err = run(capsys, "report", str(profile(tmp_path, events)), "--format", "json")
+    assert status == 0
+    warnings = [w["message"] for w in json.loads(out)["warnings"]]
+    assert any("1 event(s) (1 without ts)" in w for w in warnings), warnings
+    assert "1 without ts" in err  # and on stderr
+    status, out, _ = run(capsys, "report", str(profile(tmp_path, events, "text")))
+    assert status == 0 and "1 without ts" in out  # and in the text report
+
+
+def test_numbers_are_parsed_exactly_and_bounded():
+    ns, problem = _trace.ts_to_ns_checked([b'"1704161511422904.204"', b"1e300", b"null", b"", b'"12x"', b"-3.5",
+                                           b"8999999999999999", b"9000000000000000"])
+    assert ns.tolist()[:1] == [1704161511422904204] and ns[5] == -3500 and ns[6] == 8999999999999999000
+    assert problem.tolist() == [0, _trace.BAD_TS, _trace.NO_TS, _trace.NO_TS, _trace.BAD_TS, 0, 0, _trace.BAD_TS]
+    ns, problem = _trace.dur_to_ns_checked([1.5, None, -1.0, float("inf"), "2.25", "x", 10**30, True])
+    assert ns.tolist()[:1] == [1500] and ns[4] == 2250
+    assert problem.tolist() == [0, _trace.NO_DUR, _trace.NEGATIVE_DUR, _trace.BAD_DUR, 0, _trace.BAD_DUR,
+                                _trace.BAD_DUR, _trace.BAD_DUR]
+
+
+def test_a_gzip_with_a_random_body_is_one_line(capsys, tmp_path):
+    head = gzip.compress(b"[" + b" " * 100)[:10]
+    bad = tmp_path / "trace.json.gz"
+    bad.write_bytes(head + bytes(range(256)) * 4)
+    assert "not a complete gzip file" in one_line_error(capsys, "report", str(bad))
+    truncated = tmp_path / "cut.json.gz"
+    truncated.write_bytes(gzip.compress(json.dumps({"traceEvents": trace()}).encode())[:-30])
+    assert "not a complete gzip file" in one_line_error(capsys, "report", str(truncated))
+
+
+def test_a_json_object_without_trace_events_is_named_as_such(capsys, tmp_path):
+    path = tmp_path / "a.json"
+    path.write_text('{"a": 1}')
+    line = one_line_error(capsys, "report", str(path))
+    assert "without a traceEvents key" in line and "not JSON" not in line
+
+
+def test_unreadable_and_odd_places_are_one_line(capsys, tmp_path, monkeypatch):
+    loop = tmp_path / "loop.json"
+    os.symlink(loop, loop)
+    assert "loop.json" in one_line_error(capsys, "report", str(loop))
+    good = profile(tmp_path, trace())
+    real_iterdir = Path.iterdir
+
+    def denied(self):
+        if self.name == "ASCEND_PROFILER_OUTPUT" or self.name.endswith("_ascend_pt"):
+            raise PermissionError(13, "Permission denied", str(self))
+        return real_iterdir(self)
+
+    monkeypatch.setattr(Path, "iterdir", denied)
+    line = one_line_error(capsys, "report", str(good))
+    assert "Permission denied" in line
+
+
+def test_a_trace_file_that_cannot_be_opened_is_not_called_not_json(capsys, tmp_path, monkeypatch):
+    path = tmp_path / "trace.json"
+    path.write_text(json.dumps({"traceEvents": trace()}))
+    real_open = open
+
+    def denied(file, *args, **kwargs):
+        if str(file) == str(path):
+            raise PermissionError(13, "Permission denied", str(file))
+        return real_open(file, *args, **kwargs)
+
+    monkeypatch.setattr("builtins.open", denied)
+    line = one_line_error(capsys, "report", str(path))
+    assert "Permission denied" in line and "not JSON" not in line
+
+
+def test_blank_runs_inside_the_array_are_read_in_linear_time(tmp_path, monkeypatch):
+    # before: every 1 MiB block re-scanned all the blanks seen so far (64 MB: 1.3 s, 128 MB: 3.9 s, 1 GiB:
+    # past 120 s). With 4 KiB blocks the quadratic scan of 16 MiB would take minutes; linear, well under 10 s.
+    monkeypatch.setattr(_trace, "CHUNK_BYTES", 4096)
+    events = trace()
+    text = json.dumps(events).encode()
+    cut = text.index(b"}, {", len(text) // 2) + 2
+    body = text[:cut] + b" " * (16 << 20) + text[cut:]
+    for name, data in (("t.json.gz", gzip.compress(body, 1)), ("t.json", body)):
+        path = tmp_path / name
+        path.write_bytes(data)
+        begin = time.monotonic()
+        cols = _trace.columnarise(path)
+        assert time.monotonic() - begin < 10, name
+        assert cols.start_ns.size == 4
+
+
+def _children(pid: int) -> list[int]:
+    found = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/stat") as handle:
+                    fields = handle.read().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+            if int(fields[1]) == pid:
+                found.append(int(entry))
+    return found
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as handle:
+            return handle.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+@pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="reads /proc")
+def test_sigterm_stops_the_loader_workers(tmp_path):
+    synth = pytest.importorskip("profile_analyzer.synth")
+    root = tmp_path / "ranks"
+    synth.write_profile(root, ranks=4, steps=6, layers=48, dbo=True)
+    proc = subprocess.Popen([sys.executable, "-m", "profile_analyzer", "report", str(root), "--jobs", "2",
+                             "-o", str(tmp_path / "report.txt")], stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 60
+        workers: list[int] = []
+        while time.monotonic() < deadline and len(workers) < 2 and proc.poll() is None:
+            workers = [c for c in _children(proc.pid) if _alive(c)]
+            time.sleep(0.05)
+        if proc.poll() is not None:
+            pytest.skip("the report finished before its workers were seen")
+        proc.send_signal(signal.SIGTERM)
+        err = proc.communicate(timeout=30)[1]
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 143, err
+    assert err.strip().splitlines()[-1] == "profile-analyzer: terminated"
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline and any(_alive(w) for w in workers):
+        time.sleep(0.1)
+    assert workers and not any(_alive(w) for w in workers)
+    assert not (tmp_path / "report.txt").exists()
+    assert [p.name for p in tmp_path.iterdir()] == ["ranks"]  # no temporary file left
