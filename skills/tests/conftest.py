@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import shutil
 import sys
 from pathlib import Path
 from types import ModuleType
@@ -53,6 +54,24 @@ def examples():
 @pytest.fixture(scope="session")
 def render_mod() -> ModuleType:
     return load_script("render.py", "skills_render")
+
+
+@pytest.fixture()
+def copy_skill(tmp_path_factory: pytest.TempPathFactory):
+    """copy_skill(name) -> (folder, renderer): the skill copied alone outside the repository, and its own
+    scripts/render.py loaded as a module (what an agent that installed only this folder runs)."""
+
+    def copy(name: str) -> tuple[Path, ModuleType]:
+        folder = tmp_path_factory.mktemp("installed-skills") / name
+        shutil.copytree(SKILLS / name, folder, ignore=shutil.ignore_patterns("__pycache__"))
+        spec = importlib.util.spec_from_file_location(f"render_of_{name.replace('-', '_')}", folder / "scripts" / "render.py")
+        assert spec is not None and spec.loader is not None
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        assert module.default_skill_dir() == folder.resolve()
+        return folder, module
+
+    return copy
 
 
 @pytest.fixture(scope="session")

@@ -3,7 +3,8 @@
 The model is kv_capacity's tiny random-weight Qwen3 (head_dim 64, generated locally by
 `python -m kv_capacity.tinymodels qwen3` in the vLLM virtualenv). The matrix is rendered from the
 skill's own template: one server variant (DBO off: vLLM turns DBO off on CPU anyway) times a
-two-point max-concurrency sweep, 8 random prompts per point.
+two-point max-concurrency sweep, 8 random prompts per point. The dbo-benchmark skill is copied alone
+outside the repository first, and its own renderer and harness copy run.
 """
 
 from __future__ import annotations
@@ -18,7 +19,6 @@ import pytest
 import yaml
 
 REPO = Path(__file__).resolve().parents[2]
-SKILLS = REPO / "skills"
 
 pytestmark = [pytest.mark.vllm, pytest.mark.timeout(480)]
 
@@ -36,7 +36,8 @@ def _tiny_model(vllm_python: str) -> Path:
     return path
 
 
-def test_harness_runs_a_real_vllm_matrix(tmp_path: Path, vllm_python: str, render_mod) -> None:
+def test_harness_runs_a_real_vllm_matrix(tmp_path: Path, vllm_python: str, copy_skill) -> None:
+    skill, render = copy_skill("dbo-benchmark")
     model = _tiny_model(vllm_python)
     values = {
         "model": str(model),
@@ -60,12 +61,12 @@ def test_harness_runs_a_real_vllm_matrix(tmp_path: Path, vllm_python: str, rende
         "concurrencies": CONCURRENCIES,
     }
     matrix_path = tmp_path / "matrix.yaml"
-    matrix_path.write_text(render_mod.render(SKILLS / "vllm-serve-bench", "matrix.yaml", values))
+    matrix_path.write_text(render.render(skill, "matrix.yaml", values))
     assert yaml.safe_load(matrix_path.read_text())["sweep"] == {"max-concurrency": CONCURRENCIES}
 
     out = tmp_path / "out"
     proc = subprocess.run(
-        [sys.executable, str(SKILLS / "vllm-serve-bench/scripts/serve_bench.py"), "run", str(matrix_path),
+        [sys.executable, str(skill / "scripts/serve_bench.py"), "run", str(matrix_path),
          "--out", str(out), "--python", vllm_python],
         capture_output=True, text=True, timeout=450,
     )

