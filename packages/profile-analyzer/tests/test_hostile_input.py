@@ -121,6 +121,9 @@ def test_numbers_are_parsed_exactly_and_bounded():
                                            b"8999999999999999", b"9000000000000000"])
     assert ns.tolist()[:1] == [1704161511422904204] and ns[5] == -3500 and ns[6] == 8999999999999999000
     assert problem.tolist() == [0, _trace.BAD_TS, _trace.NO_TS, _trace.NO_TS, _trace.BAD_TS, 0, 0, _trace.BAD_TS]
+    # found by the fuzzing suite: an exponent without digits raised, one out of range kept a sentinel value
+    ns, problem = _trace.ts_to_ns_checked([b"0e", b"1e20", b"1.5e3"])
+    assert ns.tolist() == [0, 0, 1500000] and problem.tolist() == [_trace.BAD_TS, _trace.BAD_TS, 0]
     ns, problem = _trace.dur_to_ns_checked([1.5, None, -1.0, float("inf"), "2.25", "x", 10**30, True])
     assert ns.tolist()[:1] == [1500] and ns[4] == 2250
     assert problem.tolist() == [0, _trace.NO_DUR, _trace.NEGATIVE_DUR, _trace.BAD_DUR, 0, _trace.BAD_DUR,

@@ -763,7 +763,9 @@ def _ts_to_ns_valid(values: list, path: Path | None) -> tuple[np.ndarray, np.nda
     """Values that passed the byte checks: parse, then range-check the ones that went through float."""
     ns = raw_us_to_ns(values, path)
     code = np.zeros(len(values), dtype=np.uint8)
-    code[np.abs(ns) >= int(_LIMIT_US * 1000)] = BAD_TS
+    out_of_range = np.abs(ns) >= int(_LIMIT_US * 1000)
+    code[out_of_range] = BAD_TS
+    ns[out_of_range] = 0
     return ns, code
 
 
@@ -888,10 +890,9 @@ def _parse_joined(buf: np.ndarray, n: int, joined: bytes, path: Path | None) -> 
             text = joined[starts[i]:ends[i]].strip(b'" \t')
             try:
                 value = float(text)
-                ns[i] = int(round(value * 1000.0)) if abs(value) < _LIMIT_US else np.iinfo(np.int64).max
-            except ValueError:
-                raise ProfileError(path or "<trace>", f"ts value {text[:40]!r} is not a number; expected µs numbers "
-                                                      "or decimal strings") from None
+            except ValueError:  # '1e', '0e-': flagged as out of range by ts_to_ns_checked
+                value = float("inf")
+            ns[i] = int(round(value * 1000.0)) if abs(value) < _LIMIT_US else np.iinfo(np.int64).max
     return ns
 
 

@@ -1,0 +1,121 @@
+"""Property-based fuzzing (hypothesis) of profile-analyzer's inputs: timestamps and durations, trace events
+and archive contents. The promise under test: a trace gives a report or ProfileError (one line), never
+another exception; numbers are exact where they are valid and flagged where they are not. A few seconds in
+all (derandomized, no example database).
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+import tempfile
+from decimal import Decimal
+from pathlib import Path
+
+import numpy as np
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from profile_analyzer.api import analyze
+from profile_analyzer.errors import ProfileError
+from profile_analyzer.loaders import _trace, load
+
+FUZZ = settings(max_examples=120, deadline=None, derandomize=True, database=None,
+                suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
+
+decimal_us = st.builds(lambda i, f: f"{i}.{f}" if f else str(i), st.integers(min_value=0, max_value=8_999_999_999_999_999),
+                       st.from_regex(r"[0-9]{0,6}", fullmatch=True))
+
+
+@FUZZ
+@given(st.lists(st.one_of(decimal_us.map(lambda t: t.encode()), decimal_us.map(lambda t: f'"{t}"'.encode())),
+                min_size=1, max_size=30))
+def test_valid_timestamps_are_exact(raws):
+    ns, problem = _trace.ts_to_ns_checked(list(raws))
+    expect = [int((Decimal(r.strip(b'"').decode()) * 1000).quantize(Decimal(1), rounding="ROUND_HALF_UP"))
+              for r in raws]
+    assert problem.tolist() == [0] * len(raws)
+    assert ns.tolist() == expect
+
+
+any_raw = st.one_of(
+    st.binary(max_size=30),
+    st.sampled_from([b"null", b"", b"1e300", b"-1e308", b'"nan"', b"NaN", b"Infinity", b'"12\xff"', b"9" * 30]),
+    decimal_us.map(str.encode),
+)
+
+
+@FUZZ
+@given(st.lists(any_raw, min_size=1, max_size=30))
+def test_any_timestamp_is_placed_or_flagged(raws):
+    ns, problem = _trace.ts_to_ns_checked(list(raws))
+    assert ns.shape == problem.shape == (len(raws),)
+    assert np.all(np.abs(ns) < 9 * 10**18)
+    assert np.all(ns[problem != 0] == 0)
+
+
+dur_value = st.one_of(st.none(), st.booleans(), st.integers(min_value=-(10**25), max_value=10**25), st.floats(),
+                      st.text(max_size=12), decimal_us)
+
+
+@FUZZ
+@given(st.lists(dur_value, min_size=1, max_size=30))
+def test_any_duration_is_converted_or_flagged(values):
+    ns, problem = _trace.dur_to_ns_checked(list(values))
+    assert np.all(ns >= 0) and np.all(ns[problem != 0] == 0)
+    for v, p in zip(values, problem.tolist(), strict=True):
+        if v is None:
+            assert p == _trace.NO_DUR
+        elif isinstance(v, int | float) and not isinstance(v, bool) and 0 <= v < 1e15:
+            assert p == 0
+
+
+HW, HCCL, PY = 800, 900, 437675
+META = [
+    {"ph": "M", "name": "process_name", "pid": PY, "tid": 0, "args": {"name": "Python"}},
+    {"ph": "M", "name": "process_labels", "pid": PY, "tid": 0, "args": {"labels": "CPU"}},
+    {"ph": "M", "name": "process_name", "pid": HW, "tid": 0, "args": {"name": "Ascend Hardware"}},
+    {"ph": "M", "name": "thread_name", "pid": HW, "tid": 5, "args": {"name": "Stream 5"}},
+    {"ph": "M", "name": "process_name", "pid": HCCL, "tid": 0, "args": {"name": "HCCL"}},
+    {"ph": "M", "name": "thread_name", "pid": HCCL, "tid": 0, "args": {"name": "Group 1 Communication"}},
+]
+ts_field = st.one_of(decimal_us, st.integers(min_value=-10, max_value=10**16), st.floats(), st.none(),
+                     st.text(max_size=8))
+event = st.fixed_dictionaries(
+    {"ph": st.sampled_from(["X", "X", "X", "M", "s", "f", "i", "B", ""]),
+     "name": st.sampled_from(["aclnnMatmul", "hcom_allReduce__1_1_1", "ProfilerStep#1", "aten::mm", "Notify_Wait"]),
+     "pid": st.sampled_from([HW, HCCL, PY, 1, "x"]), "tid": st.sampled_from([0, 5, "t"])},
+    optional={"ts": ts_field, "dur": dur_value, "args": st.one_of(st.none(), st.just({"Task Type": "AI_CORE"})),
+              "cat": st.sampled_from(["async_npu", "cpu_op", None]), "id": st.integers(0, 3)},
+)
+
+
+def _load_or_refuse(path: Path) -> None:
+    try:
+        analyze(load(path))
+    except ProfileError as exc:
+        assert "\n" not in str(exc)
+
+
+@FUZZ
+@given(st.lists(event, max_size=25), st.sampled_from(["list", "kineto", "gzip"]))
+def test_any_trace_gives_a_report_or_one_line(events, shape):
+    with tempfile.TemporaryDirectory() as folder:
+        if shape == "list":
+            path = Path(folder) / "x_ascend_pt" / "ASCEND_PROFILER_OUTPUT" / "trace_view.json"
+            path.parent.mkdir(parents=True)
+            path.write_text(json.dumps(META + events))
+            _load_or_refuse(path.parent.parent)
+        else:
+            data = json.dumps({"traceEvents": META + events}).encode()
+            path = Path(folder) / ("trace.json.gz" if shape == "gzip" else "trace.json")
+            path.write_bytes(gzip.compress(data) if shape == "gzip" else data)
+            _load_or_refuse(path)
+
+
+@FUZZ
+@given(st.binary(max_size=400), st.sampled_from(["trace.json", "trace.json.gz", "raw.json.gz"]))
+def test_any_archive_bytes_give_a_report_or_one_line(blob, name):
+    with tempfile.TemporaryDirectory() as folder:
+        path = Path(folder) / name
+        path.write_bytes(gzip.compress(blob) if name == "trace.json.gz" else blob)
+        _load_or_refuse(path)
