@@ -1,6 +1,6 @@
 """Kineto traces (``{"traceEvents": [...], ...}``) are decoded in slices, like the Ascend arrays.
 
-The streamed decode is compared with the whole-file decode (``_trace.STREAM_KINETO = False``) on the real
+The streamed decode is compared with the whole-file decode (``_trace.decode_whole`` in place of ``decode_trace``) on the real
 HTA traces and on generated ones (keys before and after the array, "traceEvents" inside strings and nested
 values, unicode, ``.json`` and ``.json.gz``, arrays over many slices): same columns, same timeline, same
 report. Peak memory of a ~150 MB trace is measured in a child process; bad input stays one line, exit 2.
@@ -107,6 +107,9 @@ def _assert_same(a: object, b: object, what: str) -> None:
         assert a == b, what
 
 
+STREAMED = _trace.decode_trace  # the production decode (the tests swap in decode_whole for comparison)
+
+
 def _no_whole_decode(*_a, **_k):
     raise AssertionError("the streamed decode fell back to decoding the file whole")
 
@@ -114,9 +117,9 @@ def _no_whole_decode(*_a, **_k):
 def _both_ways(path: Path, monkeypatch, chunk: int):
     """(streamed columns, timeline, number of slices), (whole-file columns, timeline)."""
     monkeypatch.setattr(_trace, "CHUNK_BYTES", chunk)
-    monkeypatch.setattr(_trace, "STREAM_KINETO", False)
+    monkeypatch.setattr(_trace, "decode_trace", _trace.decode_whole)
     whole = _trace.columnarise(path), load_kineto(path, 0)
-    monkeypatch.setattr(_trace, "STREAM_KINETO", True)
+    monkeypatch.setattr(_trace, "decode_trace", STREAMED)
     with monkeypatch.context() as m:
         m.setattr(_trace, "_whole_object", _no_whole_decode)
         slices = sum(1 for _ in _trace.decode_trace(path).chunks)
@@ -161,7 +164,7 @@ def test_report_json_is_the_same_streamed_or_whole(tmp_path, monkeypatch):
     for p in (path, hta):
         outs = []
         for stream in (True, False):
-            monkeypatch.setattr(_trace, "STREAM_KINETO", stream)
+            monkeypatch.setattr(_trace, "decode_trace", STREAMED if stream else _trace.decode_whole)
             out = tmp_path / f"{p.stem}-{stream}.json"
             assert main(["report", str(p), "--format", "json", "--output", str(out)]) == 0
             outs.append(out.read_text())
@@ -196,7 +199,7 @@ def test_bad_event_is_named_by_its_position_in_the_file(tmp_path, monkeypatch):
     path = _write(tmp_path / "t.json", _doc(events, "before"))
     msgs = []
     for stream in (True, False):
-        monkeypatch.setattr(_trace, "STREAM_KINETO", stream)
+        monkeypatch.setattr(_trace, "decode_trace", STREAMED if stream else _trace.decode_whole)
         monkeypatch.setattr(_trace, "CHUNK_BYTES", 4096)
         with pytest.raises(ProfileError) as exc:
             _trace.columnarise(path)
@@ -214,7 +217,8 @@ import sys
 from pathlib import Path
 from profile_analyzer.loaders import _trace
 from profile_analyzer.loaders.kineto import load_kineto
-_trace.STREAM_KINETO = sys.argv[2] == "stream"
+if sys.argv[2] != "stream":
+    _trace.decode_trace = _trace.decode_whole
 tl = load_kineto(Path(sys.argv[1]), 0)
 assert len(tl) > 100_000 and tl.rank == 5
 hwm = [ln for ln in open("/proc/self/status") if ln.startswith("VmHWM:")][0]
