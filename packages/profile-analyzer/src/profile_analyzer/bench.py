@@ -219,7 +219,7 @@ def hwm():
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
 t0 = time.perf_counter()
 import profile_analyzer
-from profile_analyzer.commands import render
+from profile_analyzer.report.render import render
 t1 = time.perf_counter(); m1 = hwm()
 tl = profile_analyzer.load(sys.argv[1])
 t2 = time.perf_counter(); m2 = hwm()

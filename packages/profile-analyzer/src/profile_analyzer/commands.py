@@ -8,12 +8,9 @@ Option names follow msprof-analyze where it has one: ``-d/--profiling_path`` for
 from __future__ import annotations
 
 import functools
-import json
 import os
-import shutil
 import sys
 from pathlib import Path
-from typing import Any
 
 import click
 from toolkit_cli import (
@@ -26,6 +23,8 @@ from toolkit_cli import (
 )
 
 from profile_analyzer.errors import ProfileError
+from profile_analyzer.report.compare import compare_dicts, render_compare
+from profile_analyzer.report.render import render
 
 FORMATS = ("text", "json", "md", "html")
 # the file written into --output_path DIR, per format
@@ -98,29 +97,6 @@ def _progress_loader(path: str, ranks: list[int] | None, jobs: int = 1, per_rank
         return load(path, ranks=ranks, progress=cb, workers=jobs, per_rank=per_rank)
 
 
-def render(report_dict: dict[str, Any], fmt: str) -> str:
-    if fmt == "json":
-        from profile_analyzer.report.json_report import render_json
-
-        return render_json(report_dict)
-    if fmt == "md":
-        from profile_analyzer.report.markdown import render_markdown
-
-        return render_markdown(report_dict)
-    if fmt == "html":
-        try:
-            from profile_analyzer.report.html import render_html
-        except ModuleNotFoundError as exc:
-            raise ProfileError("--format html", f"the HTML renderer is not installed ({exc.name}); use text, json or md") from None
-        return render_html(report_dict)
-    from profile_analyzer.report.text import render_text
-
-    tty = sys.stdout.isatty()
-    # a terminal's own width (at least 100); files and pipes get room for the widest table (breakdown)
-    width = max(100, shutil.get_terminal_size((150, 24)).columns) if tty else 150
-    return render_text(report_dict, width=width, color=tty and not os.environ.get("NO_COLOR"))
-
-
 @click.command("report", help="Analyse one profile: a *_ascend_pt or PROF_* directory, a trace_view.json, a "
                "msprof_*.json, a Kineto .json(.gz), or a directory of one profile per rank.",
                short_help="analyse one profile (a directory, a trace file, or a directory of ranks)")
@@ -154,90 +130,6 @@ def report_command(path: str | None, profiling_path: str | None, format: str, ou
         print(f"profile-analyzer: warning: {w['message']}", file=sys.stderr)
     write_output(target, text)
     return 0
-
-
-def compare_dicts(base: dict[str, Any], new: dict[str, Any]) -> dict[str, Any]:
-    """Delta of every breakdown item and of each operator's exposed time: per-step means over all selected
-    ranks and steps (µs)."""
-    def means(d: dict[str, Any]) -> dict[str, float]:
-        rows = d["breakdown"]
-        n = max(len(rows), 1)
-        return {k: sum(r[k] for r in rows) / n for k, _ in d["breakdown_items"]}
-
-    mb, mn = means(base), means(new)
-    items = []
-    for k, col in base["breakdown_items"]:
-        b, n = mb[k], mn[k]
-        items.append({"item": k, "column": col, "base_us": b, "new_us": n, "delta_us": n - b,
-                      "delta_pct": (100.0 * (n - b) / b) if b else None})
-    def exposed_by_op(d: dict[str, Any]) -> dict[str, float]:
-        n = max(len(d["breakdown"]), 1)
-        out: dict[str, float] = {}
-        for ex in d["exposed_communication"]:
-            for row in ex["by_operator"]:
-                out[row["operator"]] = out.get(row["operator"], 0.0) + row["exposed_us"] / n
-        return out
-
-    eb, en = exposed_by_op(base), exposed_by_op(new)
-    operators = [{"operator": k, "base_exposed_us": eb.get(k, 0.0), "new_exposed_us": en.get(k, 0.0),
-                  "delta_us": en.get(k, 0.0) - eb.get(k, 0.0)} for k in sorted(set(eb) | set(en))]
-    operators.sort(key=lambda r: r["delta_us"])
-    ob, on = base["summary"]["overlap_pct"], new["summary"]["overlap_pct"]
-    cno = next(i for i in items if i["item"] == "communication_not_overlapped")
-    verdict = (f"Per step, exposed communication went from {cno['base_us']:.1f} µs to {cno['new_us']:.1f} µs "
-               f"({cno['delta_us']:+.1f} µs); overlap {_pct(ob)} -> {_pct(on)}.")
-    return {"schema": "profile-analyzer/compare", "schema_version": 1,
-            "base": {"path": base["source"]["path"], "format": base["source"]["format"], "ranks": base["source"]["ranks"],
-                     "steps": base["summary"]["steps"], "overlap_pct": ob},
-            "new": {"path": new["source"]["path"], "format": new["source"]["format"], "ranks": new["source"]["ranks"],
-                    "steps": new["summary"]["steps"], "overlap_pct": on},
-            "items": items, "exposed_by_operator": operators, "verdict": verdict}
-
-
-def _pct(x: float | None) -> str:
-    return "n/a" if x is None else f"{x:.1f}%"
-
-
-def render_compare(c: dict[str, Any], fmt: str) -> str:
-    if fmt == "json":
-        return json.dumps(c, indent=2, ensure_ascii=False) + "\n"
-    headers = ["item", "base µs/step", "new µs/step", "delta µs", "delta %"]
-    rows = [[i["column"], f"{i['base_us']:,.1f}", f"{i['new_us']:,.1f}", f"{i['delta_us']:+,.1f}",
-             "-" if i["delta_pct"] is None else f"{i['delta_pct']:+.1f}"] for i in c["items"]]
-    op_headers = ["operator", "base exposed µs/step", "new exposed µs/step", "delta µs"]
-    op_rows = [[o["operator"], f"{o['base_exposed_us']:,.1f}", f"{o['new_exposed_us']:,.1f}", f"{o['delta_us']:+,.1f}"]
-               for o in c["exposed_by_operator"]]
-    if fmt == "md":
-        lines = [f"## Compare `{c['base']['path']}` -> `{c['new']['path']}`", "", c["verdict"], "",
-                 "| " + " | ".join(headers) + " |", "|" + "|".join("---" for _ in headers) + "|"]
-        lines += ["| " + " | ".join(r) + " |" for r in rows]
-        if op_rows:
-            lines += ["", "| " + " | ".join(op_headers) + " |", "|" + "|".join("---" for _ in op_headers) + "|"]
-            lines += ["| " + " | ".join(r) + " |" for r in op_rows]
-        return "\n".join(lines) + "\n"
-    import io
-
-    from rich.console import Console
-    from rich.table import Table
-
-    buf = io.StringIO()
-    con = Console(file=buf, width=110, color_system=None, highlight=False)
-    con.print(f"base: {c['base']['path']}\nnew:  {c['new']['path']}\n")
-    con.print(c["verdict"])
-    t = Table()
-    for h in headers:
-        t.add_column(h, justify="left" if h == "item" else "right")
-    for r in rows:
-        t.add_row(*r)
-    con.print(t)
-    if op_rows:
-        t2 = Table(title="Exposed communication by operator", title_justify="left")
-        for h in op_headers:
-            t2.add_column(h, justify="left" if h == "operator" else "right")
-        for r in op_rows:
-            t2.add_row(*r)
-        con.print(t2)
-    return buf.getvalue()
 
 
 @click.command("compare", help="Delta of every breakdown item between two profiles (e.g. DBO off vs on): BASE then "
