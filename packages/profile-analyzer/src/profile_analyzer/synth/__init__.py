@@ -2,7 +2,7 @@
 
 No public multi-card Ascend trace with a populated communication track exists, and no NPU exists here, so
 this module is a *stand-in for an NPU run*: it simulates the device streams of an MoE decoder (see
-``synth_schedule``) on N ranks and writes, per rank, the directory torch_npu would write::
+``synth.schedule``) on N ranks and writes, per rank, the directory torch_npu would write::
 
     OUT_DIR/
       ground_truth.json                       what the analyzer must find (µs, per rank and step)
@@ -33,8 +33,8 @@ import tempfile
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 
-from profile_analyzer.synth_schedule import SynthParams
-from profile_analyzer.synth_writer import write_rank
+from profile_analyzer.synth.schedule import SynthParams
+from profile_analyzer.synth.writer import write_rank
 
 __all__ = ["GroundTruth", "SynthParams", "write_profile"]
 

@@ -17,7 +17,7 @@ import shutil
 from datetime import UTC, datetime
 from pathlib import Path
 
-from profile_analyzer.synth_schedule import (
+from profile_analyzer.synth.schedule import (
     GROUP_NAME,
     MAIN_STREAM,
     SHARED_STREAM,
