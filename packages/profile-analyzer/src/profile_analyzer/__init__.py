@@ -10,8 +10,7 @@ Public API::
 
 from __future__ import annotations
 
-__version__ = "0.1.0"
-
+from profile_analyzer._version import __version__
 from profile_analyzer.api import analyze
 from profile_analyzer.errors import ProfileError
 from profile_analyzer.loaders import detect, load

@@ -25,7 +25,7 @@ class Report:
     timeline: list[dict[str, Any]] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
-        from profile_analyzer import __version__
+        from profile_analyzer._version import __version__
         from profile_analyzer.analyses.breakdown import BREAKDOWN_ITEMS
 
         return {
