@@ -14,7 +14,9 @@ from types import SimpleNamespace
 
 import pytest
 from dbo_runtime.ascend import plugin
+from dbo_runtime.ascend.validate import dbo_requested
 from dbo_runtime.errors import DBOConfigError
+from dbo_runtime.vllm import plugin as vplugin
 
 
 class StandinNPUPlatform:
@@ -54,13 +56,16 @@ class StandinVllmConfig:
             self.model_config.disable_cascade_attn = True
 
 
+def _patch_platform():
+    return vplugin.patch_platform_class(StandinNPUPlatform, lambda cfg: plugin.keep_dbo(cfg, env={}), dbo_requested)
+
+
 @pytest.fixture()
 def patched():
-    env: dict[str, str] = {}
-    undo_platform = plugin.patch_platform_class(StandinNPUPlatform, env=env)
-    undo_config = plugin.patch_vllm_config_class(StandinVllmConfig)
+    undo_platform = _patch_platform()
+    undo_config = vplugin.patch_vllm_config_class(StandinVllmConfig)
     try:
-        yield env
+        yield
     finally:
         undo_config()
         undo_platform()
@@ -71,36 +76,35 @@ def test_without_plugin_ascend_drops_dbo() -> None:
     assert cfg.parallel_config.enable_dbo is False
 
 
-def test_plugin_keeps_dbo_and_restores_backend(patched: dict[str, str]) -> None:
+def test_plugin_keeps_dbo_and_restores_backend(patched: None) -> None:
     cfg = StandinVllmConfig(enable_dbo=True)
     assert cfg.parallel_config.enable_dbo is True
     # upstream's assert saw a DeepEP label; afterwards the platform's own choice is back
     assert cfg.parallel_config.all2all_backend == "flashinfer_all2allv"
     assert cfg.model_config.disable_cascade_attn is True
-    assert patched[plugin.ACTIVE_ENV] == "1"
-    assert plugin._saved_backend == {}
+    # the decision lives in the config every process gets, not in a private environment variable
+    assert not [k for k in __import__("os").environ if k.startswith("DBO_RUNTIME_ASCEND")]
+    assert vplugin._saved_backend == {}
 
 
-def test_plugin_leaves_dbo_off_when_not_requested(patched: dict[str, str]) -> None:
+def test_plugin_leaves_dbo_off_when_not_requested(patched: None) -> None:
     cfg = StandinVllmConfig(enable_dbo=False)
     assert cfg.parallel_config.enable_dbo is False
     assert cfg.parallel_config.all2all_backend == "flashinfer_all2allv"
     assert cfg.model_config.disable_cascade_attn is False
-    assert plugin.ACTIVE_ENV not in patched
 
 
-def test_refusal_at_startup_names_conflict_and_flag(patched: dict[str, str]) -> None:
+def test_refusal_at_startup_names_conflict_and_flag(patched: None) -> None:
     with pytest.raises(DBOConfigError, match=r"prefill context parallel.*--prefill-context-parallel-size 1"):
         StandinVllmConfig(enable_dbo=True, prefill_context_parallel_size=2)
-    assert plugin.ACTIVE_ENV not in patched
-    assert plugin._saved_backend == {}
+    assert vplugin._saved_backend == {}
 
 
 def test_undo_restores_the_originals() -> None:
     raw_check = StandinNPUPlatform.__dict__["check_and_update_config"]
     raw_post = StandinVllmConfig.__dict__["__post_init__"]
-    undo_p = plugin.patch_platform_class(StandinNPUPlatform, env={})
-    undo_c = plugin.patch_vllm_config_class(StandinVllmConfig)
+    undo_p = _patch_platform()
+    undo_c = vplugin.patch_vllm_config_class(StandinVllmConfig)
     assert StandinNPUPlatform.__dict__["check_and_update_config"] is not raw_check
     undo_c()
     undo_p()
@@ -108,13 +112,38 @@ def test_undo_restores_the_originals() -> None:
     assert StandinVllmConfig.__dict__["__post_init__"] is raw_post
 
 
+class StandinRunner:
+    def __init__(self, vllm_config, device=None) -> None:
+        self.vllm_config = vllm_config
+
+
+def test_runtime_is_installed_by_the_runner_built_with_dbo_on(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Activation comes from ``parallel_config.enable_dbo`` of the config the runner is built with (every process
+    gets that config: multiprocessing, Ray workers, an in-process engine), once per process."""
+    monkeypatch.setattr(vplugin, "_state", {"registered": True, "undo": [], "active": False})
+    installs = []
+    raw_init = StandinRunner.__dict__["__init__"]
+    undo = vplugin.activate_on_runner_init(StandinRunner, lambda cfg: installs.append(cfg) or [], "stand-in")
+    try:
+        off = SimpleNamespace(parallel_config=SimpleNamespace(enable_dbo=False))
+        StandinRunner(off)
+        assert installs == [] and not vplugin.is_active()
+        on = SimpleNamespace(parallel_config=SimpleNamespace(enable_dbo=True))
+        runner = StandinRunner(on, device="cpu")
+        StandinRunner(on)
+        assert installs == [on] and vplugin.is_active() and runner.vllm_config is on
+    finally:
+        undo()
+    assert StandinRunner.__dict__["__init__"] is raw_init
+
+
 def test_register_off_ascend_logs_one_inactive_line(caplog: pytest.LogCaptureFixture,
                                                     monkeypatch: pytest.MonkeyPatch) -> None:
     """In this virtualenv there is no vLLM at all: register() must say it is inactive and patch nothing."""
-    monkeypatch.setattr(plugin, "_state", {"registered": False, "undo": []})
+    monkeypatch.setattr(vplugin, "_state", {"registered": False, "undo": [], "active": False})
     with caplog.at_level(logging.INFO):
-        plugin.register()
-        plugin.register()  # vLLM may call general plugins more than once per process
+        vplugin.register()
+        vplugin.register()  # vLLM may call general plugins more than once per process
     lines = [r.getMessage() for r in caplog.records if "dbo_runtime" in r.getMessage()]
-    assert len(lines) == 1 and "inactive" in lines[0] and "not Ascend NPU" in lines[0]
-    assert plugin._state["undo"] == []
+    assert len(lines) == 1 and "inactive" in lines[0] and "vLLM not importable" in lines[0]
+    assert vplugin._state["undo"] == []

@@ -5,10 +5,12 @@ generated from the site table (``dbo_runtime.ascend.standin``) plus stand-ins of
 ``worker.model_runner_v1.NPUModelRunner`` and ``ascend_forward_context``, declares the platform to be Ascend, and calls
 the real entry point ``register()``:
 
-* API-server process (no ``DBO_RUNTIME_ASCEND_ACTIVE``): only the platform config check and the real
-  ``vllm.config.VllmConfig.__post_init__`` are wrapped.
-* engine/worker process (``DBO_RUNTIME_ASCEND_ACTIVE=1``): every hook site is wrapped, the FlashComm1 ops get a
-  ``PrivateUse1`` kernel, the runner methods are patched; ``unregister()`` restores everything.
+* every process: the platform config check and the real ``vllm.config.VllmConfig.__post_init__`` are wrapped, and
+  the runner's ``__init__`` once the runner module is imported; nothing else.
+* a runner built with ``parallel_config.enable_dbo`` off installs nothing; the first one built with it on installs
+  every hook site (the FlashComm1 ops keep their ``PrivateUse1`` kernel: no kernel is registered, their
+  collectives are routed) and the runner patches; ``unregister()`` restores everything. Activation comes from
+  the config each process is handed, never from an environment variable.
 
 It also constructs the real ``VllmConfig`` with ``enable_dbo=True`` through the wrapped platform check (the CPU
 platform's, which resets DBO as vLLM-Ascend's does): DBO stays on, upstream's DeepEP assert passes, and the backend
@@ -40,6 +42,8 @@ class NPUPlatform:
 
 RUNNER_SRC = '''
 class NPUModelRunner:
+    def __init__(self, vllm_config, device=None):
+        self.vllm_config = vllm_config
     def _determine_batch_execution_and_padding(self, num_tokens, num_reqs, num_scheduled_tokens_np,
                                                max_num_scheduled_tokens, use_cascade_attn, **kwargs):
         raise NotImplementedError
@@ -77,16 +81,15 @@ import importlib
 import vllm.config
 from dbo_runtime.ascend import plugin
 from dbo_runtime.ascend.sites import SITES
+from dbo_runtime.vllm import plugin as vplugin
 
-plugin.platform_is_ascend = lambda: (True, "NPUPlatform (stand-in)")
+vplugin.current_platform_kind = lambda: ("ascend", "NPUPlatform (stand-in)")
 report = {}
 NPUPlatform = importlib.import_module("vllm_ascend.platform").NPUPlatform
-Runner = importlib.import_module("vllm_ascend.worker.model_runner_v1").NPUModelRunner
 importlib.import_module("vllm_ascend.ops.register_custom_ops")
 raw = {
     "check": NPUPlatform.__dict__["check_and_update_config"],
     "post": vllm.config.VllmConfig.__dict__["__post_init__"],
-    "runner": dict(vars(Runner)),
 }
 
 def site_attr(site):
@@ -102,40 +105,52 @@ def pu1(op):
 def wrapped_sites():
     return sorted(s.name for s in SITES if s.hook != "via" and getattr(site_attr(s), "__dbo_site__", None) == s.name)
 
-# 1. API-server process
-os.environ.pop(plugin.ACTIVE_ENV, None)
-plugin.register()
-report["server_platform_patched"] = NPUPlatform.__dict__["check_and_update_config"] is not raw["check"]
-report["server_post_init_patched"] = vllm.config.VllmConfig.__dict__["__post_init__"] is not raw["post"]
-report["server_sites"] = wrapped_sites()
+def ops_globals():
+    ops = importlib.import_module("vllm_ascend.ops.register_custom_ops")
+    return sorted(k for k, v in vars(ops).items() if type(v).__name__ == "RoutedGlobal")
+
+# 1. register() in any process: config side; the runner module is not imported by it
+vplugin.register()
+report["runner_imported_by_register"] = "vllm_ascend.worker.model_runner_v1" in sys.modules
+report["platform_patched"] = NPUPlatform.__dict__["check_and_update_config"] is not raw["check"]
+report["post_init_patched"] = vllm.config.VllmConfig.__dict__["__post_init__"] is not raw["post"]
 cfg = SimpleNamespace(parallel_config=SimpleNamespace(enable_dbo=True, prefill_context_parallel_size=1,
-                                                      ubatch_size=0, all2all_backend="flashinfer_all2allv"),
+                                                      ubatch_size=0, all2all_backend="flashinfer_all2allv",
+                                                      dbo_decode_token_threshold=32, dbo_prefill_token_threshold=512,
+                                                      data_parallel_size=1),
                       model_config=SimpleNamespace(architectures=["DeepseekV3ForCausalLM"], disable_cascade_attn=False),
                       speculative_config=None, additional_config={})
 NPUPlatform.check_and_update_config(cfg)
 report["kept"] = cfg.parallel_config.enable_dbo
-report["env_marked"] = os.environ.get(plugin.ACTIVE_ENV)
-plugin._saved_backend.clear()
-plugin.unregister()
-report["server_restored"] = (NPUPlatform.__dict__["check_and_update_config"] is raw["check"]
-                             and vllm.config.VllmConfig.__dict__["__post_init__"] is raw["post"])
+report["env_vars"] = sorted(k for k in os.environ if k.startswith("DBO_RUNTIME"))
+vplugin._saved_backend.clear()
 
-# 2. engine/worker process
-plugin.register()
+# 2. the runner module is imported (the worker): a runner with DBO off installs nothing, with DBO on everything
+Runner = importlib.import_module("vllm_ascend.worker.model_runner_v1").NPUModelRunner
+raw["runner"] = {k: v for k, v in vars(Runner).items() if k != "__init__"}
+off = SimpleNamespace(parallel_config=SimpleNamespace(enable_dbo=False))
+Runner(off)
+report["sites_after_off"] = wrapped_sites()
+Runner(cfg)
 report["worker_sites"] = wrapped_sites()
-report["pu1_installed"] = [pu1("vllm::maybe_all_gather_and_maybe_unpad"), pu1("vllm::maybe_pad_and_reduce")]
+report["routed_globals"] = ops_globals()
+report["pu1_kernels"] = [pu1("vllm::maybe_all_gather_and_maybe_unpad"), pu1("vllm::maybe_pad_and_reduce")]
 report["runner_patched"] = sorted(k for k in ("_determine_batch_execution_and_padding", "_dummy_run",
                                               "_build_attention_metadata", "_model_forward")
                                   if vars(Runner)[k] is not raw["runner"][k])
-plugin.unregister()
+vplugin.unregister()
 report["worker_sites_after"] = wrapped_sites()
-report["pu1_after"] = [pu1("vllm::maybe_all_gather_and_maybe_unpad"), pu1("vllm::maybe_pad_and_reduce")]
+report["routed_after"] = ops_globals()
 report["runner_restored"] = all(vars(Runner)[k] is v for k, v in raw["runner"].items() if not k.startswith("__"))
+report["restored"] = (NPUPlatform.__dict__["check_and_update_config"] is raw["check"]
+                      and vllm.config.VllmConfig.__dict__["__post_init__"] is raw["post"])
 
 # 3. the real VllmConfig.__post_init__ (CPU platform resets DBO like vLLM-Ascend; its check is wrapped here)
 from vllm.platforms import current_platform
-undo_platform = plugin.patch_platform_class(type(current_platform), env={})
-undo_post = plugin.patch_vllm_config_class(vllm.config.VllmConfig)
+from dbo_runtime.ascend.validate import dbo_requested
+undo_platform = vplugin.patch_platform_class(type(current_platform), lambda c: plugin.keep_dbo(c, env={}),
+                                             dbo_requested)
+undo_post = vplugin.patch_vllm_config_class(vllm.config.VllmConfig)
 try:
     try:
         vllm.config.VllmConfig(parallel_config=vllm.config.ParallelConfig(enable_dbo=True))
@@ -152,7 +167,7 @@ try:
         validate.find_conflicts = validate_real
     report["real_enable_dbo"] = c.parallel_config.enable_dbo
     report["real_backend"] = c.parallel_config.all2all_backend
-    report["saved_left"] = len(plugin._saved_backend)
+    report["saved_left"] = len(vplugin._saved_backend)
 finally:
     undo_post()
     undo_platform()
@@ -170,7 +185,6 @@ def _vllm_python() -> Path:
 @pytest.mark.vllm
 def test_register_on_standin_ascend_installs_and_uninstalls_everything(tmp_path: Path) -> None:
     env = dict(os.environ, VLLM_LOGGING_LEVEL="WARNING")
-    env.pop("DBO_RUNTIME_ASCEND_ACTIVE", None)
     proc = subprocess.run([str(_vllm_python()), "-c", SCRIPT, str(tmp_path), PLATFORM_SRC, RUNNER_SRC, AFC_SRC],
                           capture_output=True, text=True, timeout=240, env=env, cwd=tmp_path)
     lines = [line for line in proc.stdout.splitlines() if line.startswith("REPORT ")]
@@ -178,15 +192,18 @@ def test_register_on_standin_ascend_installs_and_uninstalls_everything(tmp_path:
     r = json.loads(lines[-1][len("REPORT "):])
     stream_sites = sorted(["a2.moe_prepare", "a2.moe_finalize", "a3.moe_dispatch", "a3.moe_combine", "fc1.all_gather",
                            "fc1.reduce_scatter", "fc1.row_matmul_reduce", "fc2.o_proj_all_to_all"])
-    # API server: config side only
-    assert r["server_platform_patched"] and r["server_post_init_patched"] and r["server_sites"] == []
-    assert r["kept"] is True and r["env_marked"] == "1" and r["server_restored"]
-    # engine/worker: every site, the PrivateUse1 kernels of the FlashComm1 ops, the runner
+    # register(): config side only, the heavy runner module untouched, no private environment variable
+    assert not r["runner_imported_by_register"] and r["platform_patched"] and r["post_init_patched"]
+    assert r["kept"] is True and r["env_vars"] == []
+    # a runner built with DBO off installs nothing; one built with DBO on: every site and the runner
+    assert r["sites_after_off"] == []
     assert r["worker_sites"] == stream_sites
-    assert r["pu1_installed"] == [True, True]
+    assert r["routed_globals"] == ["get_ep_group", "tensor_model_parallel_all_gather",
+                                   "tensor_model_parallel_all_reduce", "tensor_model_parallel_reduce_scatter"]
+    assert r["pu1_kernels"] == [True, True]  # the stand-in package's own kernels, untouched
     assert r["runner_patched"] == ["_build_attention_metadata", "_determine_batch_execution_and_padding",
                                    "_dummy_run", "_model_forward"]
-    assert r["worker_sites_after"] == [] and r["pu1_after"] == [False, False] and r["runner_restored"]
+    assert r["worker_sites_after"] == [] and r["routed_after"] == [] and r["runner_restored"] and r["restored"]
     # real VllmConfig: refusal without a supported model, else DBO kept and the backend restored after the assert
     assert r["refusal"] and "--enable-dbo on vLLM-Ascend cannot be combined with: model architecture" in r["refusal"]
     assert "change: serve a supported model or drop --enable-dbo" in r["refusal"]

@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 import torch
 from dbo_runtime.ascend.runner import decide_split, split_common_attn_metadata
+from dbo_runtime.ascend.validate import batch_may_split
 from dbo_runtime.ubatch import UBatchSlice, slice_request_metadata
 
 
@@ -123,22 +124,29 @@ def test_split_mrope_positions_and_refuses_pcp() -> None:
         split_common_attn_metadata(UB0, cm)
 
 
+def _decide(*, moe_comm_type: str | None, use_cascade_attn: bool = False, num_reqs: int = 4, **kw: Any) -> Any:
+    """The Ascend decision: the shared decide_split with vLLM-Ascend's per-batch veto (ascend_may_split's core)."""
+    return decide_split(may_split=batch_may_split(moe_comm_type=moe_comm_type, use_cascade_attn=use_cascade_attn,
+                                                  num_reqs=num_reqs), **kw)
+
+
 def test_decide_split_votes_on_logical_tokens_and_vetoes() -> None:
-    common = dict(uniform_decode=False, decode_token_threshold=32, prefill_token_threshold=512,
-                  use_cascade_attn=False, num_reqs=4)
-    yes = decide_split(num_tokens=600, num_tokens_padded=600, moe_comm_type="ALLGATHER", is_dummy=False, **common)
+    common = dict(uniform_decode=False, decode_token_threshold=32, prefill_token_threshold=512)
+    yes = _decide(num_tokens=600, num_tokens_padded=600, moe_comm_type="ALLGATHER", is_dummy=False, **common)
     assert yes.split and yes.padded_num_tokens == 600
     # a graph-padded dummy must not pass the threshold on its padded size (the DP hang of the micropuma fork)
-    assert not decide_split(num_tokens=1, num_tokens_padded=4104, moe_comm_type="ALLGATHER", is_dummy=False,
-                            **common).split
-    assert not decide_split(num_tokens=600, num_tokens_padded=600, moe_comm_type="ALLGATHER", is_dummy=True,
-                            **common).split
-    assert not decide_split(num_tokens=600, num_tokens_padded=600, moe_comm_type="MoECommType.MC2",
-                            is_dummy=False, **common).split
+    assert not _decide(num_tokens=1, num_tokens_padded=4104, moe_comm_type="ALLGATHER", is_dummy=False,
+                       **common).split
+    assert not _decide(num_tokens=600, num_tokens_padded=600, moe_comm_type="ALLGATHER", is_dummy=True,
+                       **common).split
+    assert not _decide(num_tokens=600, num_tokens_padded=600, moe_comm_type="MoECommType.MC2",
+                       is_dummy=False, **common).split
+    assert not _decide(num_tokens=600, num_tokens_padded=600, moe_comm_type=None, use_cascade_attn=True,
+                       is_dummy=False, **common).split
     decode = dict(common, uniform_decode=True)
-    assert decide_split(num_tokens=64, num_tokens_padded=64, moe_comm_type=None, is_dummy=False, **decode).split
-    assert not decide_split(num_tokens=16, num_tokens_padded=16, moe_comm_type=None, is_dummy=False,
-                            **decode).split
+    assert _decide(num_tokens=64, num_tokens_padded=64, moe_comm_type=None, is_dummy=False, **decode).split
+    assert not _decide(num_tokens=16, num_tokens_padded=16, moe_comm_type=None, is_dummy=False,
+                       **decode).split
 
 
 class RecordingNPUStandin:

@@ -1,8 +1,13 @@
-"""`install_runner_patches` end to end, in the vLLM virtualenv: real ``vllm.forward_context`` (the module global the
+"""`install_ascend_runner` end to end, in the vLLM virtualenv: real ``vllm.forward_context`` (the module global the
 micro-batches swap), real ``vllm.v1.worker.ubatch_utils.maybe_create_ubatch_slices``, ``CUDAGraphMode`` and
 ``BatchDescriptor``; a STAND-IN ``NPUModelRunner`` whose ``execute_model`` / ``_dummy_run`` follow the call pattern of
-vllm_ascend 0.23.0.post1's (keyword arguments as there, ``_build_attention_metadata`` asserting on slices as the real
-one does), and a STAND-IN ``vllm_ascend.ascend_forward_context`` module. The device backend is the CPU one.
+vllm_ascend 0.23.0.post1's (keyword arguments as there, ``execute_model`` under ``torch.inference_mode`` and the model
+writing in place into an inference tensor, ONE metadata builder per attention group as the real
+``initialize_attn_backend`` makes, ``_build_attention_metadata`` asserting on slices as the real one does), and a
+STAND-IN ``vllm_ascend.ascend_forward_context`` module. The device backend is the CPU one.
+
+What the stand-ins cannot catch: anything the real NPU runner does between these calls (graph capture, MC2 state,
+torch_npu streams); the doctor checks the names and call pattern against the real source.
 """
 
 from __future__ import annotations
@@ -55,7 +60,7 @@ sys.modules["vllm_ascend"] = pkg
 sys.modules["vllm_ascend.ascend_forward_context"] = afc
 
 from dbo_runtime.context import dbo_current_ubatch_id, dbo_enabled
-from dbo_runtime.ascend.runner import ForwardContextSwitch, ascend_site_wrapper, install_runner_patches, set_vllm_forward_context
+from dbo_runtime.ascend.runner import ForwardContextSwitch, ascend_site_wrapper, install_ascend_runner, set_vllm_forward_context
 
 @dataclasses.dataclass
 class CM:  # stand-in common attention metadata (vLLM field names)
@@ -71,17 +76,23 @@ class CM:  # stand-in common attention metadata (vLLM field names)
     positions: torch.Tensor = None
     num_input_tokens: int = 0
 
-class Builder:
-    def __init__(self, name): self.name = name; self.calls = []
+class Builder:  # vLLM's AttentionMetadataBuilder constructor: (kv_cache_spec, layer_names, vllm_config, device)
+    created = []
+    def __init__(self, kv_cache_spec, layer_names, vllm_config, device):
+        self.kv_cache_spec, self.layer_names, self.vllm_config, self.device = kv_cache_spec, layer_names, vllm_config, device
+        self.calls = []
+        Builder.created.append(self)
     def build(self, common_prefix_len, common_attn_metadata, **kw):
         self.calls.append(common_attn_metadata.num_actual_tokens)
-        return SimpleNamespace(builder=self.name, num_actual_tokens=common_attn_metadata.num_actual_tokens,
+        return SimpleNamespace(num_actual_tokens=common_attn_metadata.num_actual_tokens,
                                qsl=common_attn_metadata.query_start_loc_cpu.tolist())
 
-class Group:
+class Group:  # vLLM's AttentionGroup.get_metadata_builder asserts as the real one does
     layer_names = ["layers.0.attn"]
-    def __init__(self): self.builders = [Builder("b0"), Builder("b1")]
-    def get_metadata_builder(self, ubid=0): return self.builders[ubid]
+    def __init__(self, vllm_config): self.metadata_builders = [Builder("spec", self.layer_names, vllm_config, "cpu")]
+    def get_metadata_builder(self, ubid=0):
+        assert len(self.metadata_builders) > ubid
+        return self.metadata_builders[ubid]
 
 switch = ForwardContextSwitch(set_vllm_forward_context)
 SITE_LOG = []
@@ -98,6 +109,7 @@ class Model(torch.nn.Module):
     def forward(self, input_ids, positions, intermediate_tensors=None, inputs_embeds=None):
         h = input_ids.to(torch.float32) + 0.5
         h = wrapped_site(h)
+        positions.add_(0)  # in place on (a view of) an inference tensor: raises outside inference mode
         return h + positions.to(torch.float32)
 
 class NPUModelRunner:  # stand-in with the real method names and call pattern
@@ -106,7 +118,7 @@ class NPUModelRunner:  # stand-in with the real method names and call pattern
                                                dbo_decode_token_threshold=32, dbo_prefill_token_threshold=512)
         self.vllm_config = SimpleNamespace(parallel_config=self.parallel_config)
         self.uniform_decode_query_len = 1
-        self.attn_groups = [[Group()]]
+        self.attn_groups = [[Group(self.vllm_config)]]
         self.model = Model()
 
     def _determine_batch_execution_and_padding(self, num_tokens, num_reqs, num_scheduled_tokens_np,
@@ -133,6 +145,7 @@ class NPUModelRunner:  # stand-in with the real method names and call pattern
         get_forward_context()
         return self.model(input_ids, positions, intermediate_tensors, inputs_embeds)
 
+    @torch.inference_mode()
     def execute_model(self, query_lens):
         num_tokens = sum(query_lens)
         self._qsl = [0] + list(np.cumsum(query_lens))
@@ -164,14 +177,15 @@ def reference(query_lens):
     return (torch.arange(n).to(torch.float32) + 0.5) * 2.0 + torch.arange(n).to(torch.float32) * 10
 
 originals = dict(vars(NPUModelRunner))
-undo = install_runner_patches(NPUModelRunner, switch, device="cpu", timeout_s=30)
+_, undo = install_ascend_runner(NPUModelRunner, switch, device="cpu", timeout_s=30)
 runner = NPUModelRunner()
 report = {}
 split, out = runner.execute_model([200, 300, 124])
 report["split_600"] = bool(split)
 report["equal_600"] = bool(torch.equal(out, reference([200, 300, 124])))
 report["site_log"] = SITE_LOG[:]
-report["builders"] = [b.calls[:] for b in runner.attn_groups[0][0].builders]
+report["builders"] = [b.calls[:] for b in runner.attn_groups[0][0].metadata_builders]
+report["builder_fields"] = [[b.kv_cache_spec, b.layer_names, b.device] for b in Builder.created]
 report["ubatch_contexts"] = [(c.num_tokens, c.skip_compiled) for c in SEEN_CONTEXTS[1:]]
 SITE_LOG.clear()
 split, out = runner.execute_model([50, 50])
@@ -204,8 +218,10 @@ def test_runner_patches_split_a_step_on_real_vllm_forward_context() -> None:
     assert r["split_600"] and r["equal_600"]
     # each micro-batch runs its site under its own forward context and its own attention metadata, ping-ponging
     assert r["site_log"] == [["ubatch0", 312, 312], ["ubatch1", 312, 312]]
+    # the runner had one builder per group: the second was made from the first's fields at the first split;
     # builder 0 built the full batch once (recorded) and micro-batch 0's half; builder 1 micro-batch 1's half
     assert r["builders"] == [[624, 312], [312]]
+    assert r["builder_fields"] == [["spec", ["layers.0.attn"], "cpu"]] * 2
     # micro-batch 0 entered the model first; micro-batch 1 arrived while 0 was parked inside it: eager
     assert r["ubatch_contexts"] == [[312, False], [312, True]]
     # below the threshold nothing splits and the forward is the plain one

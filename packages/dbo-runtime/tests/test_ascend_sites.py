@@ -51,6 +51,8 @@ def standin(standin_tree: Any) -> Iterator[Any]:
     standin_tree.LOG.clear()
     standin_tree.BEHAVIOR.clear()
     standin_tree.INIT.clear()
+    standin_tree.PATH.clear()
+    standin_tree.COLLECTIVE.clear()
     yield standin_tree
 
 
@@ -58,8 +60,15 @@ def _mod(name: str) -> Any:
     return importlib.import_module(name.replace("vllm_ascend", STANDIN, 1))
 
 
+def _local(site: Any) -> Any:
+    """A custom_op site whose op is the stand-in's (registered in OP_NS, as vLLM registers the real one)."""
+    if site.hook != "custom_op":
+        return site
+    return dataclasses.replace(site, op=f"{OP_NS}::{site.op.split('::')[1]}")
+
+
 def _stream_sites() -> list:
-    return [s for s in SITES if s.hook in ("stream", "custom_op")]
+    return [_local(s) for s in SITES if s.hook in ("stream", "custom_op")]
 
 
 def test_install_and_uninstall_at_every_table_site(standin: Any) -> None:
@@ -75,7 +84,13 @@ def test_install_and_uninstall_at_every_table_site(standin: Any) -> None:
         assert sorted(installation.sites) == sorted(s.name for s in _stream_sites())
         for name, (owner, leaf, original) in before.items():
             now = vars(owner)[leaf]
-            assert now is not original and now.__dbo_site__ == name and now.__wrapped__ is original
+            if site_by_name(name).hook == "custom_op":  # the op's kernel object stays; its collectives are routed
+                assert now is original and now.__dbo_site__ == name
+                for spec in site_by_name(name).collectives:
+                    helper = vars(owner)[spec.split("(")[0]]
+                    assert isinstance(helper, custom_op.RoutedGlobal) and original.__code__ in helper.routes
+            else:
+                assert now is not original and now.__dbo_site__ == name and now.__wrapped__ is original
         with pytest.raises(DBOConfigError, match="already installed"):
             install_sites(_stream_sites(), module_prefix=PREFIX)
         # Outside a micro-batch the wrapped site is a plain call.
@@ -86,6 +101,9 @@ def test_install_and_uninstall_at_every_table_site(standin: Any) -> None:
         installation.uninstall()
     for name, (owner, leaf, original) in before.items():
         assert vars(owner)[leaf] is original, name
+        assert getattr(original, "__dbo_site__", None) is None, name
+    ops = _mod("vllm_ascend.ops.register_custom_ops")
+    assert not [k for k, v in vars(ops).items() if isinstance(v, custom_op.RoutedGlobal)]
 
 
 def _refused_with_nothing_patched(bad_dispatch_site: Any, match: str) -> None:
@@ -205,10 +223,29 @@ def test_forward_context_is_restored_after_each_yield(standin: Any) -> None:
     assert seen == [("prepare", "ctx-0"), ("prepare", "ctx-1"), ("finalize", "ctx-0"), ("finalize", "ctx-1")]
 
 
-def test_custom_op_impl_is_reregistered_and_restored(standin: Any) -> None:
-    fc1 = [dataclasses.replace(site_by_name(n), op=f"{OP_NS}::{site_by_name(n).op.split('::')[1]}")
-           for n in ("fc1.all_gather", "fc1.reduce_scatter")]
-    standin.BEHAVIOR["fc1.all_gather"] = lambda obj, x, label, ep: torch.cat([x, x]) if label else x
+@pytest.fixture()
+def strict_torch_library(monkeypatch: pytest.MonkeyPatch) -> list:
+    """torch 2.10-2.12 refuse a second Python kernel for a key vLLM already registered (``allow_override`` False by
+    default; 2.13 only warns): the strictest behaviour is that ANY new kernel registration is an error here."""
+    calls: list = []
+
+    def refuse(self: Any, op_name: Any, *args: Any, **kwargs: Any) -> None:
+        calls.append(op_name)
+        raise RuntimeError(f"This is not allowed since there's already a kernel registered from python overriding "
+                           f"{op_name}'s behavior (torch 2.10-2.12)")
+
+    monkeypatch.setattr(torch.library.Library, "impl", refuse)
+    monkeypatch.setattr(torch.library, "impl", lambda *a, **k: refuse(None, a[0] if a else "?"))
+    return calls
+
+
+def test_custom_op_sites_route_collectives_without_registering_a_kernel(standin: Any,
+                                                                        strict_torch_library: list) -> None:
+    """Fault 1 of issue 9: installing the FlashComm1 sites registers nothing with torch (it would kill the engine at
+    start-up on vllm-ascend's torch 2.10); the op's kernel stays, and the collectives its impl calls through its
+    module's globals (as vllm_ascend/ops/register_custom_ops.py does) go through the site wrapper."""
+    fc1 = [_local(site_by_name(n)) for n in ("fc1.all_gather", "fc1.reduce_scatter")]
+    standin.COLLECTIVE["tensor_model_parallel_all_gather"] = lambda x: torch.cat([x, x])
     seen: list[str] = []
 
     def recording_wrap(site: str, fn: Callable) -> Callable:
@@ -217,18 +254,41 @@ def test_custom_op_impl_is_reregistered_and_restored(standin: Any) -> None:
             return fn(*a, **k)
         return inner
 
-    op = getattr(torch.ops, OP_NS).maybe_all_gather_and_maybe_unpad
+    ops = _mod("vllm_ascend.ops.register_custom_ops")
+    gather = getattr(torch.ops, OP_NS).maybe_all_gather_and_maybe_unpad
+    reduce = getattr(torch.ops, OP_NS).maybe_pad_and_reduce
     x = torch.arange(3.0)
-    assert op(x, True).shape == (6,) and seen == []
+    assert gather(x, True).shape == (6,) and seen == []
     inst = install_sites(fc1, module_prefix=PREFIX, wrap=recording_wrap, dispatch_key="CPU")
     try:
-        assert op(x, True).shape == (6,)
-        assert getattr(torch.ops, OP_NS).maybe_pad_and_reduce(x).shape == (3,)
-        assert seen == ["fc1.all_gather", "fc1.reduce_scatter"]
+        assert gather(x, True).shape == (6,)                     # through the op and its unchanged kernel
+        standin.PATH["fc1.all_gather"] = 1                      # the EP path: get_ep_group().all_gather(x)
+        assert gather(x, True).shape == (3,)
+        standin.PATH["fc1.reduce_scatter"] = 2                  # get_ep_group().reduce_scatter(x)
+        assert reduce(x).shape == (3,)
+        assert seen == ["fc1.all_gather", "fc1.all_gather", "fc1.reduce_scatter"]
+        # another caller of the same module helper is not a site: it gets the original
+        seen.clear()
+        assert ops.tensor_model_parallel_all_gather(x).shape == (6,) and seen == []
     finally:
         inst.uninstall()
-    op(x, False)
-    assert seen == ["fc1.all_gather", "fc1.reduce_scatter"]  # the original kernel is back
+        standin.PATH.clear()
+    gather(x, True)
+    assert seen == [] and strict_torch_library == []
+    assert not isinstance(ops.tensor_model_parallel_all_gather, custom_op.RoutedGlobal)
+
+
+def test_custom_op_site_refused_when_the_op_has_no_kernel_for_the_key(standin: Any) -> None:
+    site = _local(site_by_name("fc1.all_gather"))
+    with pytest.raises(DBOConfigError, match="has no Meta kernel"):
+        install_sites([site], module_prefix=PREFIX, dispatch_key="Meta")
+    missing = dataclasses.replace(site, op=f"{OP_NS}::gone")
+    _refused_with_nothing_patched(missing, "not registered")
+
+
+def test_custom_op_site_refused_when_the_impl_stops_calling_its_collective(standin: Any) -> None:
+    site = dataclasses.replace(_local(site_by_name("fc1.all_gather")), collectives=("some_other_helper",))
+    _refused_with_nothing_patched(site, "no longer calls some_other_helper")
 
 
 def test_opaque_site_compiles_fullgraph_and_yields(standin: Any, monkeypatch: pytest.MonkeyPatch) -> None:

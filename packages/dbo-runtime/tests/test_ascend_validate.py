@@ -5,6 +5,7 @@ from __future__ import annotations
 from types import SimpleNamespace
 
 import pytest
+from dbo_runtime.ascend.sites import MODEL_FAMILY_SITES, SUPPORTED_MODELS
 from dbo_runtime.ascend.validate import batch_may_split, dbo_requested, find_conflicts, validate_dbo_config
 from dbo_runtime.errors import DBOConfigError
 
@@ -24,13 +25,28 @@ def standin_config(**over):
     return cfg
 
 
-@pytest.mark.parametrize("arch", ["DeepseekV2ForCausalLM", "DeepseekV3ForCausalLM", "Qwen3MoeForCausalLM",
-                                  "Qwen3ForCausalLM", "Glm4MoeForCausalLM", "BailingMoeV2_5ForCausalLM",
+@pytest.mark.parametrize("arch", ["DeepseekV2ForCausalLM", "DeepseekV3ForCausalLM", "DeepseekV32ForCausalLM",
+                                  "Qwen3MoeForCausalLM", "Qwen3ForCausalLM", "Glm4MoeForCausalLM",
                                   "GlmMoeDsaForCausalLM"])
 def test_supported_models_pass(arch: str) -> None:
     cfg = standin_config(model_config__architectures=[arch])
     assert find_conflicts(cfg, env={}) == []
     validate_dbo_config(cfg, env={})
+
+
+def test_linear_attention_hybrid_is_refused_with_the_reason() -> None:
+    # vLLM 0.23.0's registry maps BailingMoeV2_5ForCausalLM to bailing_moe_linear (linear attention + MLA + MoE,
+    # IsHybrid): its per-request state is not split per micro-batch, so it is no GQA + MoE model to accept.
+    cfg = standin_config(model_config__architectures=["BailingMoeV2_5ForCausalLM"])
+    (conflict,) = find_conflicts(cfg, env={})
+    assert "model architecture BailingMoeV2_5ForCausalLM" in conflict.what
+    assert "linear-attention hybrid" in conflict.why and "bailing_moe_linear" in conflict.why
+    assert not any("Bailing" in family for family in MODEL_FAMILY_SITES)
+
+
+def test_every_supported_model_names_a_family_of_the_site_map() -> None:
+    assert {m.family for m in SUPPORTED_MODELS} == set(MODEL_FAMILY_SITES)
+    assert len({m.architecture for m in SUPPORTED_MODELS}) == len(SUPPORTED_MODELS)
 
 
 CASES = {

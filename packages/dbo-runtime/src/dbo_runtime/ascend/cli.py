@@ -9,6 +9,7 @@ import sys
 from dataclasses import asdict
 
 from dbo_runtime.ascend.sites import MODEL_FAMILY_SITES, PATCHED_SYMBOLS, SITES, VLLM_SYMBOLS
+from dbo_runtime.errors import DBOConfigError
 
 __all__ = ["add_parser", "render_markdown"]
 
@@ -66,6 +67,34 @@ def _read_json(path: str) -> dict:
     return data
 
 
+def _compare_run(args: argparse.Namespace) -> int:
+    import os
+    from pathlib import Path
+
+    from dbo_runtime.ascend.compare import write_json_atomic
+    from dbo_runtime.vllm.compare import render_text, run_compare
+
+    python = args.vllm_python or os.environ.get("DBO_TOOLKIT_VLLM_PYTHON") or sys.executable
+    if not Path(python).is_file():
+        raise DBOConfigError(f"--vllm-python {python}: no such interpreter; accepted: the python of the "
+                             "environment where vLLM (and dbo-runtime) are installed")
+    for name in ("tensor_parallel_size", "num_prompts", "max_tokens"):
+        if getattr(args, name) < 1:
+            raise DBOConfigError(f"--{name.replace('_', '-')} {getattr(args, name)}: expected an integer >= 1")
+    report = run_compare(args.model, python=python, tensor_parallel_size=args.tensor_parallel_size,
+                         num_prompts=args.num_prompts, max_tokens=args.max_tokens, engine_argv=args.vllm_args,
+                         workdir=Path(args.workdir) if args.workdir else None, timeout_s=args.timeout)
+    if args.output:
+        write_json_atomic(Path(args.output), report)
+    if args.format == "json":
+        print(json.dumps(report, indent=2))
+    else:
+        sys.stdout.write(render_text(report))
+    ok = (report["split_steps"] > 0 and report["identical_pct"] >= args.min_identical_pct
+          and report["max_logprob_diff"] <= args.max_logprob_diff)
+    return 0 if ok else 1
+
+
 def _compare_cmd(args: argparse.Namespace) -> int:
     from pathlib import Path
 
@@ -73,6 +102,8 @@ def _compare_cmd(args: argparse.Namespace) -> int:
     from dbo_runtime.errors import DBOConfigError
 
     try:
+        if args.compare_command == "run":
+            return _compare_run(args)
         if args.compare_command == "collect":
             prompts = list(DEFAULT_PROMPTS)
             if args.prompts:
@@ -88,7 +119,7 @@ def _compare_cmd(args: argparse.Namespace) -> int:
             return 0
         d = diff_runs(_read_json(args.a), _read_json(args.b))
     except DBOConfigError as exc:
-        print(f"dbo-runtime ascend-compare: {exc}", file=sys.stderr)
+        print(f"dbo-runtime compare: {exc}", file=sys.stderr)
         return 2
     report = diff_report(d)
     if args.json:
@@ -102,10 +133,29 @@ def _compare_cmd(args: argparse.Namespace) -> int:
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
-    compare = subparsers.add_parser("ascend-compare", help="DBO on/off precision comparison (two vLLM servers)",
-                                    description="collect: greedy completions with logprobs from one server; "
+    compare = subparsers.add_parser("compare", aliases=["ascend-compare"], help="DBO on/off precision comparison",
+                                    description="run: vLLM with DBO off then on (offline engine, greedy prompts), "
+                                    "compared; collect: greedy completions with logprobs from one server; "
                                     "diff: text identity and logprob difference of two collect results.")
-    sub = compare.add_subparsers(dest="compare_command", metavar="{collect,diff}", required=True)
+    sub = compare.add_subparsers(dest="compare_command", metavar="{run,collect,diff}", required=True)
+    run = sub.add_parser("run", help="run vLLM with DBO off and on and compare (exit 1 when they differ)",
+                         description="Greedy completions of built-in prompts with DBO off, then on, each in a fresh "
+                         "offline vLLM engine of --vllm-python; prints identical_pct, max_logprob_diff and "
+                         "split_steps. Exit 0: outputs agree and DBO split steps; 1: they differ or DBO never split; "
+                         "2: bad input or a run failed. Arguments after `--` go to vLLM (its serve flags).")
+    run.add_argument("--model", required=True, help="model directory (or hub name)")
+    run.add_argument("--tensor-parallel-size", "-tp", type=int, default=1)
+    run.add_argument("--num-prompts", "--prompts", type=int, default=16)
+    run.add_argument("--max-tokens", type=int, default=16)
+    run.add_argument("--vllm-python", help="interpreter with vLLM and dbo-runtime (default: $DBO_TOOLKIT_VLLM_PYTHON "
+                     "or this python)")
+    run.add_argument("--min-identical-pct", type=float, default=100.0)
+    run.add_argument("--max-logprob-diff", type=float, default=float("inf"))
+    run.add_argument("--timeout", type=float, default=900.0, help="seconds per vLLM run (default 900)")
+    run.add_argument("--workdir", help="keep the two runs' outputs, logs and per-rank split counts here")
+    run.add_argument("--format", choices=("text", "json"), default="text")
+    run.add_argument("-o", "--output", help="also write the JSON report here (atomically)")
+    run.add_argument("vllm_args", nargs=argparse.REMAINDER, help="-- then vLLM engine flags")
     col = sub.add_parser("collect", help="greedy completions with logprobs from a running server")
     col.add_argument("--url", required=True, help="server base URL, e.g. http://127.0.0.1:8000")
     col.add_argument("--model", required=True, help="the served model name (as given to --model)")

@@ -4,9 +4,24 @@ Two things keep graph modes safe:
 
 * **An opaque boundary.** A yield switches Python threads and streams; Dynamo must never trace into one. Sites
   that already run inside a custom op (``vllm::moe_forward`` for the MoE sites, ``vllm::maybe_all_gather_and_
-  maybe_unpad`` / ``vllm::maybe_pad_and_reduce`` / ``vllm::matmul_and_reduce`` for FlashComm1) get their wrapped
-  impl re-registered (:func:`override_op_impl`). A site in traced code (FlashComm2's o_proj) is moved behind a
-  ``dbo_runtime::`` custom op of its own (:func:`install_opaque_site`), with a fake impl for tracing.
+  maybe_unpad`` / ``vllm::maybe_pad_and_reduce`` / ``vllm::matmul_and_reduce`` for FlashComm1) keep that op and its
+  kernel untouched. For the FlashComm1 ops the collective helpers their registered impl calls through its module's
+  globals are routed through the site wrapper, for calls from that impl only (:func:`route_collectives`). A site in
+  traced code (FlashComm2's o_proj) is moved behind a ``dbo_runtime::`` custom op of its own
+  (:func:`install_opaque_site`), with a fake impl for tracing.
+
+  Why not register a wrapped kernel for the op: vLLM's ``direct_register_custom_op`` registers ``op_func`` from
+  Python (``my_lib.impl(op_name, op_func, dispatch_key=dispatch_key)``, vllm/utils/torch_utils.py:967 at v0.23.0),
+  so torch's ``torch.library._impls`` already holds ``vllm/<op>/PrivateUse1``. A second ``Library.impl`` for the
+  same key raises ``RuntimeError("This is not allowed since there's already a kernel registered from python
+  overriding ...")`` unless ``allow_override`` is true, and its default is False in torch 2.10.0
+  (torch/library.py:280-281 the signature, :326-335 the check), 2.11.0 (:285-286, :331-340) and 2.12.0
+  (:283-284, :329-338); only 2.13.0 flips it to True (:438-439, check :473-482; pytorch PR #182293), where the C++
+  OperatorEntry only warns "Overriding a previously registered kernel". vllm-ascend 0.23.0.post1 runs torch 2.10, so
+  the old override killed the engine at start-up. The routing here registers nothing with torch: the dispatcher keeps calling the same
+  Python kernel object, whose body looks its globals up at call time (LOAD_GLOBAL), so it behaves the same on every
+  torch. The only torch call is the read-only ``torch._C._dispatch_has_kernel_for_dispatch_key`` check, which
+  torch/library.py itself calls in all four releases (2.10.0:346, 2.11.0:351, 2.12.0:349, 2.13.0:493).
 * **No re-entry of a compiled callable.** Micro-batch 0 may be suspended *inside* the compiled model (at a yield in
   an opaque op) when micro-batch 1 starts its forward. Entering the same compiled artifact from a second thread
   while the first is parked in it deadlocked across TP ranks in the field (micropuma/vllm-ascend notes).
@@ -16,10 +31,12 @@ Two things keep graph modes safe:
 
 from __future__ import annotations
 
+import functools
 import itertools
+import sys
 import threading
-import warnings
-from collections.abc import Callable, Iterator
+import types
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
@@ -29,7 +46,9 @@ import torch
 from dbo_runtime.errors import DBOConfigError
 
 __all__ = [
-    "override_op_impl",
+    "check_op_registered",
+    "route_collectives",
+    "RoutedGlobal",
     "install_opaque_site",
     "OpaqueAdapter",
     "OPAQUE_ADAPTERS",
@@ -40,21 +59,117 @@ __all__ = [
 OP_NAMESPACE = "dbo_runtime"
 
 
-def override_op_impl(op: str, fn: Callable[..., Any], dispatch_key: str) -> Callable[[], None]:
-    """Register ``fn`` as the ``dispatch_key`` kernel of the existing op ``ns::name``; return the undo.
-
-    The dispatcher keeps the previous kernel: destroying our Library fragment restores it.
-    """
+def check_op_registered(op: str, dispatch_key: str | None) -> None:
+    """The op exists (its module is imported) and, when ``dispatch_key`` is given, has a kernel for that key: the
+    precondition of routing its impl's collectives (the op stays the opaque boundary; nothing is registered)."""
     ns, sep, name = op.partition("::")
     if not sep or not name:
         raise DBOConfigError(f"custom op name {op!r}: expected 'namespace::name'")
     if not hasattr(getattr(torch.ops, ns), name):
         raise DBOConfigError(f"custom op {op} is not registered; is its module imported?")
-    lib = torch.library.Library(ns, "IMPL")
-    with warnings.catch_warnings():  # "Overriding a previously registered kernel" is the point here
-        warnings.filterwarnings("ignore", message=".*[Oo]verrid.*")
-        lib.impl(name, fn, dispatch_key)
-    return lib._destroy
+    if dispatch_key is not None and not torch._C._dispatch_has_kernel_for_dispatch_key(op, dispatch_key):
+        raise DBOConfigError(f"custom op {op} has no {dispatch_key} kernel; the site table expects the impl it names "
+                             f"registered for {dispatch_key} (run `dbo-runtime doctor`)")
+
+
+class _MethodRoute:
+    """What ``name()`` returned, seen by a routed impl: the listed methods go through their site wrapper."""
+
+    __slots__ = ("_target", "_methods")
+
+    def __init__(self, target: Any, methods: dict[str, Callable[..., Any]]) -> None:
+        self._target = target
+        self._methods = methods
+
+    def __getattr__(self, attr: str) -> Any:
+        wrapped = self._methods.get(attr)
+        if wrapped is None:
+            return getattr(self._target, attr)
+        return functools.partial(wrapped, self._target)
+
+
+class RoutedGlobal:
+    """Stands in a module global (a collective helper, or a getter of a group object) for the impls of DBO sites.
+
+    A call whose caller's code object is a routed impl's runs through that impl's site wrapper; any other caller gets
+    the original unchanged, so other functions of the module that use the same helper are not turned into sites.
+    """
+
+    def __init__(self, name: str, original: Callable[..., Any]) -> None:
+        self.name = name
+        self.original = original
+        # impl code -> (site, wrapped direct call or None, {method: wrapped method call})
+        self.routes: dict[types.CodeType, tuple[str, Callable[..., Any] | None, dict[str, Callable[..., Any]]]] = {}
+        functools.update_wrapper(self, original)  # type: ignore[arg-type]
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        route = self.routes.get(sys._getframe(1).f_code)
+        if route is None:
+            return self.original(*args, **kwargs)
+        _, direct, methods = route
+        if direct is not None:
+            return direct(*args, **kwargs)
+        return _MethodRoute(self.original(*args, **kwargs), methods)
+
+
+def _call_method(method: str) -> Callable[..., Any]:
+    def call(target: Any, *args: Any, **kwargs: Any) -> Any:
+        return getattr(target, method)(*args, **kwargs)
+
+    call.__name__ = call.__qualname__ = method
+    return call
+
+
+def route_collectives(site: str, module: types.ModuleType, impl: Callable[..., Any], collectives: Sequence[str],
+                      wrap: Callable[[str, Callable[..., Any]], Callable[..., Any]]) -> Callable[[], None]:
+    """Route what ``impl`` (a function defined in ``module``) calls through ``module``'s globals for ``collectives``
+    (``name`` or ``name().method``) through ``wrap(site, ...)``; return the undo. Checks first, changes nothing
+    when a check fails."""
+    from dbo_runtime.ascend.sites import parse_collective
+
+    code = getattr(impl, "__code__", None)
+    if code is None or getattr(impl, "__globals__", None) is not vars(module):
+        raise DBOConfigError(f"DBO site {site}: {getattr(impl, '__qualname__', impl)!r} is not a Python function of "
+                             f"{module.__name__}; its collectives cannot be routed")
+    plan: dict[str, tuple[Callable[..., Any] | None, dict[str, Callable[..., Any]]]] = {}
+    for spec in collectives:
+        name, method = parse_collective(spec)
+        # A global the impl loads by name (not a parameter or local of the same name).
+        if name not in code.co_names or name in code.co_varnames:
+            raise DBOConfigError(f"DBO site {site}: {impl.__qualname__} no longer calls {name} from its module's "
+                                 "globals (run `dbo-runtime doctor`)")
+        current = vars(module).get(name)
+        if current is None or not callable(current):
+            raise DBOConfigError(f"DBO site {site}: {module.__name__}.{name} is missing or not callable")
+        if isinstance(current, RoutedGlobal) and code in current.routes:
+            raise DBOConfigError(f"DBO hook site {site} is already installed")
+        direct, methods = plan.setdefault(name, (None, {}))
+        if method is None:
+            plan[name] = (wrap(site, current.original if isinstance(current, RoutedGlobal) else current), methods)
+        else:
+            methods[method] = wrap(site, _call_method(method))
+    for name, (direct, methods) in plan.items():
+        if direct is not None and methods:
+            raise DBOConfigError(f"DBO site {site}: {name} is listed both as a collective and as a group getter")
+
+    installed: list[RoutedGlobal] = []
+    for name, (direct, methods) in plan.items():
+        current = vars(module)[name]
+        routed = current if isinstance(current, RoutedGlobal) else RoutedGlobal(name, current)
+        routed.routes[code] = (site, direct, methods)
+        setattr(module, name, routed)
+        installed.append(routed)
+    impl.__dbo_site__ = site  # type: ignore[attr-defined]
+
+    def undo() -> None:
+        for routed in installed:
+            routed.routes.pop(code, None)
+            if not routed.routes and vars(module).get(routed.name) is routed:
+                setattr(module, routed.name, routed.original)
+        if getattr(impl, "__dbo_site__", None) == site:
+            del impl.__dbo_site__  # type: ignore[attr-defined]
+
+    return undo
 
 
 @dataclass(frozen=True)

