@@ -42,3 +42,7 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print(f"{parser.prog}: interrupted", file=sys.stderr)
         return 130
+
+
+if __name__ == "__main__":  # python -m dbo_runtime.cli
+    sys.exit(main())
