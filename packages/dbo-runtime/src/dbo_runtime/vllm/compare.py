@@ -43,6 +43,12 @@ def cpu_bind_for(tensor_parallel_size: int, cpus: Sequence[int] | None = None) -
     return "|".join(f"{g[0]}-{g[-1]}" if len(g) > 1 else str(g[0]) for g in groups)
 
 
+def prompt_set(n: int, base: Sequence[str]) -> list[str]:
+    """``n`` distinct prompts: the built-in ones, then numbered variants of them (different lengths and tokens)."""
+    return [base[i % len(base)] if i < len(base) else f"{base[i % len(base)]} (case {i // len(base) + 1})"
+            for i in range(n)]
+
+
 def _generate(model: str, dbo: bool, out: Path, *, tensor_parallel_size: int, num_prompts: int,
               max_tokens: int, engine_argv: Sequence[str]) -> None:  # pragma: no cover - runs in the vLLM python
     from dbo_runtime.ascend.compare import DEFAULT_PROMPTS, write_json_atomic
@@ -55,7 +61,7 @@ def _generate(model: str, dbo: bool, out: Path, *, tensor_parallel_size: int, nu
     argv += ["--enable-dbo"] if dbo else []
     engine_args = EngineArgs.from_cli_args(parser.parse_args(argv))
     llm = LLM.from_engine_args(engine_args)
-    prompts = [DEFAULT_PROMPTS[i % len(DEFAULT_PROMPTS)] for i in range(num_prompts)]
+    prompts = prompt_set(num_prompts, DEFAULT_PROMPTS)
     params = SamplingParams(max_tokens=max_tokens, temperature=0, logprobs=1, seed=0)
     started = time.monotonic()
     outputs = llm.generate(prompts, params, use_tqdm=False)
@@ -77,7 +83,7 @@ def generate_main(argv: Sequence[str] | None = None) -> int:  # pragma: no cover
     parser.add_argument("--dbo", choices=["on", "off"], required=True)
     parser.add_argument("--out", required=True)
     parser.add_argument("--tensor-parallel-size", type=int, default=1)
-    parser.add_argument("--num-prompts", type=int, default=16)
+    parser.add_argument("--num-prompts", type=int, default=50)
     parser.add_argument("--max-tokens", type=int, default=16)
     args, engine_argv = parser.parse_known_args(argv)
     _generate(args.model, args.dbo == "on", Path(args.out), tensor_parallel_size=args.tensor_parallel_size,
@@ -96,13 +102,14 @@ def _read_stats(directory: Path) -> list[dict[str, Any]]:
     return stats
 
 
-def _run_one(python: str, model: str, dbo: bool, workdir: Path, *, tensor_parallel_size: int, num_prompts: int,
+def _run_one(python: str, model: str, dbo: bool, workdir: Path, *, label: str = "", tensor_parallel_size: int, num_prompts: int,
              max_tokens: int, engine_argv: Sequence[str], timeout_s: float, env: dict[str, str]
              ) -> tuple[dict[str, Any], list[dict[str, Any]], Path]:
-    label = "on" if dbo else "off"
+    label = label or ("on" if dbo else "off")
     out, log_path, stats_dir = workdir / f"dbo-{label}.json", workdir / f"dbo-{label}.log", workdir / f"stats-{label}"
     stats_dir.mkdir(parents=True, exist_ok=True)
-    cmd = [python, "-m", "dbo_runtime.vllm.compare", "generate", "--model", model, "--dbo", label, "--out", str(out),
+    cmd = [python, "-m", "dbo_runtime.vllm.compare", "generate", "--model", model, "--dbo", "on" if dbo else "off",
+           "--out", str(out),
            "--tensor-parallel-size", str(tensor_parallel_size), "--num-prompts", str(num_prompts),
            "--max-tokens", str(max_tokens), "--", *engine_argv]
     run_env = dict(env, DBO_RUNTIME_STATS_DIR=str(stats_dir))
@@ -119,10 +126,12 @@ def _run_one(python: str, model: str, dbo: bool, workdir: Path, *, tensor_parall
     return json.loads(out.read_text()), _read_stats(stats_dir), log_path
 
 
-def run_compare(model: str, *, python: str, tensor_parallel_size: int = 1, num_prompts: int = 16,
+def run_compare(model: str, *, python: str, tensor_parallel_size: int = 1, num_prompts: int = 50,
                 max_tokens: int = 16, engine_argv: Sequence[str] = (), workdir: Path | None = None,
-                timeout_s: float = 600.0) -> dict[str, Any]:
-    """Run vLLM with DBO off, then on; return the comparison (keys :data:`RESULT_KEYS` and more)."""
+                timeout_s: float = 600.0, control: bool = False) -> dict[str, Any]:
+    """Run vLLM with DBO off, then on; return the comparison (keys :data:`RESULT_KEYS` and more). ``control``
+    runs DBO off a second time first: off vs off must be identical, or the model (flat logits) or the platform
+    (non-deterministic kernels) makes any on/off verdict meaningless."""
     from dbo_runtime.ascend.compare import diff_runs
 
     if not Path(model).exists() and "/" not in model:
@@ -137,6 +146,10 @@ def run_compare(model: str, *, python: str, tensor_parallel_size: int = 1, num_p
     common = dict(tensor_parallel_size=tensor_parallel_size, num_prompts=num_prompts, max_tokens=max_tokens,
                   engine_argv=[a for a in engine_argv if a != "--"], timeout_s=timeout_s, env=env)
     off, _, _ = _run_one(python, model, False, workdir, **common)
+    control_diff = None
+    if control:
+        off2, _, _ = _run_one(python, model, False, workdir, label="off-control", **common)
+        control_diff = diff_runs(off, off2)
     on, stats, on_log = _run_one(python, model, True, workdir, **common)
     d = diff_runs(off, on)
     report = {
@@ -151,6 +164,9 @@ def run_compare(model: str, *, python: str, tensor_parallel_size: int = 1, num_p
                                 for ln in on_log.read_text(errors="replace").splitlines()),
         "workdir": None if own_tmp else str(workdir),
     }
+    if control_diff is not None:
+        report["control_identical_pct"] = round(100.0 * control_diff.identical_fraction, 2)
+        report["control_max_logprob_diff"] = control_diff.max_abs_logprob_diff
     return report
 
 
@@ -161,6 +177,9 @@ def render_text(report: dict[str, Any]) -> str:
              f"mean {report['mean_logprob_diff']:.4g}",
              f"split steps (fewest over ranks): {report['split_steps']} of {report['steps']}; "
              f"processes with DBO active: {report['dbo_active_lines']}"]
+    if "control_identical_pct" in report:
+        lines.append(f"control, DBO off vs off: {report['control_identical_pct']:.1f}% identical, max |logprob diff| "
+                     f"{report['control_max_logprob_diff']:.4g}")
     if report["split_steps"] == 0:
         lines.append("DBO never split a step: the comparison says nothing about DBO (is the plugin installed in "
                      "the vLLM interpreter? are the batches above --dbo-*-token-threshold?)")
