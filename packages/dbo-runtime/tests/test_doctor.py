@@ -13,7 +13,14 @@ from pathlib import Path
 
 import pytest
 from dbo_runtime.ascend import doctor
-from dbo_runtime.ascend.sites import PATCHED_SYMBOLS, SITES, VLLM_SYMBOLS
+from dbo_runtime.ascend.sites import (
+    OP_REGISTRATIONS,
+    PATCHED_SYMBOLS,
+    REFUSED_MODELS,
+    SITES,
+    SUPPORTED_MODELS,
+    VLLM_SYMBOLS,
+)
 from dbo_runtime.ascend.source import (
     REFERENCE_VLLM_ASCEND_VERSION,
     REFERENCE_VLLM_VERSION,
@@ -70,12 +77,21 @@ def test_real_sdist_and_wheel_resolve_every_site(ascend_sdist: Path, vllm_wheel:
     assert payload["vllm_ascend"]["version"] == REFERENCE_VLLM_ASCEND_VERSION
     assert payload["vllm"]["version"] == REFERENCE_VLLM_VERSION
     names = {r["name"] for r in payload["results"]}
-    assert names == {s.name for s in (*SITES, *PATCHED_SYMBOLS, *VLLM_SYMBOLS)}
+    assert names == ({s.name for s in (*SITES, *PATCHED_SYMBOLS, *VLLM_SYMBOLS)} | {f"op {r.op}" for r in OP_REGISTRATIONS}
+                     | {f"model {m.architecture}" for m in SUPPORTED_MODELS} | {f"model {a}" for a in REFUSED_MODELS}
+                     | {"runner.builders_per_group"})
     by_name = {r["name"]: r for r in payload["results"]}
     assert all(by_name[s.name]["found"] for s in SITES)
     # The reset the plugin undoes is where the table says it is.
     assert any(re.search(r"resets enable_dbo at vllm_ascend/platform\.py:\d+", n)
                for n in by_name["platform.dbo_reset"]["notes"])
+    # structural facts: the runner makes one builder per group (the runtime adds the second), the FlashComm1 ops
+    # are registered for PrivateUse1 with the impls whose collectives are routed, every supported model maps to
+    # the class the table names with no per-request state
+    assert "1 builder per group" in by_name["runner.builders_per_group"]["notes"][0]
+    assert all(by_name[f"op {r.op}"]["found"] for r in OP_REGISTRATIONS)
+    assert all(by_name[f"model {m.architecture}"]["found"] for m in SUPPORTED_MODELS)
+    assert "linear-attention hybrid" in by_name["model BailingMoeV2_5ForCausalLM"]["notes"][0]
 
 
 def test_table_output_names_sites_and_version(ascend_sdist: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -185,3 +201,71 @@ def test_no_argument_checks_installed_package_without_importing(capsys: pytest.C
     else:  # pragma: no cover - only on an Ascend host
         assert code in (0, 1)
     assert "vllm_ascend" not in sys.modules and "torch_npu" not in sys.modules
+
+
+def _problems_after(ascend_tree: Path, tmp_path: Path, relpath: str, old: str, new: str, occurrence: int = 1
+                    ) -> dict[str, list[str]]:
+    import shutil
+
+    copy = tmp_path / "edited"
+    shutil.copytree(ascend_tree, copy)
+    _edit(copy / relpath, old, new, occurrence=occurrence)
+    src = open_source(copy, "vllm_ascend")
+    try:
+        return {r.name: r.problems for r in doctor.check_symbols(src, None) if r.problems}
+    finally:
+        src.close()
+
+
+def test_a_changed_decorator_is_named(ascend_tree: Path, tmp_path: Path) -> None:
+    """_dummy_run is wrapped as written for @torch.inference_mode(); a release that drops or swaps it changes how
+    the wrapped method runs (a green doctor must mean the plugin will run)."""
+    problems = _problems_after(ascend_tree, tmp_path, "vllm_ascend/worker/model_runner_v1.py",
+                               "    @torch.inference_mode()\n    def _dummy_run(", "    def _dummy_run(")
+    assert list(problems) == ["runner.dummy_run"]
+    assert "decorators of NPUModelRunner._dummy_run changed" in problems["runner.dummy_run"][0]
+    assert "@torch.inference_mode, has none" in problems["runner.dummy_run"][0]
+
+
+def test_a_custom_op_that_stops_calling_its_routed_collective_is_named(ascend_tree: Path, tmp_path: Path) -> None:
+    problems = _problems_after(ascend_tree, tmp_path, "vllm_ascend/ops/register_custom_ops.py",
+                               "tensor_model_parallel_all_gather(x, 0)", "torch.ops.vllm.some_gather(x, 0)")
+    assert list(problems) == ["fc1.all_gather"]
+    assert "no longer calls tensor_model_parallel_all_gather from its module's globals" in problems["fc1.all_gather"][0]
+
+
+def test_a_changed_op_registration_is_named(ascend_tree: Path, tmp_path: Path) -> None:
+    problems = _problems_after(ascend_tree, tmp_path, "vllm_ascend/ops/register_custom_ops.py",
+                               'op_func=_maybe_pad_and_reduce_impl,\n    fake_impl=_maybe_pad_and_reduce_fake,\n'
+                               '    mutates_args=[],\n    dispatch_key="PrivateUse1"',
+                               'op_func=_maybe_pad_and_reduce_impl,\n    fake_impl=_maybe_pad_and_reduce_fake,\n'
+                               '    mutates_args=[],\n    dispatch_key="CPU"')
+    assert list(problems) == ["op vllm::maybe_pad_and_reduce"]
+    assert "dispatch key CPU, the runtime expects PrivateUse1" in problems["op vllm::maybe_pad_and_reduce"][0]
+
+
+def test_builders_per_group_unknown_is_named(ascend_tree: Path, tmp_path: Path) -> None:
+    problems = _problems_after(ascend_tree, tmp_path, "vllm_ascend/worker/model_runner_v1.py",
+                               "def initialize_attn_backend(", "def initialize_attention_backends(")
+    assert list(problems) == ["runner.builders_per_group"]
+    assert "cannot tell how many metadata builders" in problems["runner.builders_per_group"][0]
+
+
+def test_a_supported_model_that_became_stateful_is_named(vllm_wheel: Path, tmp_path: Path) -> None:
+    import zipfile
+
+    wanted = ("vllm/__init__.py", "vllm/model_executor/models/registry.py", "vllm/model_executor/models/qwen3_moe.py")
+    with zipfile.ZipFile(vllm_wheel) as whl:
+        for name in wanted:
+            (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+            (tmp_path / name).write_bytes(whl.read(name))
+    qwen3_moe = tmp_path / "vllm/model_executor/models/qwen3_moe.py"
+    qwen3_moe.write_text(qwen3_moe.read_text().replace("class Qwen3MoeForCausalLM(", "class Qwen3MoeForCausalLM(IsHybrid, ", 1))
+    src = open_source(tmp_path, "vllm")
+    try:
+        by_name = {r.name: r for r in doctor.check_supported_models(src, {})}
+    finally:
+        src.close()
+    assert "declares IsHybrid" in by_name["model Qwen3MoeForCausalLM"].problems[0]
+    # the other modules are absent from this partial tree: named as missing, never passed
+    assert "not found" in by_name["model Qwen3ForCausalLM"].problems[0]

@@ -14,12 +14,18 @@ from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass, field
 
 from dbo_runtime.ascend.sites import (
+    BUILDERS_PER_GROUP,
+    OP_REGISTRATIONS,
     PATCHED_SYMBOLS,
+    REFUSED_MODELS,
     SITES,
+    STATEFUL_MODEL_INTERFACES,
+    SUPPORTED_MODELS,
     VLLM_SYMBOLS,
     HookSite,
     PatchedSymbol,
     missing_in_order,
+    parse_collective,
 )
 from dbo_runtime.ascend.source import PackageSource, installed_source, open_source
 from dbo_runtime.errors import DBOConfigError
@@ -119,6 +125,63 @@ def _class_attrs(tree: ast.Module, cls: ast.ClassDef, depth: int = 0) -> set[str
     return names
 
 
+def _dotted(node: ast.AST) -> str:
+    if isinstance(node, ast.Name):
+        return node.id
+    if isinstance(node, ast.Attribute):
+        return f"{_dotted(node.value)}.{node.attr}"
+    return "?"
+
+
+def _decorator_names(node: ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef) -> tuple[str, ...]:
+    """Decorators as dotted names, call parentheses dropped (``@torch.inference_mode()`` -> torch.inference_mode)."""
+    return tuple(_dotted(d.func if isinstance(d, ast.Call) else d) for d in node.decorator_list)
+
+
+def _global_loads(node: ast.FunctionDef | ast.AsyncFunctionDef) -> set[str]:
+    """Names the function reads that are not its parameters or locals: module globals (or builtins)."""
+    local = set(_param_names(node))
+    if node.args.vararg:
+        local.add(node.args.vararg.arg)
+    if node.args.kwarg:
+        local.add(node.args.kwarg.arg)
+    loads: set[str] = set()
+    for sub in ast.walk(node):
+        if isinstance(sub, ast.Name):
+            if isinstance(sub.ctx, ast.Store | ast.Del):
+                local.add(sub.id)
+            else:
+                loads.add(sub.id)
+    return loads - local
+
+
+def _method_calls_on_getter(node: ast.AST, getter: str) -> set[str]:
+    """``m`` for every ``getter().m(...)`` in ``node``."""
+    return {sub.func.attr for sub in ast.walk(node)
+            if isinstance(sub, ast.Call) and isinstance(sub.func, ast.Attribute)
+            and isinstance(sub.func.value, ast.Call) and isinstance(sub.func.value.func, ast.Name)
+            and sub.func.value.func.id == getter}
+
+
+def _structure_problems(row: HookSite | PatchedSymbol, node: ast.FunctionDef | ast.AsyncFunctionDef) -> list[str]:
+    """What the runtime relies on beyond names and parameters: decorators, ``**kwargs``, custom-op collectives."""
+    problems = []
+    expected = getattr(row, "decorators", None)
+    if expected is not None and _decorator_names(node) != tuple(expected):
+        have = ", ".join("@" + d for d in _decorator_names(node)) or "none"
+        want = ", ".join("@" + d for d in expected) or "none"
+        problems.append(f"decorators of {row.qualname} changed: the wrapper was written for {want}, has {have}")
+    if getattr(row, "varkw", False) and node.args.kwarg is None:
+        problems.append(f"{row.qualname} no longer takes **kwargs, which the wrapper forwards")
+    for spec in getattr(row, "collectives", ()):
+        name, method = parse_collective(spec)
+        if name not in _global_loads(node):
+            problems.append(f"{row.qualname} no longer calls {name} from its module's globals (the site routes it)")
+        elif method is not None and method not in _method_calls_on_getter(node, name):
+            problems.append(f"{row.qualname} no longer calls {name}().{method}")
+    return problems
+
+
 def _reset_lines(node: ast.AST, attr: str) -> list[int]:
     """Lines that assign False/0 to ``<something>.<attr>``."""
     lines = []
@@ -184,6 +247,7 @@ def _check_one(row: HookSite | PatchedSymbol, source: PackageSource, trees: dict
                         f"signature of {row.qualname} changed: expected parameters {', '.join(params)} in this "
                         f"order, missing {', '.join(missing)} (has: {', '.join(have)})"
                     )
+            trial.problems.extend(_structure_problems(row, node))
             calls = row.calls
             if calls:
                 called = _called_names(node)
@@ -205,6 +269,135 @@ def _check_one(row: HookSite | PatchedSymbol, source: PackageSource, trees: dict
     return best[1]
 
 
+def _parsed(source: PackageSource, module: str, trees: dict[str, ast.Module | None]) -> tuple[str | None, ast.Module | None]:
+    relpath = source.module_path(module)
+    if relpath is None:
+        return None, None
+    if relpath not in trees:
+        try:
+            trees[relpath] = ast.parse(source.read(relpath), filename=relpath)
+        except SyntaxError:
+            trees[relpath] = None
+    return relpath, trees[relpath]
+
+
+def _call_args(call: ast.Call, names: Sequence[str]) -> dict[str, ast.AST]:
+    """The arguments of ``call`` by parameter name (positional ones mapped onto ``names``)."""
+    found: dict[str, ast.AST] = dict(zip(names, call.args, strict=False))
+    found.update({k.arg: k.value for k in call.keywords if k.arg})
+    return found
+
+
+def check_op_registrations(source: PackageSource, package: str, trees: dict[str, ast.Module | None]) -> list[SiteCheck]:
+    """How each op holding hook sites is registered: ``direct_register_custom_op(op_name=, op_func=,
+    dispatch_key=)`` with the op_func the site table routes and the dispatch key the runtime checks."""
+    results = []
+    for reg in (r for r in OP_REGISTRATIONS if r.package == package):
+        result = SiteCheck(f"op {reg.op}", reg.target, package, "registration", False, None, source.version)
+        results.append(result)
+        relpath, tree = _parsed(source, reg.module, trees)
+        if tree is None:
+            result.problems.append(f"module {reg.module} not found or does not parse in {source.label}")
+            continue
+        op_name = reg.op.split("::", 1)[1]
+        for call in ast.walk(tree):
+            if not (isinstance(call, ast.Call) and _dotted(call.func).endswith("direct_register_custom_op")):
+                continue
+            args = _call_args(call, ("op_name", "op_func", "mutates_args", "fake_impl", "target_lib",
+                                     "dispatch_key"))
+            name = args.get("op_name")
+            if not (isinstance(name, ast.Constant) and name.value == op_name):
+                continue
+            result.found, result.line = True, call.lineno
+            func = args.get("op_func")
+            if func is None or _dotted(func) != reg.op_func:
+                result.problems.append(f"{reg.op} is registered with op_func {_dotted(func) if func else '?'}, "
+                                       f"the site table routes {reg.op_func}")
+            key = args.get("dispatch_key")
+            key_value = key.value if isinstance(key, ast.Constant) else (None if key is None else _dotted(key))
+            if key_value != reg.dispatch_key:
+                result.problems.append(f"{reg.op} is registered for dispatch key {key_value or 'the platform default'}"
+                                       f", the runtime expects {reg.dispatch_key or 'the platform default'}")
+            result.signature_ok = not result.problems
+            result.notes.append(f"direct_register_custom_op at {relpath}:{call.lineno}")
+            break
+        else:
+            result.problems.append(f"no direct_register_custom_op(op_name={op_name!r}, ...) in {relpath}")
+    return results
+
+
+def check_builders(source: PackageSource, trees: dict[str, ast.Module | None]) -> SiteCheck:
+    """How many attention-metadata builders the runner gives each group (the runtime needs one per micro-batch
+    and creates the second when the runner made one)."""
+    fact = BUILDERS_PER_GROUP
+    result = SiteCheck("runner.builders_per_group", f"{fact.module}:{fact.function}", "vllm_ascend", "relied on",
+                       False, None, source.version)
+    relpath, tree = _parsed(source, fact.module, trees)
+    nodes = _find(tree, fact.function) if tree is not None else []
+    if not nodes:
+        result.problems.append(f"{fact.function} not found in {relpath or fact.module}: cannot tell how many "
+                               "metadata builders each attention group gets")
+        return result
+    node = nodes[0]
+    result.found, result.line = True, node.lineno
+    called = _called_names(node)
+    if "create_metadata_builders" in called:
+        result.notes.append("builders made by vLLM's create_metadata_builders (num_metadata_builders decides)")
+    elif "append" in called or "metadata_builders" in {n.attr for n in ast.walk(node) if isinstance(n, ast.Attribute)}:
+        result.notes.append(f"{fact.count} builder per group: the runtime adds the second at the first split "
+                            "(RunnerIntegration.ensure_builders)")
+    else:
+        result.problems.append(f"{fact.function} neither appends to metadata_builders nor calls "
+                               "create_metadata_builders: where the builders come from has changed")
+    result.signature_ok = not result.problems
+    return result
+
+
+def check_supported_models(source: PackageSource, trees: dict[str, ast.Module | None]) -> list[SiteCheck]:
+    """Every architecture accepted with DBO: vLLM's registry maps it to the (module, class) the table says, and the
+    class declares none of the interfaces whose per-request state the split does not carry."""
+    results = []
+    _, registry = _parsed(source, "vllm.model_executor.models.registry", trees)
+    mapping: dict[str, tuple[str, str]] = {}
+    if registry is not None:
+        for d in ast.walk(registry):
+            if isinstance(d, ast.Dict):
+                for k, v in zip(d.keys, d.values, strict=False):
+                    if (isinstance(k, ast.Constant) and isinstance(v, ast.Tuple) and len(v.elts) == 2
+                            and all(isinstance(e, ast.Constant) for e in v.elts)):
+                        mapping.setdefault(k.value, (v.elts[0].value, v.elts[1].value))
+    for model in SUPPORTED_MODELS:
+        target = f"vllm.model_executor.models.{model.vllm_module}:{model.vllm_class}"
+        result = SiteCheck(f"model {model.architecture}", target, "vllm", "supported model", False, None,
+                           source.version)
+        results.append(result)
+        got = mapping.get(model.architecture)
+        if got is None:
+            result.problems.append(f"vLLM's model registry has no {model.architecture}")
+            continue
+        if got != (model.vllm_module, model.vllm_class):
+            result.problems.append(f"vLLM maps {model.architecture} to {got[0]}.{got[1]}, the table says "
+                                   f"{model.vllm_module}.{model.vllm_class}: check its attention and state")
+            continue
+        relpath, tree = _parsed(source, f"vllm.model_executor.models.{model.vllm_module}", trees)
+        nodes = [n for n in (_find(tree, model.vllm_class) if tree is not None else []) if isinstance(n, ast.ClassDef)]
+        if not nodes:
+            result.problems.append(f"class {model.vllm_class} not found in {relpath or model.vllm_module}")
+            continue
+        result.found, result.line = True, nodes[0].lineno
+        bases = {_dotted(b).rsplit(".", 1)[-1] for b in nodes[0].bases}
+        stateful = sorted(bases & set(STATEFUL_MODEL_INTERFACES))
+        if stateful:
+            result.problems.append(f"{model.vllm_class} declares {', '.join(stateful)}: per-request state the "
+                                   "micro-batch split does not carry; drop it from the supported models")
+        result.signature_ok = not result.problems
+    for arch, why in REFUSED_MODELS.items():
+        got = mapping.get(arch)
+        results.append(SiteCheck(f"model {arch}", f"{got[0]}.{got[1]}" if got else "-", "vllm", "refused", True,
+                                 None, source.version, notes=[f"refused with --enable-dbo: {why}"]))
+    return results
+
+
 def check_symbols(
     ascend: PackageSource, vllm: PackageSource | None, *, vllm_skip_reason: str = "no vLLM source given"
 ) -> list[SiteCheck]:
@@ -213,14 +406,21 @@ def check_symbols(
     trees: dict[str, ast.Module | None] = {}
     for row in (*SITES, *PATCHED_SYMBOLS):
         results.append(_check_one(row, ascend, trees))
+    results.extend(check_op_registrations(ascend, "vllm_ascend", trees))
+    results.append(check_builders(ascend, trees))
     vllm_trees: dict[str, ast.Module | None] = {}
+    if vllm is None:
+        skipped = [(row.name, row.target, "patched" if row.patched else "relied on") for row in VLLM_SYMBOLS]
+        skipped += [(f"op {r.op}", r.target, "registration") for r in OP_REGISTRATIONS if r.package == "vllm"]
+        skipped += [(f"model {m.architecture}", f"vllm.model_executor.models.{m.vllm_module}:{m.vllm_class}",
+                     "supported model") for m in SUPPORTED_MODELS]
+        results += [SiteCheck(name, target, "vllm", hook, False, None, None, notes=[vllm_skip_reason], skipped=True)
+                    for name, target, hook in skipped]
+        return results
     for row in VLLM_SYMBOLS:
-        if vllm is None:
-            hook = "patched" if row.patched else "relied on"
-            results.append(SiteCheck(row.name, row.target, "vllm", hook, False, None, None,
-                                     notes=[vllm_skip_reason], skipped=True))
-        else:
-            results.append(_check_one(row, vllm, vllm_trees))
+        results.append(_check_one(row, vllm, vllm_trees))
+    results.extend(check_op_registrations(vllm, "vllm", vllm_trees))
+    results.extend(check_supported_models(vllm, vllm_trees))
     return results
 
 

@@ -427,6 +427,17 @@ VLLM_SYMBOLS: tuple[PatchedSymbol, ...] = (
         package="vllm",
     ),
     PatchedSymbol(
+        name="vllm.metadata_builder_init",
+        module="vllm.v1.attention.backend",
+        qualname="AttentionMetadataBuilder.__init__",
+        kind="function",
+        why="relied on: the runner makes a micro-batch's second builder as type(b0)(kv_cache_spec, layer_names, "
+        "vllm_config, device) from the first builder's attributes of those names",
+        params=("self", "kv_cache_spec", "layer_names", "vllm_config", "device"),
+        patched=False,
+        package="vllm",
+    ),
+    PatchedSymbol(
         name="vllm.direct_register_custom_op",
         module="vllm.utils.torch_utils",
         qualname="direct_register_custom_op",
