@@ -11,6 +11,7 @@ from kv_capacity.planner import (
     DEFAULT_MAX_CONCURRENT_BATCHES,
     DEFAULT_MAX_NUM_BATCHED_TOKENS,
     CapacityPlan,
+    CheckRule,
     plan,
 )
 from kv_capacity.sizes import GiB, to_vllm_flag_value
@@ -75,8 +76,10 @@ def check(
     max_num_batched_tokens: int = DEFAULT_MAX_NUM_BATCHED_TOKENS,
     max_concurrent_batches: int = DEFAULT_MAX_CONCURRENT_BATCHES,
     disable_hybrid_kv_cache_manager: bool = False,
+    rule: CheckRule | None = None,
 ) -> CapacityPlan:
-    """Return the plan when vLLM would start; raise InsufficientKVCacheError (vLLM's text + the fix) when not."""
+    """Return the plan when vLLM would start; raise InsufficientKVCacheError (vLLM's text + the fix) when not.
+    ``rule``: the start-up check of the vLLM version that will run (default the newest)."""
     result = plan(
         spec,
         kv_cache_memory_bytes=kv_cache_memory_bytes,
@@ -87,6 +90,7 @@ def check(
         max_num_batched_tokens=max_num_batched_tokens,
         max_concurrent_batches=max_concurrent_batches,
         disable_hybrid_kv_cache_manager=disable_hybrid_kv_cache_manager,
+        rule=rule,
     )
     if result.fits:
         return result

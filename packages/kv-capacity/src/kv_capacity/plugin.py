@@ -130,7 +130,10 @@ def early_check(vllm_config: Any) -> None:
                    type(exc).__name__, exc)
         return
     try:
-        check(spec, **settings)
+        from kv_capacity.planner import check_rule, installed_vllm_version
+
+        # the start-up check of the vLLM that is running (0.23 counts every block, 0.32 holds the null block back)
+        check(spec, **settings, rule=check_rule(installed_vllm_version()))
     except InsufficientKVCacheError as exc:
         error = _error_class()(
             f"{exc} [kv_capacity plugin: refused before loading model weights; "
