@@ -40,6 +40,7 @@ SHARED: tuple[tuple[str, str, tuple[str, ...]], ...] = (
     ("vllm-serve-bench/scripts/vllm_bench_serve.py", "scripts/vllm_bench_serve.py", ("dbo-benchmark",)),
     ("vllm-serve-bench/assets/matrix.yaml.j2", "assets/matrix.yaml.j2", ("dbo-benchmark",)),
     ("vllm-serve-bench/assets/matrix.values.yaml", "assets/matrix.values.yaml", ("dbo-benchmark",)),
+    ("vllm-serve-bench/assets/ablation-910b.yaml", "assets/ablation-910b.yaml", ("dbo-benchmark",)),
     ("vllm-serve-bench/references/matrix-format.md", "references/matrix-format.md", ("dbo-benchmark",)),
     ("vllm-serve-bench/references/results.md", "references/results.md", ("dbo-benchmark",)),
 )

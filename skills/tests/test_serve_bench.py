@@ -45,15 +45,27 @@ FAKE_VLLM = textwrap.dedent(
         if "--enable-dbo" in args:  # what vLLM's CPU platform prints
             print("WARNING [cpu.py:347] Dual-Batch Overlap is not supported on CPU, disabled.", flush=True)
         port = int(args[args.index("--port") + 1])
+        dev_mode = os.environ.get("VLLM_SERVER_DEV_MODE") == "1"
         class Health(http.server.BaseHTTPRequestHandler):
             def do_GET(self):
                 self.send_response(200 if self.path == "/health" else 404); self.end_headers()
+            def do_POST(self):  # vLLM's dev-mode cache reset; the harness must call it before every measured run
+                if self.path != "/reset_prefix_cache" or not dev_mode:
+                    self.send_response(404); self.end_headers(); return
+                with open(os.path.join(pid_dir, "events.log"), "a") as f:
+                    f.write("reset\\n")
+                body = json.dumps({{"success": True}}).encode()
+                self.send_response(200); self.send_header("Content-Length", str(len(body))); self.end_headers()
+                self.wfile.write(body)
             def log_message(self, *a):
                 pass
         http.server.HTTPServer(("127.0.0.1", port), Health).serve_forever()
     # bench client: vllm_bench_serve.py ... --label L --max-concurrency C --result-dir D --result-filename F
     opt = lambda name: args[args.index(name) + 1]
     label, conc = opt("--label"), int(opt("--max-concurrency"))
+    with open(os.path.join(pid_dir, "events.log"), "a") as f:  # what each client run sent
+        seed = opt("--seed") if "--seed" in args else "-"
+        f.write(f"bench {{label}} {{opt('--result-filename')}} seed={{seed}} prompts={{opt('--num-prompts')}}\\n")
     speed = 1.25 if label.startswith("dbo-on") else 1.0
     if ".r2." in opt("--result-filename"):  # a repeated run that came out 10% faster
         speed *= 1.1
@@ -162,6 +174,10 @@ def test_matrix_points_and_flags(serve_bench) -> None:
         ({"model": "m", "variants": [{"name": "a"}], "sweep": {"max-concurrency": []}}, "empty list"),
         ({"model": "m", "variants": [{"name": "a"}], "servr_args": {}}, "unknown key 'servr_args'"),
         ({"model": "m", "variants": [{"name": "a"}], "server_env": {"A": [1]}}, "string or number"),
+        ({"model": "m", "variants": [{"name": "a"}], "warmup_prompts": -1}, "warmup_prompts -1; accepted: an integer"),
+        ({"model": "m", "variants": [{"name": "a"}], "reset_prefix_cache": "yes"}, "reset_prefix_cache 'yes'; accepted: true or false"),
+        ({"model": "m", "variants": [{"name": "a"}], "vary_seed": 1}, "vary_seed 1; accepted: true or false"),
+        ({"model": "m", "variants": [{"name": "a"}], "bench_args": {"seed": "x"}}, "bench_args.seed 'x'; accepted: an integer"),
     ],
 )
 def test_bad_matrix_is_one_line_exit_2(tmp_path: Path, document: dict, message: str) -> None:
@@ -186,13 +202,19 @@ def test_dry_run_prints_commands_and_starts_nothing(tmp_path: Path, fake_vllm: P
     assert proc.returncode == 0, proc.stderr
     lines = proc.stdout.splitlines()
     assert lines[0] == "# dbo-off"
-    assert lines[1] == (f"HCCL_OP_EXPANSION_MODE=AI_CPU {fake_vllm} -m vllm.entrypoints.openai.api_server --model tiny-model "
-                        "--host 127.0.0.1 --port 18555 --max-model-len 256")
+    # Dev mode on, so that the harness can reset the prefix cache between runs.
+    assert lines[1] == (f"VLLM_SERVER_DEV_MODE=1 HCCL_OP_EXPANSION_MODE=AI_CPU {fake_vllm} -m vllm.entrypoints.openai.api_server "
+                        "--model tiny-model --host 127.0.0.1 --port 18555 --max-model-len 256")
     assert "--enable-dbo" in lines[lines.index("# dbo-on") + 1]
-    bench = lines[2]
+    # The warm-up: 8 requests (the default) at the last sweep point, with a seed of its own, into warmup.json.
+    assert lines[2] == "# warm-up, not measured"
+    assert "--num-prompts 8" in lines[3] and "--max-concurrency 4" in lines[3] and "--seed 100003" in lines[3]
+    assert lines[3].endswith("--result-filename warmup.json")
+    bench = lines[4]
     assert "vllm_bench_serve.py" in bench and "--max-concurrency 1" in bench and "--label dbo-off" in bench
     assert "--save-result --result-dir" in bench and bench.endswith("--result-filename max-concurrency-1.json")
-    assert len(lines) == 8 and not (tmp_path / "out").exists() and recorded_pids(tmp_path) == []
+    assert "--seed" not in bench  # one run per point: the matrix's own seed (none here)
+    assert len(lines) == 12 and not (tmp_path / "out").exists() and recorded_pids(tmp_path) == []
 
 
 def test_dbo_disabled_detection(tmp_path: Path, serve_bench) -> None:
@@ -266,7 +288,7 @@ def test_repeats_are_averaged_with_their_spread(tmp_path: Path, fake_vllm: Path)
     out = tmp_path / "out"
     matrix = write_matrix(tmp_path, repeats=2, variants=[{"name": "dbo-off"}], sweep={"max-concurrency": [2]})
     dry = harness("run", str(matrix), "--out", str(out), "--python", str(fake_vllm), "--dry-run", env=fake_env(tmp_path, "healthy"))
-    assert [line.rsplit(" ", 1)[-1] for line in dry.stdout.splitlines()[2:]] == ["max-concurrency-2.r1.json", "max-concurrency-2.r2.json"]
+    assert [line.rsplit(" ", 1)[-1] for line in dry.stdout.splitlines()[4:]] == ["max-concurrency-2.r1.json", "max-concurrency-2.r2.json"]
     proc = harness("run", str(matrix), "--out", str(out), "--python", str(fake_vllm), env=fake_env(tmp_path, "healthy"))
     assert proc.returncode == 0, proc.stderr
     (row,) = json.loads((out / "summary.json").read_text())["rows"]
@@ -297,7 +319,8 @@ def test_server_that_never_gets_healthy_is_killed_with_its_children(tmp_path: Pa
     matrix = write_matrix(tmp_path, startup_timeout_s=3, variants=[{"name": "dbo-off"}])
     started = time.monotonic()
     proc = harness("run", str(matrix), "--out", str(out), "--python", str(fake_vllm), env=fake_env(tmp_path, "hang"))
-    assert proc.returncode == 1 and time.monotonic() - started < 60
+    assert proc.returncode == 2 and time.monotonic() - started < 60
+    assert "the server of variant dbo-off did not start" in proc.stderr
     rows = json.loads((out / "summary.json").read_text())["rows"]
     assert [r["status"] for r in rows] == ["server-failed", "server-failed"]
     assert "not healthy at http://127.0.0.1:" in rows[0]["reason"] and "after 3 s" in rows[0]["reason"]
@@ -309,7 +332,10 @@ def test_server_that_exits_early_is_reported_with_its_log(tmp_path: Path, fake_v
     out = tmp_path / "out"
     proc = harness("run", str(write_matrix(tmp_path, variants=[{"name": "v"}])), "--out", str(out),
                    "--python", str(fake_vllm), env=fake_env(tmp_path, "exit"))
-    assert proc.returncode == 1
+    assert proc.returncode == 2
+    # The server log's last lines on stderr, indented under one line that names the variant and the log.
+    assert f"the server of variant v did not start; last lines of {out / 'v' / 'server.log'}:" in proc.stderr
+    assert "    RuntimeError: engine failed to start" in proc.stderr.splitlines()
     reason = json.loads((out / "summary.json").read_text())["rows"][0]["reason"]
     assert "server exited with code 3" in reason and "RuntimeError: engine failed to start" in reason
     assert wait_dead(recorded_pids(tmp_path)) == []  # the orphaned grandchild was killed too
@@ -336,3 +362,113 @@ def test_interrupt_kills_the_server_group_and_keeps_partial_results(tmp_path: Pa
     assert "interrupted" in stderr and "servers stopped" in stderr
     assert wait_dead(pids) == []
     assert json.loads((out / "summary.json").read_text())["interrupted"] is True
+
+
+def events(tmp_path: Path) -> list[str]:
+    path = tmp_path / "pids" / "events.log"
+    return path.read_text().splitlines() if path.is_file() else []
+
+
+def test_each_repeat_gets_a_reset_cache_and_its_own_prompts_after_a_warm_up(tmp_path: Path, fake_vllm: Path) -> None:
+    # The review's bug: three repeats of the same prompts against one server found a growing prefix cache.
+    out = tmp_path / "out"
+    matrix = write_matrix(tmp_path, repeats=3, warmup_prompts=3, bench_args={"num-prompts": 8, "seed": 5},
+                          variants=[{"name": "dbo-off"}], sweep={"max-concurrency": [2]})
+    proc = harness("run", str(matrix), "--out", str(out), "--python", str(fake_vllm), env=fake_env(tmp_path, "healthy"))
+    assert proc.returncode == 0, proc.stderr
+    assert events(tmp_path) == [
+        "bench dbo-off warmup.json seed=100008 prompts=3",  # unmeasured, prompts of its own
+        "reset", "bench dbo-off max-concurrency-2.r1.json seed=5 prompts=8",
+        "reset", "bench dbo-off max-concurrency-2.r2.json seed=6 prompts=8",
+        "reset", "bench dbo-off max-concurrency-2.r3.json seed=7 prompts=8",
+    ]
+    summary = json.loads((out / "summary.json").read_text())
+    (row,) = summary["rows"]
+    assert row["repeats"] == 3 and row["prefix_cache_reset"] is True and row["warnings"] == []
+    assert [r["prefix_cache_reset"] for r in row["runs"]] == [True, True, True]
+    assert (out / "dbo-off" / "warmup.json").is_file() and row["completed"] == 24  # the warm-up is in no row
+    assert summary["measurement"] == {"repeats": 3, "warmup_prompts": 3, "reset_prefix_cache": True, "vary_seed": True}
+    meta = json.loads((out / "dbo-off" / "max-concurrency-2.r2.json.meta.json".replace(".json.meta", ".meta")).read_text())
+    assert meta["status"] == "ok" and "--seed" in meta["command"] and meta["prefix_cache_reset"] is True
+    # The environment the figures depend on is recorded with them.
+    env = summary["environment"]
+    assert env["vllm_python"] == str(fake_vllm) and "probe_error" in env  # the stand-in has no packages to report
+    assert env["machine"]["cpus"] == os.cpu_count() and len(env["machine"]["loadavg_start"]) == 3
+    assert len(env["machine"]["loadavg_end"]) == 3 and env["started_at"] <= env["finished_at"]
+    assert "3 run(s), seed + r - 1 for repeat r, prefix cache reset before each; 3 unmeasured" in (out / "summary.md").read_text()
+    # Progress on stderr without a terminal: plain numbered lines.
+    assert "serve_bench: [0/3 runs" in proc.stderr and "serve_bench: [3/3 runs" in proc.stderr
+    assert "[dbo-off] max-concurrency-2.r3: ok, 4.00 req/s" in proc.stderr
+
+
+def test_a_server_without_the_reset_endpoint_is_measured_with_a_warning(tmp_path: Path, fake_vllm: Path) -> None:
+    out = tmp_path / "out"
+    matrix = write_matrix(tmp_path, server_env={"VLLM_SERVER_DEV_MODE": "0"}, warmup_prompts=0,
+                          variants=[{"name": "dbo-off"}], sweep={"max-concurrency": [2]})
+    proc = harness("run", str(matrix), "--out", str(out), "--python", str(fake_vllm), env=fake_env(tmp_path, "healthy"))
+    assert proc.returncode == 0, proc.stderr
+    (row,) = json.loads((out / "summary.json").read_text())["rows"]
+    assert row["status"] == "ok" and row["prefix_cache_reset"] is False
+    assert row["warnings"] == ["prefix cache not reset before max-concurrency-2: POST /reset_prefix_cache answered HTTP 404 "
+                               "(is VLLM_SERVER_DEV_MODE=1 honoured?)"]
+    assert events(tmp_path) == ["bench dbo-off max-concurrency-2.json seed=- prompts=8"]  # no warm-up when 0
+
+
+def test_resume_keeps_finished_runs_and_redoes_what_changed(tmp_path: Path, fake_vllm: Path) -> None:
+    out = tmp_path / "out"
+    env = fake_env(tmp_path, "healthy")
+    first = harness("run", str(write_matrix(tmp_path)), "--out", str(out), "--python", str(fake_vllm), env=env)
+    assert first.returncode == 0, first.stderr
+    servers = len(recorded_pids(tmp_path)) // 2
+    assert servers == 2
+    # Nothing changed: every run is kept and no server starts.
+    again = harness("run", str(write_matrix(tmp_path)), "--out", str(out), "--python", str(fake_vllm), "--resume", env=env)
+    assert again.returncode == 0, again.stderr
+    assert len(recorded_pids(tmp_path)) // 2 == servers and again.stderr.count("kept from the earlier run") == 4
+    rows = json.loads((out / "summary.json").read_text())["rows"]
+    assert [r["status"] for r in rows] == ["ok"] * 4 and rows[3]["vs_baseline"]["request_throughput"] == pytest.approx(0.25)
+    # An interrupted run left one result without its record, and dbo-on's flags changed: only those run again.
+    (out / "dbo-off" / "max-concurrency-4.meta.json").unlink()
+    changed = write_matrix(tmp_path, variants=[{"name": "dbo-off"},
+                                               {"name": "dbo-on", "server_args": {"enable-dbo": True, "max-num-seqs": 4}}])
+    third = harness("run", str(changed), "--out", str(out), "--python", str(fake_vllm), "--resume", env=env)
+    assert third.returncode == 0, third.stderr
+    assert len(recorded_pids(tmp_path)) // 2 == servers + 2 and third.stderr.count("kept from the earlier run") == 1
+    assert [e for e in events(tmp_path) if e.startswith("bench")][-5:] == [
+        "bench dbo-off warmup.json seed=100003 prompts=8", "bench dbo-off max-concurrency-4.json seed=- prompts=8",
+        "bench dbo-on warmup.json seed=100003 prompts=8", "bench dbo-on max-concurrency-1.json seed=- prompts=8",
+        "bench dbo-on max-concurrency-4.json seed=- prompts=8"]
+
+
+ABLATION = SKILLS / "vllm-serve-bench" / "assets" / "ablation-910b.yaml"
+
+
+def test_the_seeds_ablation_matrix_is_the_factorial_less_fc2_with_ai_cpu(tmp_path: Path, serve_bench, fake_vllm: Path) -> None:
+    import itertools
+
+    m = serve_bench.load_matrix(ABLATION)
+
+    def factors(v) -> tuple[bool, bool, bool, str]:
+        env = {**m.server_env, **v.server_env}
+        return (bool(v.server_args.get("enable-dbo")), env.get("VLLM_ASCEND_ENABLE_FLASHCOMM1") == "1",
+                env.get("VLLM_ASCEND_FLASHCOMM2_PARALLEL_SIZE", "0") != "0", env["HCCL_OP_EXPANSION_MODE"])
+
+    combos = [factors(v) for v in m.variants]
+    expected = {c for c in itertools.product([False, True], [False, True], [False, True], ["AIV", "AI_CPU"])
+                if not (c[2] and c[3] == "AI_CPU")}  # FlashComm2 + AI_CPU: CANN 9.0.0's all-to-all crash
+    assert len(combos) == 12 and set(combos) == expected
+    assert combos[0] == (False, False, False, "AIV") and m.baseline == m.variants[0].name
+    best = next(v for v in m.variants if factors(v) == (True, True, False, "AI_CPU"))  # the seed's best
+    assert best.name == "dbo-on_fc1-on_fc2-off_aicpu"
+    # The seed's workload: 500 prompts, input 4096, output 16, concurrency 96, TP=2 with expert parallelism.
+    assert {k: m.bench_args[k] for k in ("num-prompts", "random-input-len", "random-output-len")} == {
+        "num-prompts": 500, "random-input-len": 4096, "random-output-len": 16}
+    assert m.points() == [{"max-concurrency": 96}] and m.server_args["tensor-parallel-size"] == 2
+    assert m.server_args["enable-expert-parallel"] is True
+    dry = harness("run", str(ABLATION), "--out", str(tmp_path / "out"), "--python", str(fake_vllm), "--dry-run")
+    assert dry.returncode == 0, dry.stderr
+    servers = [line for line in dry.stdout.splitlines() if "vllm.entrypoints.openai.api_server" in line]
+    clients = [line for line in dry.stdout.splitlines() if "vllm_bench_serve.py" in line]
+    assert len(servers) == 12 and len(clients) == 12 * (1 + m.repeats)
+    assert servers[0].startswith("VLLM_SERVER_DEV_MODE=1 HCCL_OP_EXPANSION_MODE=AIV ") and "--enable-dbo" not in servers[0]
+    assert not (tmp_path / "out").exists()

