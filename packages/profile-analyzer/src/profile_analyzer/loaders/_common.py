@@ -3,17 +3,15 @@
 from __future__ import annotations
 
 import csv
-import re
 from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
 
 from profile_analyzer.errors import ProfileError
-from profile_analyzer.timeline import Steps
+from profile_analyzer.timeline import STEP_NAME, VLLM_STEP_NAME, Steps, is_step_name
 
-STEP_NAME = re.compile(r"^ProfilerStep#(\d+)$")
-
+__all__ = ["STEP_NAME", "VLLM_STEP_NAME", "is_step_name"]
 
 def merge_columns(parts: list) -> object:
     """Merge the Columns of several files (sliced msprof JSON) into one, re-indexing the tables."""
