@@ -229,14 +229,20 @@ def step_dbo_reference(ctx: Context) -> None:
         raise StepFailed("python -m dbo_runtime.bench failed")
 
 
-def serving_matrix(model: Path, template: Path = SERVING_MATRIX) -> dict[str, Any]:
-    """The committed serving matrix with the generated model and this machine's CPU binding filled in."""
+def serving_matrix(model: Path, template: Path = SERVING_MATRIX, stats_dir: Path | None = None) -> dict[str, Any]:
+    """The committed serving matrix with the generated model and this machine's CPU binding filled in; a DBO
+    variant's ranks write their split counts to `stats_dir`/VARIANT (dbo_runtime's DBO_RUNTIME_STATS_DIR)."""
     import yaml
 
     document = yaml.safe_load(template.read_text(encoding="utf-8"))
     document["model"] = str(model)
     tp = int((document.get("server_args") or {}).get("tensor-parallel-size", 1))
     document.setdefault("server_env", {})["VLLM_CPU_OMP_THREADS_BIND"] = cpu_bind(tp)
+    if stats_dir is not None:
+        for variant in document["variants"]:
+            if (variant.get("server_args") or {}).get("enable-dbo"):
+                (stats_dir / variant["name"]).mkdir(parents=True, exist_ok=True)
+                variant.setdefault("server_env", {})["DBO_RUNTIME_STATS_DIR"] = str(stats_dir / variant["name"])
     return document
 
 
@@ -247,7 +253,10 @@ def step_serving(ctx: Context) -> None:
     out = ctx.out / "serving"
     out.mkdir(parents=True, exist_ok=True)
     matrix = out / "matrix.yaml"
-    matrix.write_text(yaml.safe_dump(serving_matrix(model), sort_keys=False), encoding="utf-8")
+    stats = out / "dbo-stats"
+    for stale in stats.glob("*/dbo-stats-rank*.json"):
+        stale.unlink()
+    matrix.write_text(yaml.safe_dump(serving_matrix(model, stats_dir=stats), sort_keys=False), encoding="utf-8")
     rc = ctx.run([ctx.python, str(HARNESS), "run", str(matrix), "--out", str(out), "--python", ctx.vllm_python],
                  timeout_s=2400, label="serve_bench.py run")
     if rc != 0:

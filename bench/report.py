@@ -310,9 +310,14 @@ def section_serving(out: Path, record: dict[str, Any], figures: Path) -> list[st
               "[serving/matrix.yaml](serving/matrix.yaml)). vLLM: "
               + ", ".join(f"{k} {v}" for k, v in (env.get("packages") or {}).items()) + ".", ""]
     lines += _serving_table(summary)
+    for variant, ranks in _split_counts(out / "serving" / "dbo-stats").items():
+        fewest = min(ranks, key=lambda r: r.get("split_steps", 0))
+        lines += ["", f"DBO in the `{variant}` server: {fewest.get('split_steps')} of {fewest.get('steps')} engine steps "
+                  f"split into two micro-batches (fewest over {len(ranks)} ranks; warm-up included; last split "
+                  f"{'+'.join(map(str, fewest.get('last_split_tokens') or []))} tokens)."]
     splits = _dbo_split_lines(out / "serving")
     if splits:
-        lines += ["", f"DBO in the dbo-on server: {splits}"]
+        lines += ["", f"Server log of dbo-on: {splits}."]
     if first:
         lines += ["", "Server command (dbo-off; dbo-on adds the DBO flags):", "", "```",
                   " ".join(f"{k}={v}" for k, v in first.get("server_env", {}).items()) + " " + " ".join(first["server"]), "```"]
@@ -352,6 +357,15 @@ def _serving_table(summary: dict[str, Any]) -> list[str]:
 
 def _pct(value: Any) -> str:
     return _num(value * 100 if isinstance(value, (int, float)) else None, "+.1f") + ("%" if isinstance(value, (int, float)) else "")
+
+
+def _split_counts(stats: Path) -> dict[str, list[dict[str, Any]]]:
+    found: dict[str, list[dict[str, Any]]] = {}
+    for path in sorted(stats.glob("*/dbo-stats-rank*.json")):
+        data = _load(path)
+        if isinstance(data, dict):
+            found.setdefault(path.parent.name, []).append(data)
+    return found
 
 
 def _dbo_split_lines(serving: Path) -> str:

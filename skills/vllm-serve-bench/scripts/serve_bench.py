@@ -1028,12 +1028,13 @@ def print_table(summary: dict[str, Any]) -> None:
     from rich.console import Console
     from rich.table import Table
 
+    console = Console(width=None if sys.stdout.isatty() else 160)
     table = Table(title=f"vllm bench serve: {Path(summary['model']).name} (baseline {summary['baseline']})")
     for column in TABLE_COLUMNS:
         table.add_column(column, justify="left" if column in ("variant", "point", "status") else "right")
     for cells in table_rows(summary):
         table.add_row(*cells)
-    Console().print(table)
+    console.print(table)
     for row in summary["rows"]:
         if row["status"] != "ok":
             print(f"{row['variant']} {point_name(row['point'])}: {row['status']}: {row['reason']}", file=sys.stderr)
