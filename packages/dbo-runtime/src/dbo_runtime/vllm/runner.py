@@ -412,10 +412,14 @@ def _take_positions(positions: Any, ts: slice) -> Any:  # M-RoPE positions have 
 
 
 def _rank_of(runner: Any) -> int:
+    """A rank label unique over the deployment: each DP engine has its own process group numbered from 0, so the
+    DP rank is folded in (``dp_rank * world_size + rank``)."""
     try:
         import torch.distributed as dist
 
-        return dist.get_rank() if dist.is_initialized() else 0
+        rank, world = (dist.get_rank(), dist.get_world_size()) if dist.is_initialized() else (0, 1)
+        dp_rank = int(getattr(runner.parallel_config, "data_parallel_rank", 0) or 0)
+        return dp_rank * world + rank
     except Exception:  # noqa: BLE001 - a rank number is only a label here
         return 0
 
