@@ -190,3 +190,39 @@ def test_report_of_an_empty_folder_names_every_missing_part(tmp_path: Path) -> N
     assert text.count("_No ") == 7  # kv table, kv verify, analyzer, DBO, serving, precision, ablation
     bad = subprocess.run([sys.executable, str(BENCH / "report.py"), str(tmp_path / "nope")], capture_output=True, text=True)
     assert bad.returncode == 2 and len(bad.stderr.strip().splitlines()) == 1
+
+
+def test_a_step_command_past_its_time_is_stopped_with_its_children(tmp_path: Path, driver: ModuleType) -> None:
+    import io
+    import os
+    import time
+
+    stream = io.StringIO()
+    ctx = driver.Context(tmp_path, sys.executable, sys.executable, index=1, total=1, stream=stream, echo=False)
+    ctx.record = driver.StepRecord("hang", "a command that never ends")
+    pid_file = tmp_path / "child.pid"
+    script = ("import subprocess, sys, time\n"
+              "child = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(600)'])\n"
+              f"open({str(pid_file)!r}, 'w').write(str(child.pid))\n"
+              "print('child started', flush=True)\n"
+              "time.sleep(600)\n")
+    started = time.monotonic()
+    rc = ctx.run([sys.executable, "-c", script], timeout_s=3, label="hang")
+    assert rc == 124 and time.monotonic() - started < 30
+    assert "hang ran past 3 s; stopping it" in stream.getvalue()
+    child = int(pid_file.read_text())
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        try:
+            os.kill(child, 0)
+            state = Path(f"/proc/{child}/stat").read_text().rsplit(")", 1)[1].split()[0]
+            if state == "Z":
+                break
+        except (ProcessLookupError, OSError):
+            break
+        time.sleep(0.1)
+    else:
+        pytest.fail("the command's child outlived the timeout")
+    log = (tmp_path / "logs" / "hang.log").read_text()
+    assert log.startswith("$ ") and "child started" in log
+    assert ctx.record.commands[0]["rc"] == 124
