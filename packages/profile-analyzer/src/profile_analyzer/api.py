@@ -55,6 +55,7 @@ class RankAnalysis:
     gaps: dict[str, Any]
     dual_batch: dict[str, Any]
     comm_not_overlapped: tuple[np.ndarray, np.ndarray]
+    fused_us: float = 0.0
 
 
 def analyze_rank(rt: RankTimeline, step: int | None = None, top: int = 20) -> RankAnalysis:
@@ -77,12 +78,13 @@ def analyze_rank(rt: RankTimeline, step: int | None = None, top: int = 20) -> Ra
     ex["rank"] = rt.rank
     g = idle_gaps(rt, lo, hi, top)
     g["rank"] = rt.rank
+    fused = iv.clip(iv.union(*rt.select(rt.kind == int(Kind.FUSED))), lo, hi)
     return RankAnalysis(
         rank=rt.rank, step=step, top=top, breakdown=[_us(x, t0) for x in rows],
         agreement=[a for a in profiler_agreement(rt, all_rows) if step is None or a["step"] == step],
         totals={k: sum(x[k] for x in rows) / 1000.0 for k in _TIME_KEYS}, window=(lo, hi), exposed=ex,
         streams=stream_utilisation(rt, lo, hi), gaps=g, dual_batch=dual_batch(rt, lo, hi),
-        comm_not_overlapped=sets.comm_not_overlapped)
+        comm_not_overlapped=sets.comm_not_overlapped, fused_us=iv.total(fused) / 1000.0)
 
 
 def analyze(timeline: Timeline, rank: int | None = None, step: int | None = None, top: int = 20,
@@ -104,6 +106,8 @@ def analyze(timeline: Timeline, rank: int | None = None, step: int | None = None
     per_rank: dict[int, dict[str, float]] = {}
     windows: dict[int, tuple[int, int]] = {}
     cno_by_rank = {}
+    fused_us = 0.0
+    rules: list[dict[str, Any]] = []
     for r, rt in ranks.items():
         ra = (done or {}).get(r)
         if ra is None or (ra.step, ra.top) != (step, top):
@@ -117,6 +121,9 @@ def analyze(timeline: Timeline, rank: int | None = None, step: int | None = None
         streams.extend(ra.streams)
         gaps.append(ra.gaps)
         dbo.append(ra.dual_batch)
+        fused_us += ra.fused_us
+        rules.extend({"rank": r, "rule": name, "kind": kind, "tasks": n}
+                     for name, (kind, n) in sorted(rt.comm_rules_applied.items()))
     rank_cmp = rank_comparison(ranks, per_rank, windows)
     tot = {k: sum(p[k] for p in per_rank.values()) for k in _TIME_KEYS}
     wall = sum((x["end_us"] - x["start_us"]) for x in breakdown)
@@ -127,6 +134,10 @@ def analyze(timeline: Timeline, rank: int | None = None, step: int | None = None
         "free_us": tot["free"],
         "overlap_pct": (100.0 * tot["overlapped"] / tot["communication"]) if tot["communication"] else None,
         "exposed_comm_pct_of_wall": (100.0 * tot["communication_not_overlapped"] / wall) if wall else None,
+        # fused compute+communication kernels (MC2): in Computing and in Communication, so all Overlapped
+        "fused_us": fused_us,
+        # tasks the vendor communication rule table (loaders/comm_rules.py) or --comm-pattern reclassified
+        "comm_rules": rules,
     }
     warnings = [{"file": w.file, "missing": w.missing, "affects": w.affects, "message": w.message()}
                 for w in timeline.warnings + [w for rt in ranks.values() for w in rt.warnings]]

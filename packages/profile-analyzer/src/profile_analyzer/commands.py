@@ -44,6 +44,24 @@ def _output_path_option(func):
              "its parent exists")(func)
 
 
+def _check_patterns(ctx: click.Context, param: click.Parameter, value: tuple[str, ...]) -> tuple[str, ...]:
+    import re
+
+    for p in value:
+        try:
+            re.compile(p)
+        except re.error as exc:
+            raise click.BadParameter(f"{p[:60]!r} is not a regular expression ({exc}); expected a Python regex matched "
+                                     "anywhere in a kernel or operator name") from None
+    return value
+
+
+def _comm_pattern_option(func):
+    return click.option("--comm-pattern", "comm_patterns", multiple=True, metavar="REGEX", callback=_check_patterns,
+                        help="also count kernels/operators whose name matches REGEX as communication (repeatable; "
+                             "on top of the built-in vendor table: DeepEP, NVSHMEM, MC2, HCCL AI CPU, ...)")(func)
+
+
 def _profile(positional: str | None, option: str | None, what: str, option_name: str) -> str:
     """The one profile path given either as the argument or as the msprof-analyze style option."""
     if positional and option and positional != option:
@@ -81,11 +99,11 @@ def default_jobs() -> int:
     return 2 if cpus >= 2 else 1
 
 
-def _progress_loader(path: str, ranks: list[int] | None, jobs: int = 1, per_rank=None):
+def _progress_loader(path: str, ranks: list[int] | None, jobs: int = 1, per_rank=None, comm_patterns=()):
     from profile_analyzer.loaders import load
 
     if not sys.stderr.isatty():
-        return load(path, ranks=ranks, workers=jobs, per_rank=per_rank)
+        return load(path, ranks=ranks, workers=jobs, per_rank=per_rank, comm_patterns=comm_patterns)
     from rich.progress import Progress
 
     with Progress(transient=True, console=None) as prog:
@@ -94,7 +112,7 @@ def _progress_loader(path: str, ranks: list[int] | None, jobs: int = 1, per_rank
         def cb(done: int, total: int, label: str) -> None:
             prog.update(task, completed=done, total=total, description=f"loading {label}")
 
-        return load(path, ranks=ranks, progress=cb, workers=jobs, per_rank=per_rank)
+        return load(path, ranks=ranks, progress=cb, workers=jobs, per_rank=per_rank, comm_patterns=comm_patterns)
 
 
 @click.command("report", help="Analyse one profile: a *_ascend_pt or PROF_* directory, a trace_view.json, a "
@@ -107,22 +125,24 @@ def _progress_loader(path: str, ranks: list[int] | None, jobs: int = 1, per_rank
 @output_option()
 @_output_path_option
 @click.option("--rank", type=NonNegativeInt(1 << 31, what="rank"), help="only this rank")
-@click.option("--step", type=NonNegativeInt(1 << 62, what="step"), help="only this ProfilerStep#N")
+@click.option("--step", type=NonNegativeInt(1 << 62, what="step"), help="only this step (ProfilerStep#N, or the N-th vLLM step annotation)")
 @click.option("--top", type=PositiveInt(MAX_TOP, what="rows per ranked table"), default=20, show_default=True,
               help="rows per ranked table")
 @click.option("--jobs", "-j", type=JOBS, default=None,
               help="load and analyse the ranks of a multi-rank profile in this many processes (default: 2 where 2 or "
                    "more CPUs are available, else 1; each process holds about one rank at a time, so memory grows "
                    "with N; the report is the same for any N)")
+@_comm_pattern_option
 def report_command(path: str | None, profiling_path: str | None, format: str, output: Path | None,
-                   output_path: Path | None, rank: int | None, step: int | None, top: int, jobs: int | None) -> int:
+                   output_path: Path | None, rank: int | None, step: int | None, top: int, jobs: int | None,
+                   comm_patterns: tuple[str, ...]) -> int:
     from profile_analyzer.api import analyze, analyze_rank
 
     source = _profile(path, profiling_path, "profile", "-d/--profiling_path")
     target = _destination(output, output_path, DEFAULT_NAMES, format)
     # with worker processes, each rank's own analyses run in the worker that loaded it
     per_rank = functools.partial(analyze_rank, step=step, top=top)
-    tl = _progress_loader(source, [rank] if rank is not None else None, jobs or default_jobs(), per_rank)
+    tl = _progress_loader(source, [rank] if rank is not None else None, jobs or default_jobs(), per_rank, comm_patterns)
     rep = analyze(tl, rank=rank, step=step, top=top, done=tl.per_rank_results)
     d = rep.to_dict()
     text = render(d, format)
@@ -145,10 +165,11 @@ def report_command(path: str | None, profiling_path: str | None, format: str, ou
 @output_option()
 @_output_path_option
 @click.option("--rank", type=NonNegativeInt(1 << 31, what="rank"), help="only this rank")
-@click.option("--step", type=NonNegativeInt(1 << 62, what="step"), help="only this ProfilerStep#N")
+@click.option("--step", type=NonNegativeInt(1 << 62, what="step"), help="only this step (ProfilerStep#N, or the N-th vLLM step annotation)")
+@_comm_pattern_option
 def compare_command(base: str | None, new: str | None, profiling_path: str | None, benchmark_path: str | None,
                     format: str, output: Path | None, output_path: Path | None, rank: int | None,
-                    step: int | None) -> int:
+                    step: int | None, comm_patterns: tuple[str, ...]) -> int:
     from profile_analyzer.api import analyze
 
     if base and not new and profiling_path and not benchmark_path:  # `compare BASE -d NEW`
@@ -160,8 +181,10 @@ def compare_command(base: str | None, new: str | None, profiling_path: str | Non
         new_path = _profile(new, profiling_path, "new profile", "-d/--profiling_path")
     target = _destination(output, output_path, COMPARE_NAMES, format)
     ranks = [rank] if rank is not None else None
-    base_d = analyze(_progress_loader(base_path, ranks, default_jobs()), rank=rank, step=step).to_dict()
-    new_d = analyze(_progress_loader(new_path, ranks, default_jobs()), rank=rank, step=step).to_dict()
+    base_d = analyze(_progress_loader(base_path, ranks, default_jobs(), comm_patterns=comm_patterns), rank=rank,
+                     step=step).to_dict()
+    new_d = analyze(_progress_loader(new_path, ranks, default_jobs(), comm_patterns=comm_patterns), rank=rank,
+                    step=step).to_dict()
     write_output(target, render_compare(compare_dicts(base_d, new_d), format))
     return 0
 

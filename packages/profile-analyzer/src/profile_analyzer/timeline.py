@@ -27,6 +27,8 @@ launched each device task, -1 when unknown. ``Kind`` says what a task means for 
 * ``HOST``: a CPU-side event (torch op, CANN API, enqueue/dequeue).
 * ``OTHER``: device tasks that are neither (MEMCPY_ASYNC, EVENT_RECORD, ...): they count towards the
   device span but not towards Computing, as in msprof.
+* ``FUSED``: one kernel that computes and communicates (an MC2 GEMM+collective on Ascend): it counts in
+  Computing and in Communication (so it is Overlapped, never exposed); see ``loaders/comm_rules.py``.
 """
 
 from __future__ import annotations
@@ -55,6 +57,11 @@ class Kind(IntEnum):
     IDLE_WAIT = 3
     HOST = 4
     OTHER = 5
+    FUSED = 6
+
+
+COMPUTE_KINDS = (Kind.COMPUTE, Kind.FUSED)
+COMM_KINDS = (Kind.COMMUNICATION, Kind.FUSED)
 
 
 KIND_NAMES = {k: k.name.lower().replace("_", "-") for k in Kind}
@@ -125,6 +132,10 @@ class RankTimeline:
     profiler_comm: dict[int | None, dict[str, float]] | None = None
     # per task: when the host launched it (ns, same clock), -1 when unknown (from async_npu flows / correlation)
     launch_ns: np.ndarray | None = None
+    # a CPU-only trace: the host ranges are the work (the vendor rules also match them)
+    host_is_work: bool = False
+    # tasks the vendor communication rules (or --comm-pattern) reclassified: rule name -> (kind, tasks)
+    comm_rules_applied: dict[str, tuple[str, int]] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if self.start_ns.size and np.any(np.diff(self.start_ns) < 0):

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from profile_analyzer import intervals as iv
-from profile_analyzer.timeline import Kind, RankTimeline
+from profile_analyzer.timeline import COMM_KINDS, COMPUTE_KINDS, Kind, RankTimeline
 
 # (json key, msprof column name)
 BREAKDOWN_ITEMS: tuple[tuple[str, str], ...] = (
@@ -59,8 +59,8 @@ class OverlapSets:
 
 def overlap_sets(rt: RankTimeline) -> OverlapSets:
     """The four Overlap Analysis interval sets recomputed from raw tasks."""
-    comp = iv.union(*rt.select(rt.kind == int(Kind.COMPUTE)))
-    comm_mask = rt.kind == int(Kind.COMMUNICATION)
+    comp = iv.union(*rt.select(rt.of_kind(*COMPUTE_KINDS)))
+    comm_mask = rt.of_kind(*COMM_KINDS)
     comm = iv.union(*rt.select(comm_mask))
     cno = iv.difference(comm, comp)
     dev = rt.device_mask
@@ -192,7 +192,7 @@ def profiler_agreement(rt: RankTimeline, ours: list[dict[str, object]] | None = 
     if rt.profiler_comm:
         from profile_analyzer.analyses.ranks import sync_wait_ns
 
-        comm_ops = rt.kind == int(Kind.COMMUNICATION)
+        comm_ops = rt.of_kind(*COMM_KINDS)
         for a in ours:
             theirs_c = rt.profiler_comm.get(a["step"])  # type: ignore[call-overload]
             if theirs_c is None:

@@ -45,7 +45,7 @@ import numpy as np
 
 from profile_analyzer import intervals as iv
 from profile_analyzer.analyses.exposed import op_kind
-from profile_analyzer.timeline import Kind, RankTimeline
+from profile_analyzer.timeline import COMM_KINDS, COMPUTE_KINDS, Kind, RankTimeline
 
 UBATCH_MARKER = re.compile(r"(?i)(?<![a-z])(?:ubatch|u_batch|micro_?batch|ub)[_\-#]?([01])(?!\d)")
 MIN_OPS = 4
@@ -105,7 +105,7 @@ def _period(kinds: list[str]) -> int:
 
 
 def dual_batch(rt: RankTimeline, lo: int, hi: int) -> dict[str, object]:
-    ops = np.flatnonzero((rt.kind == int(Kind.COMMUNICATION)) & (rt.start_ns >= lo) & (rt.start_ns < hi))
+    ops = np.flatnonzero(rt.of_kind(*COMM_KINDS) & (rt.start_ns >= lo) & (rt.start_ns < hi))
     ops = ops[np.argsort(rt.start_ns[ops], kind="stable")]
     result: dict[str, object] = {"rank": rt.rank, "detected": False, "method": None, "reason": "", "ubatches": [], "layers": []}
     if ops.size < 2:
@@ -180,7 +180,7 @@ def dual_batch(rt: RankTimeline, lo: int, hi: int) -> dict[str, object]:
                             "same-kind pairs that alternate between kinds "
                             f"(sequence starts {', '.join(kinds[:6])})")
         return result
-    comp_idx = np.flatnonzero(rt.kind == int(Kind.COMPUTE))
+    comp_idx = np.flatnonzero(rt.of_kind(*COMPUTE_KINDS))
     comp_ub = task_marker[comp_idx]
     if method == "two_compute_streams":
         comp_ub = np.full(comp_idx.size, -1, np.int8)
@@ -262,7 +262,7 @@ def _merge_collective_parts(s: np.ndarray, e: np.ndarray, names: list[str], ub: 
 
 def _two_compute_streams(rt: RankTimeline, lo: int, hi: int) -> tuple[int, int] | None:
     """The two streams/threads whose compute takes turns most often in [lo, hi), or None (see the module doc)."""
-    comp = np.flatnonzero((rt.kind == int(Kind.COMPUTE)) & (rt.start_ns >= lo) & (rt.start_ns < hi))
+    comp = np.flatnonzero(rt.of_kind(*COMPUTE_KINDS) & (rt.start_ns >= lo) & (rt.start_ns < hi))
     if comp.size < 2 * MIN_OPS:
         return None
     streams, inv = np.unique(rt.stream[comp], return_inverse=True)
@@ -305,7 +305,7 @@ def _assign_by_compute_streams(rt: RankTimeline, ops: np.ndarray, pair: tuple[in
     # every collective launched from a compute thread (the pair's, or another's: those stay left out)
     launches = np.flatnonzero(~elsewhere)  # ops are in start order
     used = np.zeros(ops.size, dtype=bool)
-    comp = np.flatnonzero(rt.kind == int(Kind.COMPUTE) & np.isin(rt.stream, [a, b]))
+    comp = np.flatnonzero(rt.of_kind(*COMPUTE_KINDS) & np.isin(rt.stream, [a, b]))
     comp = comp[np.argsort(rt.end_ns[comp], kind="stable")]
     comp_end = rt.end_ns[comp]
     for j in np.flatnonzero(elsewhere):

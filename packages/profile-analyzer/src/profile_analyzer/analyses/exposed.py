@@ -19,7 +19,7 @@ from functools import lru_cache
 import numpy as np
 
 from profile_analyzer import intervals as iv
-from profile_analyzer.timeline import Kind, RankTimeline, is_step_name
+from profile_analyzer.timeline import COMM_KINDS, Kind, RankTimeline, is_step_name
 
 # torch.compile's and autograd's wrapper ranges: they enclose whole graphs, so they name no code region
 _WRAPPER_RANGE = re.compile(r"^(Torch-Compiled Region|TorchDynamo Cache Lookup|## Call CompiledFxGraph|Pregraph bytecode|"
@@ -144,7 +144,7 @@ def exposed_communication(rt: RankTimeline, comp: iv.IntervalSet, comm_not_overl
                           lo: int, hi: int, top: int = 20) -> dict[str, object]:
     exposed = iv.clip(comm_not_overlapped, lo, hi)
     total_exposed = iv.total(exposed)
-    ops = np.flatnonzero((rt.kind == int(Kind.COMMUNICATION)) & (rt.start_ns >= lo) & (rt.start_ns < hi))
+    ops = np.flatnonzero(rt.of_kind(*COMM_KINDS) & (rt.start_ns >= lo) & (rt.start_ns < hi))
     os_, oe = rt.start_ns[ops], rt.end_ns[ops]
     per_op = exclusive_exposure(os_, oe, exposed)
     comp_idx = np.flatnonzero(rt.kind == int(Kind.COMPUTE))

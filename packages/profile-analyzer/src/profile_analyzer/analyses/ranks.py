@@ -14,11 +14,11 @@ from collections import defaultdict
 import numpy as np
 
 from profile_analyzer.analyses.exposed import op_kind
-from profile_analyzer.timeline import Kind, RankTimeline
+from profile_analyzer.timeline import COMM_KINDS, Kind, RankTimeline
 
 
 def _op_instances(rt: RankTimeline, lo: int | None, hi: int | None) -> dict[tuple[str, int], int]:
-    ops = np.flatnonzero(rt.kind == int(Kind.COMMUNICATION))
+    ops = np.flatnonzero(rt.of_kind(*COMM_KINDS))
     if lo is not None and hi is not None:
         ops = ops[(rt.start_ns[ops] >= lo) & (rt.start_ns[ops] < hi)]
     ops = ops[np.argsort(rt.start_ns[ops], kind="stable")]
@@ -41,7 +41,7 @@ def op_sync_wait(rt: RankTimeline) -> tuple[np.ndarray, np.ndarray]:
     cached = getattr(rt, "_op_sync_wait", None)
     if cached is not None:
         return cached
-    ops = np.flatnonzero(rt.kind == int(Kind.COMMUNICATION))
+    ops = np.flatnonzero(rt.of_kind(*COMM_KINDS))
     best = np.full(ops.size, np.iinfo(np.int64).max, dtype=np.int64)
     planes = [s.index for s in rt.streams if s.kind == "communication" and s.label.startswith("Plane")]
     notify_ids = np.array([i for i, n in enumerate(rt.names) if n.startswith("Notify")], dtype=np.int32)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 
 from profile_analyzer import intervals as iv
-from profile_analyzer.timeline import Kind, RankTimeline
+from profile_analyzer.timeline import COMPUTE_KINDS, Kind, RankTimeline
 
 
 def stream_utilisation(rt: RankTimeline, lo: int, hi: int) -> list[dict[str, object]]:
@@ -23,7 +23,7 @@ def stream_utilisation(rt: RankTimeline, lo: int, hi: int) -> list[dict[str, obj
         waiting = on & (rt.kind == int(Kind.IDLE_WAIT))
         busy = iv.clip(iv.union(*rt.select(on & ~waiting)), lo, hi)
         wait = iv.difference(iv.clip(iv.union(*rt.select(waiting)), lo, hi), busy)
-        compute = iv.clip(iv.union(*rt.select(on & (rt.kind == int(Kind.COMPUTE)))), lo, hi)
+        compute = iv.clip(iv.union(*rt.select(on & rt.of_kind(*COMPUTE_KINDS))), lo, hi)
         out.append({
             "rank": rt.rank, "stream": s.label, "kind": s.kind, "tasks": int(np.count_nonzero(on)),
             "busy_us": iv.total(busy) / 1000.0, "wait_us": iv.total(wait) / 1000.0,

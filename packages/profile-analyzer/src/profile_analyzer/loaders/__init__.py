@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import os
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from profile_analyzer.errors import ProfileError
@@ -131,10 +131,17 @@ def _release_memory() -> None:
 
 
 def _load_single(p: Path, fmt: str, rank: int, host_events: bool = False,
-                 on_bytes: Callable[[int, int, str], None] | None = None) -> list[RankTimeline]:
-    """One profile entry -> its rank (one per NPU when an Ascend trace holds several devices)."""
+                 on_bytes: Callable[[int, int, str], None] | None = None,
+                 comm_patterns: tuple[re.Pattern[str], ...] = ()) -> list[RankTimeline]:
+    """One profile entry -> its rank (one per NPU when an Ascend trace holds several devices), with the vendor
+    communication rules (and the user's ``comm_patterns``) applied."""
+    from profile_analyzer.loaders.comm_rules import apply_comm_rules
+
     try:
-        return _load_single_inner(p, fmt, rank, host_events, on_bytes)
+        rts = _load_single_inner(p, fmt, rank, host_events, on_bytes)
+        for rt in rts:
+            apply_comm_rules(rt, comm_patterns, host_ranges=rt.host_is_work)
+        return rts
     except OSError as exc:  # no permission, a directory where a file belongs, a symlink loop ...
         raise _os_problem(p, exc) from None
     finally:
@@ -171,15 +178,18 @@ def _trace_file(p: Path, rank: int, host_events: bool = False,
 
 
 def _load_and_run(p: Path, fmt: str, rank: int, host_events: bool,
-                  per_rank: Callable[[RankTimeline], object] | None) -> list[tuple[RankTimeline, object]]:
+                  per_rank: Callable[[RankTimeline], object] | None,
+                  comm_patterns: tuple[re.Pattern[str], ...] = ()) -> list[tuple[RankTimeline, object]]:
     """A worker's job: load one entry and run ``per_rank`` (if any) on each of its ranks there, while they are
     at hand."""
-    return [(rt, per_rank(rt) if per_rank is not None else None) for rt in _load_single(p, fmt, rank, host_events)]
+    return [(rt, per_rank(rt) if per_rank is not None else None)
+            for rt in _load_single(p, fmt, rank, host_events, comm_patterns=comm_patterns)]
 
 
 def load(path: str | Path, *, ranks: list[int] | None = None,
          progress: Callable[[int, int, str], None] | None = None, workers: int = 1,
-         host_events: bool = False, per_rank: Callable[[RankTimeline], object] | None = None) -> Timeline:
+         host_events: bool = False, per_rank: Callable[[RankTimeline], object] | None = None,
+         comm_patterns: Sequence[str] = ()) -> Timeline:
     """Load any supported profile. ``ranks`` restricts a multi-rank directory to those ranks.
 
     ``progress(done, total, label)`` reports bytes read for a single profile and ranks loaded for a
@@ -188,20 +198,26 @@ def load(path: str | Path, *, ranks: list[int] | None = None,
     about twice the size of the rank it loads). ``host_events=True`` keeps CPU-side events (torch ops, CANN
     API calls) as ``Kind.HOST`` tasks; by default they are read for steps and launch times and then dropped
     (CPU-only Kineto traces keep them, since there they are the work).
+    ``comm_patterns``: regexes (``--comm-pattern``) naming further communication kernels or ranges, on top of the
+    vendor rule table (:mod:`profile_analyzer.loaders.comm_rules`); a bad one raises ProfileError.
     """
+    from profile_analyzer.loaders.comm_rules import compile_patterns
+
     p = Path(path)
+    patterns = compile_patterns(comm_patterns)
     try:
-        return _load(p, ranks, progress, workers, host_events, per_rank)
+        return _load(p, ranks, progress, workers, host_events, per_rank, patterns)
     except OSError as exc:
         raise _os_problem(p, exc) from None
 
 
 def _load(p: Path, ranks: list[int] | None, progress: Callable[[int, int, str], None] | None, workers: int,
-          host_events: bool, per_rank: Callable[[RankTimeline], object] | None) -> Timeline:
+          host_events: bool, per_rank: Callable[[RankTimeline], object] | None,
+          patterns: tuple[re.Pattern[str], ...] = ()) -> Timeline:
     fmt = detect(p)
     if fmt != "multi_rank":
         r = _rank_of(p, fmt)
-        rts = _load_single(p, fmt, r if r is not None else 0, host_events, progress)
+        rts = _load_single(p, fmt, r if r is not None else 0, host_events, progress, patterns)
         tl = Timeline(source=str(p), format=fmt if len(rts) == 1 else "multi_rank", ranks={rt.rank: rt for rt in rts})
         if progress:
             progress(1, 1, p.name)
@@ -238,7 +254,7 @@ def _load(p: Path, ranks: list[int] | None, progress: Callable[[int, int, str], 
         pool = ProcessPoolExecutor(max_workers=min(workers, total), mp_context=ctx, initializer=_worker_init,
                                    initargs=(os.getpid(),))
         try:
-            futures = [(entry, pool.submit(_load_and_run, entry, f, rank, host_events, per_rank))
+            futures = [(entry, pool.submit(_load_and_run, entry, f, rank, host_events, per_rank, patterns))
                        for entry, f, rank in jobs]
             for done, (entry, fut) in enumerate(futures, 1):
                 got = fut.result()
@@ -252,7 +268,7 @@ def _load(p: Path, ranks: list[int] | None, progress: Callable[[int, int, str], 
         pool.shutdown(wait=True)
     else:
         for done, (entry, f, rank) in enumerate(jobs, 1):
-            add(entry, _load_single(entry, f, rank, host_events, progress if total == 1 else None), done)
+            add(entry, _load_single(entry, f, rank, host_events, progress if total == 1 else None, patterns), done)
     if ranks is not None:
         loaded = {k: v for k, v in loaded.items() if k in ranks}
         if not loaded:

@@ -256,7 +256,8 @@ def load_kineto(path: Path, rank_hint: int, host_events: bool = False) -> RankTi
     else:
         b.add(start[keep_mask], end[keep_mask], stream_idx[keep_mask], kind[keep_mask], cols.name_id[keep_mask])
         launch_ns = launch_ns[keep_mask]
-    return b.build(rank, str(path), "kineto", steps=steps, warnings=warnings, launch_ns=launch_ns)
+    return b.build(rank, str(path), "kineto", steps=steps, warnings=warnings, launch_ns=launch_ns,
+                   host_is_work=not bool(ev_gpu.any()))
 
 
 SILENT_STEP_MIN_NS = 1_000_000

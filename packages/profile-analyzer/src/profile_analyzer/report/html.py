@@ -17,7 +17,7 @@ import jinja2
 from profile_analyzer.report.tables import tables
 
 KIND_CLASS = {"compute": "k-compute", "communication": "k-comm", "comm-task": "k-commtask",
-              "idle-wait": "k-wait", "host": "k-host", "other": "k-other"}
+              "idle-wait": "k-wait", "host": "k-host", "other": "k-other", "fused": "k-comm"}
 KIND_LABEL = {"k-compute": "compute kernel", "k-comm": "communication op", "k-commtask": "communication task",
               "k-wait": "wait (Notify_Wait / EVENT_WAIT)", "k-host": "host", "k-other": "other device task"}
 

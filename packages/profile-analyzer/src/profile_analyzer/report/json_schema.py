@@ -20,7 +20,9 @@ within a schema version, never renamed or removed.
                   "communication_us": float, "communication_not_overlapped_us": float,
                   "overlapped_us": float, "free_us": float,
                   "overlap_pct": float|null,          # HTA: 100·|comm ∩ comp| / |comm|
-                  "exposed_comm_pct_of_wall": float|null},
+                  "exposed_comm_pct_of_wall": float|null,
+                  "fused_us": float,                  # fused compute+communication kernels (in both: Overlapped)
+                  "comm_rules": [{"rank", "rule", "kind": "communication"|"fused", "tasks"}]},  # vendor table hits
       "breakdown": [ {"rank": int, "step": int|null, "t0_ns": int, "start_us": float, "end_us": float,
                       "computing": float, "communication_not_overlapped": float, "overlapped": float,
                       "communication": float, "free": float, "stage": float, "bubble": float,
@@ -40,7 +42,7 @@ within a schema version, never renamed or removed.
                       "launch_known_pct", "max_gap_us", "median_gap_us"}],
                       "largest": [{"rank", "stream", "start_us", "end_us", "dur_us",
                                    "host_bound_us": float|null, "before", "after"}]} ],
-      "dual_batch": [ {"rank", "detected": bool, "method": "markers"|"two_comm_streams"|"paired_ops"|null,
+      "dual_batch": [ {"rank", "detected": bool, "method": "markers"|"two_comm_streams"|"two_compute_streams"|"paired_ops"|null,
                        "reason": str,
                        "ubatches": [{"ubatch", "comm_ops", "comm_us", "covered_us", "covered_pct", "op_kinds"}],
                        "layers": [{"rank", "ubatch", "layer", "index", "op", "start_us", "comm_us",
