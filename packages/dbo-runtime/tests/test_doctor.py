@@ -27,6 +27,7 @@ from dbo_runtime.ascend.source import (
     download_release,
     open_source,
 )
+from dbo_runtime.cli import main as cli_main
 from dbo_runtime.errors import DBOConfigError
 
 REPO_ROOT = Path(__file__).resolve().parents[3]
@@ -64,7 +65,7 @@ def ascend_tree(ascend_sdist: Path, tmp_path_factory: pytest.TempPathFactory) ->
 
 
 def _run_json(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, dict]:
-    code = doctor.main([*argv, "--format", "json"])
+    code = cli_main(["doctor", *argv, "--format", "json"])
     out = capsys.readouterr().out
     return code, json.loads(out)
 
@@ -95,7 +96,7 @@ def test_real_sdist_and_wheel_resolve_every_site(ascend_sdist: Path, vllm_wheel:
 
 
 def test_table_output_names_sites_and_version(ascend_sdist: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    code = doctor.main(["--vllm-ascend", str(ascend_sdist)])
+    code = cli_main(["doctor", "--vllm-ascend", str(ascend_sdist)])
     out = capsys.readouterr().out
     assert code == 0
     for column in ("site", "found", "signature ok", "version"):
@@ -136,7 +137,7 @@ def test_renamed_site_is_named(ascend_tree: Path, tmp_path: Path, capsys: pytest
     def_at = text.index("def token_dispatch(", cls_at)
     dispatcher.write_text(text[:def_at] + "def token_dispatch_v2(" + text[def_at + len("def token_dispatch("):])
 
-    code = doctor.main(["--vllm-ascend", str(copy)])
+    code = cli_main(["doctor", "--vllm-ascend", str(copy)])
     out = capsys.readouterr().out
     assert code == 1
     summary = out[out.index("doctor: 1 of"):]
@@ -170,7 +171,6 @@ def test_changed_signature_is_reported(ascend_tree: Path, tmp_path: Path,
 @pytest.mark.parametrize("kind", ["empty-dir", "text-file", "missing", "other-wheel"])
 def test_not_a_vllm_ascend_source_exits_2(kind: str, tmp_path: Path, capsys: pytest.CaptureFixture[str],
                                           vllm_wheel: Path) -> None:
-    from dbo_runtime.cli import main as cli_main
 
     target = {
         "empty-dir": tmp_path,
@@ -193,7 +193,7 @@ def test_no_argument_checks_installed_package_without_importing(capsys: pytest.C
     import importlib.util
     import sys
 
-    code = doctor.main([])
+    code = cli_main(["doctor"])
     captured = capsys.readouterr()
     if importlib.util.find_spec("vllm_ascend") is None:
         assert code == 2

@@ -90,20 +90,73 @@ def test_rank_configuration_mismatch_is_an_error_on_every_rank():
 @pytest.mark.parametrize(
     "argv, needle",
     [
-        (["--ubatches", "3"], "--ubatches 3"),
+        (["--ubatch-size", "3"], "--ubatch-size 3"),
         (["--ranks", "3"], "3 ranks"),
+        (["--ranks", "9"], "--ranks"),
         (["--link", "20"], "--link"),
+        (["--link", "nan,1"], "--link"),
         (["--pattern", "a4"], "--pattern"),
         (["--requests", "9", "--tokens", "4"], "--requests"),
+        # issue 11: refused before a rank starts (was: raw per-rank errors, exit 1)
+        (["--tokens", "99999999999"], "--tokens"),
+        (["--tokens", "9" * 5000], "5,000 characters"),
+        (["--trace", "/proc/nope"], "--trace"),
+        (["--hidden", "60000", "--intermediate", "200000", "--tokens", "200000"], "GiB"),
+        (["--dbo-prefill-token-threshold", "1"], "--dbo-prefill-token-threshold"),
+        (["--dbo-decode-token-threshold", "x"], "--dbo-decode-token-threshold"),
+        (["--timeout", "nan"], "--timeout"),
+        (["--timeout", "-1"], "--timeout"),
+        (["--steps", "0"], "--steps"),
+        (["--format", "xml"], "--format"),
+        (["--dbo", "on"], "--dbo"),  # the old spelling: vLLM's is --enable-dbo / --no-enable-dbo
     ],
 )
-def test_cli_bad_input_is_one_line_exit_2(argv, needle, capsys):
-    try:
-        code = main(["reference", *argv])
-    except SystemExit as exc:  # argparse's own validation
-        code = exc.code
+def test_cli_bad_input_is_one_line_exit_2(argv, needle, capsys, tmp_path):
+    code = main(["reference", *argv, "-o", str(tmp_path / "report.txt")])
     err = capsys.readouterr().err
+    assert list(tmp_path.iterdir()) == []
     assert code == 2
     lines = [line for line in err.splitlines() if line.strip()]
     assert len(lines) == 1 and needle in lines[0], err
     assert "Traceback" not in err
+
+
+@pytest.mark.parametrize("signame, status, word", [("SIGINT", 130, "interrupted"), ("SIGTERM", 143, "terminated")])
+def test_interrupting_the_parent_stops_the_ranks_at_once(signame, status, word):
+    """Issue 11: Ctrl-C to the parent only printed "interrupted" and exited 47 s later while the ranks ran on."""
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    cmd = [sys.executable, "-m", "dbo_runtime", "reference", "--layers", "2", "--tokens", "256", "--hidden", "64",
+           "--intermediate", "128", "--steps", "10000", "--timeout", "600"]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    try:
+        deadline = time.monotonic() + 120
+        ranks: list[str] = []
+        while time.monotonic() < deadline and len(ranks) < 2:
+            time.sleep(0.5)
+            children = subprocess.run(["pgrep", "-P", str(proc.pid)], capture_output=True, text=True).stdout.split()
+            ranks = [c for c in children if _cmdline(c).count("spawn_main")]
+        assert len(ranks) == 2, "the ranks did not start"
+        time.sleep(2)
+        started = time.monotonic()
+        proc.send_signal(getattr(signal, signame))
+        _, err = proc.communicate(timeout=60)
+        assert time.monotonic() - started < 30
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == status and err.strip().splitlines() == [f"dbo-runtime: {word}"], err
+    time.sleep(0.5)
+    assert [r for r in ranks if os.path.exists(f"/proc/{r}") and _cmdline(r).count("spawn_main")] == []
+
+
+def _cmdline(pid: str) -> str:
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as handle:
+            return handle.read().decode(errors="replace")
+    except OSError:
+        return ""

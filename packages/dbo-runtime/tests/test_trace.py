@@ -12,9 +12,9 @@ from dbo_runtime.profiling import SPAN_PATTERN
 
 
 def _trace(out_dir: Path, dbo: str, link: str) -> subprocess.CompletedProcess:
-    cmd = [sys.executable, "-m", "dbo_runtime", "reference", "--pattern", "a2", "--dbo", dbo, "--ranks", "2",
+    cmd = [sys.executable, "-m", "dbo_runtime", "reference", "--pattern", "a2", "--enable-dbo" if dbo == "on" else "--no-enable-dbo", "--ranks", "2",
            "--tokens", "96", "--requests", "3", "--layers", "2", "--hidden", "64", "--intermediate", "128",
-           "--experts", "4", "--prefill-threshold", "2", "--steps", "1", "--warmup", "1", "--link", link,
+           "--experts", "4", "--dbo-prefill-token-threshold", "2", "--steps", "1", "--warmup", "1", "--link", link,
            "--trace", str(out_dir)]  # fmt: skip
     return subprocess.run(cmd, capture_output=True, text=True, timeout=240)
 

@@ -14,6 +14,7 @@ import pytest
 TOOLS = {
     "kv-capacity": "kv_capacity.cli:cli",
     "profile-analyzer": "profile_analyzer.cli:cli",
+    "dbo-runtime": "dbo_runtime.cli:cli",
 }
 
 

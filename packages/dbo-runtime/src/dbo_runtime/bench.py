@@ -19,7 +19,6 @@ Writes ``<out>/dbo_runtime.json`` and ``<out>/dbo_runtime.md`` (atomically) and 
 
 from __future__ import annotations
 
-import argparse
 import json
 import math
 import os
@@ -32,7 +31,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-__all__ = ["BenchPlan", "measure_handoff", "bench_task", "run_bench", "add_parser", "main", "TARGET_EFFICIENCY"]
+__all__ = ["BenchPlan", "measure_handoff", "bench_task", "run_bench", "quick_plan", "main", "TARGET_EFFICIENCY"]
 
 TARGET_EFFICIENCY = 0.80
 DISTURBED_COMPUTE_RATIO = 0.15
@@ -425,51 +424,18 @@ def equality_summary() -> list[dict[str, Any]]:
     ]  # fmt: skip
 
 
-def _quick_plan() -> BenchPlan:
+def quick_plan() -> BenchPlan:
     """A few seconds of measurements with a tiny model: for tests and a smoke check, not for the figures."""
     return BenchPlan(num_layers=2, default_tokens=128, token_counts=(128,), steps=2, warmup=1, no_split_tokens=64,
                      hidden_size=64, expert_intermediate=128, shared_intermediate=128,
                      links=(LinkVariant("default"), LinkVariant("bw x2", bandwidth_scale=2.0)), smoke=True)  # fmt: skip
 
 
-def _run(args: argparse.Namespace) -> int:
-    out = Path(args.out)
-    if out.exists() and not out.is_dir():
-        print(f"dbo-runtime bench: --out {args.out!r} is a file; accepted: a directory (created if missing)", file=sys.stderr)
-        return 2
-    from dbo_runtime.reference.launcher import RanksFailed
-
-    try:
-        summary = run_bench(out, _quick_plan() if args.quick else None)
-    except RanksFailed as exc:
-        for err in exc.errors:
-            print(f"dbo-runtime bench: {err.line()}", file=sys.stderr)
-        return 1
-    print(format_table(summary))
-    print(f"written: {out / 'dbo_runtime.json'}")
-    return 0
-
-
-def _configure(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
-    p.add_argument("--out", default="bench-results", help="directory for dbo_runtime.json (default bench-results)")
-    p.add_argument("--quick", action="store_true", help="tiny model, few steps: a smoke run, not the figures")
-    p.set_defaults(func=_run)
-    return p
-
-
-def add_parser(subparsers: Any) -> argparse.ArgumentParser:
-    return _configure(
-        subparsers.add_parser(
-            "bench",
-            help="benchmark DBO on the reference MoE model (overlap efficiency, handoff cost)",
-            description=__doc__.splitlines()[0],
-        )
-    )
-
-
 def main(argv: list[str] | None = None) -> int:
-    parser = _configure(argparse.ArgumentParser(prog="python -m dbo_runtime.bench", description=__doc__.splitlines()[0]))
-    return _run(parser.parse_args(argv))
+    """``python -m dbo_runtime.bench [--out DIR] [--quick]``: the same as ``dbo-runtime bench``."""
+    from dbo_runtime.cli import cli
+
+    return cli.run(["bench", *(sys.argv[1:] if argv is None else argv)])
 
 
 if __name__ == "__main__":

@@ -1,47 +1,39 @@
-"""Command line of dbo-runtime.
+"""Command line of dbo-runtime: a click group whose subcommands (in `dbo_runtime.commands`) load lazily.
 
-Each subcommand lives in its own module, which exposes `add_parser(subparsers)`; that function adds its
-subparser and sets `func=<callable(args) -> int>` as the default. The modules are listed below so that
-each command's owner can grow it without touching the others.
+Bad input is one line on stderr and exit status 2 (toolkit_cli's error path: a bad value is a usage error, a
+`DBOError` found while working is `dbo-runtime: error: ...`); exit 1 is a verdict (outputs differ, a hook site
+is missing) or a run that failed on its ranks.
 """
 
 from __future__ import annotations
 
-import argparse
-import importlib
 import sys
 
-SUBCOMMAND_MODULES: tuple[str, ...] = ("dbo_runtime.reference.cli", "dbo_runtime.bench", "dbo_runtime.ascend.doctor", "dbo_runtime.ascend.cli")
+from toolkit_cli import ToolGroup, argparse_mirror
 
+from dbo_runtime.errors import DBOError
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="dbo-runtime", description="Dual batch overlap (DBO) runtime for vLLM-Ascend")
-    subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")
-    for name in SUBCOMMAND_MODULES:
-        try:
-            module = importlib.import_module(name)
-        except ModuleNotFoundError as exc:
-            if exc.name and (name == exc.name or name.startswith(exc.name + ".")):  # not written yet
-                continue
-            raise
-        add_parser = getattr(module, "add_parser", None)
-        if add_parser is not None:
-            add_parser(subparsers)
-    return parser
+COMMANDS = {
+    "reference": "dbo_runtime.commands.reference:reference",
+    "bench": "dbo_runtime.commands.bench:bench",
+    "compare": "dbo_runtime.commands.compare:compare",
+    "ascend-compare": "dbo_runtime.commands.compare:ascend_compare",
+    "doctor": "dbo_runtime.commands.doctor:doctor",
+    "ascend-sites": "dbo_runtime.commands.sites:ascend_sites",
+}
+
+cli = ToolGroup("dbo-runtime", lazy_subcommands=COMMANDS, domain_errors=(DBOError,),
+                help="Dual batch overlap (DBO) runtime for vLLM-Ascend: the reference model, its benchmark, the DBO "
+                "on/off precision comparison in a real vLLM, and the vLLM-Ascend hook-site checks.")
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = build_parser()
-    args = parser.parse_args(argv)
-    func = getattr(args, "func", None)
-    if func is None:
-        parser.print_help()
-        return 0
-    try:
-        return int(func(args) or 0)
-    except KeyboardInterrupt:
-        print(f"{parser.prog}: interrupted", file=sys.stderr)
-        return 130
+    return cli.run(argv)
+
+
+def build_parser():  # -> argparse.ArgumentParser
+    """An argparse parser with the same subcommands and option names (for tools that read argparse parsers)."""
+    return argparse_mirror(cli)
 
 
 if __name__ == "__main__":  # python -m dbo_runtime.cli

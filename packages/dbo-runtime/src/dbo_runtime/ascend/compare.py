@@ -7,6 +7,7 @@ the same greedy text on most prompts and small logprob differences where the tex
 
 from __future__ import annotations
 
+import http.client
 import json
 import math
 import os
@@ -21,7 +22,8 @@ from typing import Any
 
 from dbo_runtime.errors import DBOConfigError
 
-__all__ = ["DEFAULT_PROMPTS", "collect", "diff_runs", "RunDiff", "write_json_atomic"]
+__all__ = ["DEFAULT_PROMPTS", "collect", "diff_runs", "RunDiff", "write_json_atomic", "read_collect_result",
+           "check_collect_result"]
 
 DEFAULT_PROMPTS: tuple[str, ...] = (
     "Question: A train travels 60 km in 45 minutes. What is its speed in km per hour? Answer:",
@@ -74,12 +76,23 @@ def collect(base_url: str, model: str, prompts: Sequence[str], *, max_tokens: in
         try:
             with urllib.request.urlopen(req, timeout=timeout_s) as resp:
                 payload = json.loads(resp.read())
-        except (urllib.error.URLError, TimeoutError, ConnectionError) as exc:
-            raise DBOConfigError(f"{base_url}: completion request failed ({exc}); is the server up?") from None
-        choice = payload["choices"][0]
-        lp = choice.get("logprobs") or {}
-        return {"prompt": prompt, "text": choice["text"], "tokens": lp.get("tokens") or [],
-                "logprobs": lp.get("token_logprobs") or []}
+        except (urllib.error.URLError, OSError, http.client.HTTPException, ValueError) as exc:
+            if isinstance(exc, json.JSONDecodeError | UnicodeDecodeError):
+                raise DBOConfigError(f"{base_url}: the server's answer is not JSON; accepted: an OpenAI-compatible "
+                                     "vLLM server") from None
+            reason = " ".join(str(exc).split())[:200]
+            raise DBOConfigError(f"{base_url}: completion request failed ({reason}); is the server up?") from None
+        try:
+            choice = payload["choices"][0]
+            lp = choice.get("logprobs") or {}
+            text = choice["text"]
+            if not isinstance(text, str):
+                raise TypeError(text)
+            return {"prompt": prompt, "text": text, "tokens": list(lp.get("tokens") or []),
+                    "logprobs": list(lp.get("token_logprobs") or [])}
+        except (KeyError, IndexError, TypeError, AttributeError):
+            raise DBOConfigError(f"{base_url}: the answer has no completion text (choices[0].text); accepted: an "
+                                 "OpenAI-compatible vLLM server's /v1/completions") from None
 
     with ThreadPoolExecutor(max_workers=concurrency) as pool:
         results = list(pool.map(one, prompts))
@@ -100,12 +113,63 @@ class RunDiff:
         return self.identical / self.prompts if self.prompts else 1.0
 
 
+MAX_COLLECT_BYTES = 1 << 30
+_ACCEPTED = "accepted: the JSON written by `dbo-runtime compare collect`"
+
+
+def read_collect_result(path: str | os.PathLike[str]) -> dict[str, Any]:
+    """A ``collect`` result read from ``path`` and checked item by item (:func:`check_collect_result`)."""
+    import stat
+
+    shown = os.fspath(path)[:200]
+    try:
+        info = os.stat(path)
+        if not stat.S_ISREG(info.st_mode):
+            raise DBOConfigError(f"{shown}: not a regular file; {_ACCEPTED}")
+        if info.st_size > MAX_COLLECT_BYTES:
+            raise DBOConfigError(f"{shown}: {info.st_size:,} bytes, more than a collect result can be "
+                                 f"({MAX_COLLECT_BYTES:,}); {_ACCEPTED}")
+        with open(path, "rb") as handle:
+            data = json.loads(handle.read().decode("utf-8"))
+    except OSError as exc:
+        raise DBOConfigError(f"{shown}: cannot read ({exc.strerror}); {_ACCEPTED}") from None
+    except (UnicodeDecodeError, json.JSONDecodeError, RecursionError):
+        raise DBOConfigError(f"{shown}: not JSON text; {_ACCEPTED}") from None
+    return check_collect_result(data, shown)
+
+
+def check_collect_result(data: Any, where: str = "collect result") -> dict[str, Any]:
+    """``data`` if it is a collect result: an object whose ``results`` list holds objects with a string ``prompt``
+    and ``text``, and optional ``tokens`` (a list) and ``logprobs`` (numbers or null); else DBOConfigError naming
+    the first item and field that is not."""
+    if not isinstance(data, dict) or not isinstance(data.get("results"), list):
+        raise DBOConfigError(f"{where}: not a collect result (no 'results' list); {_ACCEPTED}")
+    for i, item in enumerate(data["results"]):
+        if not isinstance(item, dict):
+            raise DBOConfigError(f"{where}: results[{i}] is a {type(item).__name__}, not an object; {_ACCEPTED}")
+        for key in ("prompt", "text"):
+            if not isinstance(item.get(key), str):
+                what = "missing" if key not in item else f"a {type(item[key]).__name__}, not a string"
+                raise DBOConfigError(f"{where}: results[{i}].{key} is {what}; {_ACCEPTED}")
+        for key in ("tokens", "logprobs"):
+            if item.get(key) is not None and not isinstance(item[key], list):
+                raise DBOConfigError(f"{where}: results[{i}].{key} is a {type(item[key]).__name__}, not a list; "
+                                     f"{_ACCEPTED}")
+        for j, value in enumerate(item.get("logprobs") or []):
+            if value is not None and (isinstance(value, bool) or not isinstance(value, int | float)):
+                raise DBOConfigError(f"{where}: results[{i}].logprobs[{j}] is {str(value)[:40]!r}, not a number; "
+                                     f"{_ACCEPTED}")
+    return data
+
+
 def diff_runs(a: dict[str, Any], b: dict[str, Any]) -> RunDiff:
     """Compare two ``collect`` results prompt by prompt. Logprobs are compared over each prompt's common token
     prefix (after the first different token the two continuations condition on different text)."""
-    ra, rb = a.get("results"), b.get("results")
-    if not isinstance(ra, list) or not isinstance(rb, list):
-        raise DBOConfigError("not a collect result: expected a JSON object with a 'results' list")
+    ra = check_collect_result(a, "first run")["results"]
+    rb = check_collect_result(b, "second run")["results"]
+    if not ra or not rb:
+        raise DBOConfigError("a run has no completions, so nothing can be compared; accepted: two collect runs of the "
+                             "same prompts, at least one prompt each")
     if [r["prompt"] for r in ra] != [r["prompt"] for r in rb]:
         raise DBOConfigError("the two runs used different prompts; accepted: two collect runs of the same prompts")
     identical, divergence, diffs = 0, [], []

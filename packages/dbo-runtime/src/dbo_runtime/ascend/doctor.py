@@ -6,7 +6,6 @@ against a source tree, an sdist, a wheel, or the installed packages (located wit
 
 from __future__ import annotations
 
-import argparse
 import ast
 import json
 import sys
@@ -30,7 +29,7 @@ from dbo_runtime.ascend.sites import (
 from dbo_runtime.ascend.source import PackageSource, installed_source, open_source
 from dbo_runtime.errors import DBOConfigError
 
-__all__ = ["SiteCheck", "check_symbols", "run_doctor", "add_parser", "main"]
+__all__ = ["SiteCheck", "check_symbols", "run_doctor"]
 
 _DefNode = ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef
 
@@ -503,34 +502,3 @@ def run_doctor(vllm_ascend: str | None, vllm: str | None, *, output_format: str 
         if vllm_src is None:
             print(f"doctor: vLLM rows skipped: {skip_reason}")
     return 1 if missing else 0
-
-
-def _cmd(args: argparse.Namespace) -> int:
-    try:
-        return run_doctor(args.vllm_ascend, args.vllm, output_format=args.format)
-    except DBOConfigError as exc:
-        print(f"dbo-runtime doctor: {exc}", file=sys.stderr)
-        return 2
-
-
-def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
-    parser = subparsers.add_parser(
-        "doctor",
-        help="check a vLLM-Ascend release for every DBO hook site (source only, nothing imported)",
-        description="Resolve every hook site and patched symbol of the DBO site table in a vLLM-Ascend (and "
-        "vLLM) release by reading its source; exit 1 if any is missing or changed its signature.",
-    )
-    parser.add_argument("--vllm-ascend", metavar="PATH_OR_ARCHIVE", default=None,
-                        help="vllm-ascend source tree, sdist (.tar.gz) or wheel (.whl); default: the installed one")
-    parser.add_argument("--vllm", metavar="PATH_OR_ARCHIVE", default=None,
-                        help="vLLM source tree, sdist or wheel; default: the installed one (skipped if none)")
-    parser.add_argument("--format", choices=("table", "json"), default="table")
-    parser.set_defaults(func=_cmd)
-    return parser
-
-
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="dbo-runtime")
-    add_parser(parser.add_subparsers(dest="command"))
-    args = parser.parse_args(["doctor", *(argv or [])])
-    return int(args.func(args))

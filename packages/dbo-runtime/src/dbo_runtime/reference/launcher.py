@@ -126,9 +126,17 @@ def run_ranks(
         )
         deadline = time.monotonic() + timeout_s
         procs = context.processes
-        while time.monotonic() < deadline and any(p.is_alive() for p in procs):
-            for p in procs:
-                p.join(0.05)
+        try:
+            while time.monotonic() < deadline and any(p.is_alive() for p in procs):
+                for p in procs:
+                    p.join(0.05)
+        except BaseException:  # Ctrl-C or SIGTERM in the parent: the ranks stop with it, now
+            for proc in procs:
+                if proc.is_alive():
+                    proc.kill()
+            for proc in procs:
+                proc.join(5)
+            raise
         killed = set()
         for rank, proc in enumerate(procs):
             if proc.is_alive():

@@ -1,0 +1,36 @@
+"""``dbo-runtime bench``: the benchmark of the DBO runtime on the reference MoE model (``make bench``)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import click
+
+from dbo_runtime.commands._params import WritableDir
+
+__all__ = ["bench"]
+
+
+@click.command(
+    "bench",
+    short_help="benchmark DBO on the reference MoE model (overlap efficiency, handoff cost)",
+    help="Benchmark of the DBO runtime on the reference MoE model: step time with DBO off and on, overlap "
+    "efficiency per pattern, token count and link, the handoff cost and the cost below the thresholds. Writes "
+    "DIR/dbo_runtime.json and DIR/dbo_runtime.md (atomically) and prints a table.",
+)
+@click.option("--out", type=WritableDir(), default="bench-results", show_default=True,
+              help="directory for dbo_runtime.json and dbo_runtime.md (created if missing; checked before the run)")
+@click.option("--quick", is_flag=True, help="tiny model, few steps: a smoke run, not the figures")
+def bench(out: Path, quick: bool) -> int:
+    from dbo_runtime.bench import format_table, quick_plan, run_bench
+    from dbo_runtime.reference.launcher import RanksFailed
+
+    try:
+        summary = run_bench(out, quick_plan() if quick else None)
+    except RanksFailed as exc:
+        for err in exc.errors:
+            click.echo(f"dbo-runtime bench: {err.line()}", err=True)
+        return 1
+    click.echo(format_table(summary))
+    click.echo(f"written: {out / 'dbo_runtime.json'}")
+    return 0
