@@ -7,7 +7,7 @@ import math
 import subprocess
 import sys
 
-from dbo_runtime.bench import (
+from dbo_runtime.reference.bench import (
     TARGET_EFFICIENCY,
     BenchPlan,
     efficiency,

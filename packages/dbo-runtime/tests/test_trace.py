@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from dbo_runtime.profiling import SPAN_PATTERN
+from dbo_runtime.reference.profiling import SPAN_PATTERN
 
 
 def _trace(out_dir: Path, dbo: str, link: str) -> subprocess.CompletedProcess:

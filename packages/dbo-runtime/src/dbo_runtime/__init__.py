@@ -6,9 +6,9 @@ torch_npu) for the vLLM plugin entry point and for `dbo-runtime doctor`:
 - split decision: `should_ubatch`, `split_ubatches`, `UBatchSlice`, `slice_request_metadata`,
   `maybe_create_ubatch_slices` (dbo_runtime.ubatch)
 - DP agreement: `coordinate_ubatching`, `UBatchDecision` (dbo_runtime.dp_sync)
-- the ping-pong: `run_ubatches` and the hook API `dbo_enabled`, `dbo_current_ubatch_id`, `dbo_yield`,
-  `dbo_switch_to_comm`, `dbo_switch_to_compute`, `dbo_register_recv_hook`, `dbo_maybe_run_recv_hook`
-  (dbo_runtime.context)
+- the ping-pong: `run_ubatches` (dbo_runtime.workers, the worker threads and the run loop) and the hook API
+  `dbo_enabled`, `dbo_current_ubatch_id`, `dbo_yield`, `dbo_switch_to_comm`, `dbo_switch_to_compute`,
+  `dbo_register_recv_hook`, `dbo_maybe_run_recv_hook` (dbo_runtime.context)
 - communication-site wrappers shared by the reference model and the vLLM-Ascend adapter:
   `dbo_async_site`, `wrap_stream_site` (dbo_runtime.hooks)
 - device backends: `get_backend`, `DeviceBackend` (dbo_runtime.devices)
@@ -29,10 +29,11 @@ _EXPORTS: dict[str, str] = {
          "DEFAULT_PREFILL_TOKEN_THRESHOLD"], "dbo_runtime.ubatch"),
     **dict.fromkeys(["coordinate_ubatching", "UBatchDecision"], "dbo_runtime.dp_sync"),
     **dict.fromkeys(
-        ["run_ubatches", "dbo_enabled", "dbo_current_ubatch_id", "dbo_yield", "dbo_switch_to_comm",
+        ["dbo_enabled", "dbo_current_ubatch_id", "dbo_yield", "dbo_switch_to_comm",
          "dbo_switch_to_compute", "dbo_switch_to_comm_sync", "dbo_switch_to_compute_sync",
          "dbo_yield_and_switch_from_compute_to_comm", "dbo_yield_and_switch_from_comm_to_compute",
          "dbo_register_recv_hook", "dbo_maybe_run_recv_hook"], "dbo_runtime.context"),
+    "run_ubatches": "dbo_runtime.workers",
     **dict.fromkeys(["dbo_async_site", "wrap_stream_site"], "dbo_runtime.hooks"),
     **dict.fromkeys(["get_backend", "DeviceBackend"], "dbo_runtime.devices"),
     **dict.fromkeys(["DBOError", "DBOConfigError", "DBOTimeoutError", "DBOWorkerError"], "dbo_runtime.errors"),

@@ -22,7 +22,7 @@ __all__ = ["bench"]
               help="directory for dbo_runtime.json and dbo_runtime.md (created if missing; checked before the run)")
 @click.option("--quick", is_flag=True, help="tiny model, few steps: a smoke run, not the figures")
 def bench(out: Path, quick: bool) -> int:
-    from dbo_runtime.bench import format_table, quick_plan, run_bench
+    from dbo_runtime.reference.bench import format_table, quick_plan, run_bench
     from dbo_runtime.reference.launcher import RanksFailed
 
     try:

@@ -48,7 +48,7 @@ class LinkParam(click.ParamType):
         return "LAT_US,GBPS|none|auto"
 
     def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> str:
-        from dbo_runtime.comm import LinkModel
+        from dbo_runtime.reference.comm import LinkModel
 
         text = str(value)
         if text.strip().lower() == "auto":
@@ -137,7 +137,7 @@ def build_spec(*, pattern: str, enable_dbo: bool, ranks: int, tokens: int, reque
 
 
 def format_report(spec: Any, results: list[dict[str, Any]], ranks: int) -> str:
-    from dbo_runtime.comm import LINK_STAND_IN_NOTE
+    from dbo_runtime.reference.comm import LINK_STAND_IN_NOTE
 
     run0 = results[0]["runs"][0]
     step = max(r["runs"][0]["step_s"] for r in results)
@@ -217,7 +217,7 @@ def format_report(spec: Any, results: list[dict[str, Any]], ranks: int) -> str:
 @click.option("--timeout", type=SECONDS, default=120.0, show_default=True, metavar="SECONDS",
               help="seconds before a hung run is stopped")
 def reference(**options: Any) -> int:
-    from dbo_runtime.comm import LINK_STAND_IN_NOTE
+    from dbo_runtime.reference.comm import LINK_STAND_IN_NOTE
     from dbo_runtime.reference.launcher import RanksFailed, run_ranks
 
     spec = build_spec(**options)

@@ -31,11 +31,11 @@ import torch
 import torch.nn.functional as F
 from torch.profiler import record_function
 
-from dbo_runtime.comm import Collectives, PendingCollective
 from dbo_runtime.context import dbo_current_ubatch_id, dbo_enabled
 from dbo_runtime.errors import DBOConfigError
 from dbo_runtime.hooks import dbo_async_site
-from dbo_runtime.profiling import compute_span_name
+from dbo_runtime.reference.comm import Collectives, PendingCollective
+from dbo_runtime.reference.profiling import compute_span_name
 
 __all__ = ["PATTERNS", "DTYPES", "MoEConfig", "Batch", "KVCache", "StepTimer", "ReferenceMoE", "batch_inputs"]
 

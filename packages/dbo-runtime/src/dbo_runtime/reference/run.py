@@ -18,12 +18,11 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from dbo_runtime.comm import LINK_STAND_IN_NOTE, Collectives, LinkModel
 from dbo_runtime.context import run_ubatches
 from dbo_runtime.devices.cpu import CPUBackend
 from dbo_runtime.dp_sync import coordinate_ubatching
 from dbo_runtime.errors import DBOConfigError
-from dbo_runtime.profiling import kineto_trace
+from dbo_runtime.reference.comm import LINK_STAND_IN_NOTE, Collectives, LinkModel
 from dbo_runtime.reference.model import (
     DTYPES,
     Batch,
@@ -34,6 +33,7 @@ from dbo_runtime.reference.model import (
     _Part,
     batch_inputs,
 )
+from dbo_runtime.reference.profiling import kineto_trace
 from dbo_runtime.ubatch import (
     DEFAULT_DECODE_TOKEN_THRESHOLD,
     DEFAULT_PREFILL_TOKEN_THRESHOLD,

@@ -43,7 +43,7 @@ from torch.profiler import record_function
 
 from dbo_runtime.context import dbo_current_ubatch_id, dbo_enabled
 from dbo_runtime.errors import DBOConfigError, DBOError, DBOTimeoutError
-from dbo_runtime.profiling import comm_span_name, launch_span_name
+from dbo_runtime.reference.profiling import comm_span_name, launch_span_name
 
 __all__ = ["LinkModel", "CollectiveRecord", "PendingCollective", "Collectives", "LINK_STAND_IN_NOTE"]
 
