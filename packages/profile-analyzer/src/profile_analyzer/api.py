@@ -20,7 +20,15 @@ from profile_analyzer.analyses.ranks import rank_comparison
 from profile_analyzer.analyses.streams import idle_gaps, stream_utilisation
 from profile_analyzer.errors import ProfileError
 from profile_analyzer.report.model import Report
-from profile_analyzer.timeline import KIND_NAMES, Kind, RankTimeline, Timeline
+from profile_analyzer.timeline import (
+    COMM_KINDS,
+    COMPUTE_KINDS,
+    KIND_NAMES,
+    STEP_NAME,
+    Kind,
+    RankTimeline,
+    Timeline,
+)
 
 _TIME_KEYS = [k for k, _ in BREAKDOWN_ITEMS]
 MAX_LANE_TASKS = 400
@@ -56,6 +64,8 @@ class RankAnalysis:
     dual_batch: dict[str, Any]
     comm_not_overlapped: tuple[np.ndarray, np.ndarray]
     fused_us: float = 0.0
+    # HTA's get_comm_comp_overlap: over every task of the trace, not per step
+    whole_trace: dict[str, Any] | None = None
 
 
 def analyze_rank(rt: RankTimeline, step: int | None = None, top: int = 20) -> RankAnalysis:
@@ -84,7 +94,34 @@ def analyze_rank(rt: RankTimeline, step: int | None = None, top: int = 20) -> Ra
         agreement=[a for a in profiler_agreement(rt, all_rows) if step is None or a["step"] == step],
         totals={k: sum(x[k] for x in rows) / 1000.0 for k in _TIME_KEYS}, window=(lo, hi), exposed=ex,
         streams=stream_utilisation(rt, lo, hi), gaps=g, dual_batch=dual_batch(rt, lo, hi),
-        comm_not_overlapped=sets.comm_not_overlapped, fused_us=iv.total(fused) / 1000.0)
+        comm_not_overlapped=sets.comm_not_overlapped, fused_us=iv.total(fused) / 1000.0,
+        whole_trace=whole_trace_overlap(rt, sets))
+
+
+def whole_trace_overlap(rt: RankTimeline, sets: Any = None) -> dict[str, Any]:
+    """HTA's ``get_comm_comp_overlap`` figure for one rank: |comm ∩ comp| / |comm| over the kernels of the whole
+    trace, not per step. Exactly HTA's selection (``Trace._filter_irrelevant_gpu_kernels`` with its default
+    ``include_last_profiler_step=False``): with two or more ``ProfilerStep#N`` ranges, only the kernels whose launch
+    is known and came before the last step started; with fewer, every kernel; times in whole µs as HTA reads them.
+    The step breakdown's
+    ``overlap_pct`` counts instead what starts inside each step range (msprof's way)."""
+    launch = rt.launch_ns
+    n_profiler_steps = sum(1 for n in rt.names if STEP_NAME.match(n))
+    keep = np.ones(rt.start_ns.size, dtype=bool)
+    if launch is not None and n_profiler_steps >= 2 and rt.steps.host_start_ns.size >= 2 and (launch >= 0).any():
+        last = -(-int(rt.steps.host_start_ns.max()) // 1000)
+        keep = (launch >= 0) & (-(-launch // 1000) < last)
+    # HTA rounds a trace with sub-µs times to whole µs, start up and end down (trace_parser.round_down_time_stamps,
+    # pytorch/pytorch#122425); a trace in whole µs is unchanged by it
+    starts = -(-rt.start_ns // 1000) * 1000
+    ends = np.maximum(rt.end_ns // 1000 * 1000, starts)
+    comp = iv.union(starts[keep & rt.of_kind(*COMPUTE_KINDS)], ends[keep & rt.of_kind(*COMPUTE_KINDS)])
+    comm_set = iv.union(starts[keep & rt.of_kind(*COMM_KINDS)], ends[keep & rt.of_kind(*COMM_KINDS)])
+    cno = iv.difference(comm_set, comp)
+    comm = iv.total(comm_set)
+    overlapped = comm - iv.total(cno)
+    return {"rank": rt.rank, "communication_us": comm / 1000.0, "overlapped_us": overlapped / 1000.0,
+            "overlap_pct": (100.0 * overlapped / comm) if comm else None}
 
 
 def analyze(timeline: Timeline, rank: int | None = None, step: int | None = None, top: int = 20,
@@ -108,6 +145,7 @@ def analyze(timeline: Timeline, rank: int | None = None, step: int | None = None
     cno_by_rank = {}
     fused_us = 0.0
     rules: list[dict[str, Any]] = []
+    whole: list[dict[str, Any]] = []
     for r, rt in ranks.items():
         ra = (done or {}).get(r)
         if ra is None or (ra.step, ra.top) != (step, top):
@@ -122,6 +160,7 @@ def analyze(timeline: Timeline, rank: int | None = None, step: int | None = None
         gaps.append(ra.gaps)
         dbo.append(ra.dual_batch)
         fused_us += ra.fused_us
+        whole.append(ra.whole_trace if ra.whole_trace is not None else whole_trace_overlap(rt))
         rules.extend({"rank": r, "rule": name, "kind": kind, "tasks": n}
                      for name, (kind, n) in sorted(rt.comm_rules_applied.items()))
     rank_cmp = rank_comparison(ranks, per_rank, windows)
@@ -138,6 +177,12 @@ def analyze(timeline: Timeline, rank: int | None = None, step: int | None = None
         "fused_us": fused_us,
         # tasks the vendor communication rule table (loaders/comm_rules.py) or --comm-pattern reclassified
         "comm_rules": rules,
+        # HTA's get_comm_comp_overlap (comp_comm_overlap_pctg): every kernel of the trace, per rank; overlap_pct
+        # above is per step range (what starts inside a ProfilerStep), the msprof figure
+        "whole_trace_overlap": whole,
+        "whole_trace_overlap_pct": ((100.0 * sum(w["overlapped_us"] for w in whole)
+                                     / sum(w["communication_us"] for w in whole))
+                                    if sum(w["communication_us"] for w in whole) else None),
     }
     warnings = [{"file": w.file, "missing": w.missing, "affects": w.affects, "message": w.message()}
                 for w in timeline.warnings + [w for rt in ranks.values() for w in rt.warnings]]
@@ -210,6 +255,9 @@ def verdict(report: Report) -> str:
                    key=lambda r: r["exposed_us"], default=None)
         if prev and prev["exposed_us"] > 0:
             parts.append(f"Most exposed communication follows {prev['preceding_compute']}.")
+        if s.get("whole_trace_overlap_pct") is not None:
+            parts.append(f"Over the whole trace (HTA's get_comm_comp_overlap: every kernel, not per step), "
+                         f"{s['whole_trace_overlap_pct']:.2f}% of communication overlapped compute.")
         if wall:
             parts.append(f"The device was free (neither computing nor communicating) {100 * s['free_us'] / wall:.1f}% of the time.")
     idle = sum(g["idle_us"] for x in report.idle_gaps for g in x["per_stream"])

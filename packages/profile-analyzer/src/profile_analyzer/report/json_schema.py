@@ -22,7 +22,9 @@ within a schema version, never renamed or removed.
                   "overlap_pct": float|null,          # HTA: 100·|comm ∩ comp| / |comm|
                   "exposed_comm_pct_of_wall": float|null,
                   "fused_us": float,                  # fused compute+communication kernels (in both: Overlapped)
-                  "comm_rules": [{"rank", "rule", "kind": "communication"|"fused", "tasks"}]},  # vendor table hits
+                  "comm_rules": [{"rank", "rule", "kind": "communication"|"fused", "tasks"}],  # vendor table hits
+                  "whole_trace_overlap": [{"rank", "communication_us", "overlapped_us", "overlap_pct": float|null}],
+                  "whole_trace_overlap_pct": float|null},  # HTA get_comm_comp_overlap: every task, not per step
       "breakdown": [ {"rank": int, "step": int|null, "t0_ns": int, "start_us": float, "end_us": float,
                       "computing": float, "communication_not_overlapped": float, "overlapped": float,
                       "communication": float, "free": float, "stage": float, "bubble": float,
