@@ -154,7 +154,7 @@ class Context:
                         elif now - last["beat"] >= HEARTBEAT_S:
                             last["beat"] = now
                             self.say(f"running, {now - started:.0f} s{f' ({label})' if label else ''}; "
-                                     f"last output: {last['line'][:140]}")
+                                     + (f"last output: {last['line'][:140]}" if last["line"] else "no output yet"))
                 for reader in readers:
                     reader.join(timeout=10)
             finally:
