@@ -102,6 +102,26 @@ def _read_stats(directory: Path) -> list[dict[str, Any]]:
     return stats
 
 
+def _stop_group(proc: subprocess.Popen[bytes], grace_s: float = 10.0) -> None:
+    """SIGTERM to the child's whole process group, SIGKILL after ``grace_s``."""
+    import signal
+
+    for sig, wait in ((signal.SIGTERM, grace_s), (signal.SIGKILL, 5.0)):
+        try:
+            os.killpg(proc.pid, sig)
+        except ProcessLookupError:
+            return
+        try:
+            proc.wait(timeout=wait)
+        except subprocess.TimeoutExpired:
+            continue
+        try:  # the leader is gone; give the rest of the group the same signal once more
+            os.killpg(proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        return
+
+
 def _run_one(python: str, model: str, dbo: bool, workdir: Path, *, label: str = "", tensor_parallel_size: int, num_prompts: int,
              max_tokens: int, engine_argv: Sequence[str], timeout_s: float, env: dict[str, str]
              ) -> tuple[dict[str, Any], list[dict[str, Any]], Path]:
@@ -114,11 +134,17 @@ def _run_one(python: str, model: str, dbo: bool, workdir: Path, *, label: str = 
            "--max-tokens", str(max_tokens), "--", *engine_argv]
     run_env = dict(env, DBO_RUNTIME_STATS_DIR=str(stats_dir))
     with open(log_path, "w") as log:
+        # Its own process group, so that a timeout, Ctrl-C or SIGTERM here stops the engine core and the workers
+        # vLLM started below it too, not only the direct child.
+        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=run_env, start_new_session=True)
         try:
-            proc = subprocess.run(cmd, stdout=log, stderr=subprocess.STDOUT, env=run_env, timeout=timeout_s,
-                                  start_new_session=True)
+            proc.wait(timeout=timeout_s)
         except subprocess.TimeoutExpired:
+            _stop_group(proc)
             raise DBOConfigError(f"the DBO-{label} run did not finish within {timeout_s:.0f} s; log: {log_path}") from None
+        except BaseException:
+            _stop_group(proc)
+            raise
     if proc.returncode != 0 or not out.is_file():
         tail = [ln for ln in log_path.read_text(errors="replace").splitlines() if ln.strip()][-1:]
         raise DBOConfigError(f"the DBO-{label} run exited with {proc.returncode}"
