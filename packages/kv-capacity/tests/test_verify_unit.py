@@ -119,7 +119,10 @@ def test_ctrl_c_stops_vllm_and_its_process_group(tmp_path):
             print("INTERRUPTED", flush=True)
             sys.exit(130)
     """))
-    driver = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, text=True)
+    # SIGINT at its default in the driver: a test run started in the background of a non-interactive shell
+    # inherits SIGINT ignored, and Python then installs no KeyboardInterrupt handler (the driver would not see ^C).
+    driver = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, text=True,
+                              preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     try:
         line = driver.stdout.readline()
         assert line.startswith("CHILD "), line
