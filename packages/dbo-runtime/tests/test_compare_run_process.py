@@ -79,3 +79,12 @@ def test_sigterm_stops_the_engine_group(tmp_path: Path) -> None:
     while _alive(grandchild) and time.monotonic() < deadline:
         time.sleep(0.2)
     assert not _alive(grandchild)
+
+
+def test_a_missing_local_model_directory_is_refused_before_any_engine(tmp_path: Path) -> None:
+    fake, pidfile = _fake(tmp_path)
+    proc = subprocess.run([sys.executable, "-m", "dbo_runtime.cli", "compare", "run", "--model", str(tmp_path / "nope"),
+                           "--vllm-python", str(fake)], capture_output=True, text=True, timeout=60)
+    lines = [ln for ln in proc.stderr.splitlines() if ln.strip()]
+    assert proc.returncode == 2 and len(lines) == 1 and "no such directory" in lines[0], proc.stderr
+    assert not pidfile.exists()

@@ -160,8 +160,9 @@ def run_compare(model: str, *, python: str, tensor_parallel_size: int = 1, num_p
     (non-deterministic kernels) makes any on/off verdict meaningless."""
     from dbo_runtime.ascend.compare import diff_runs
 
-    if not Path(model).exists() and "/" not in model:
-        raise DBOConfigError(f"--model {model!r}: no such directory; accepted: a model directory or a hub name")
+    looks_local = model.startswith(("/", ".", "~")) or "/" not in model  # a hub name is "org/name"
+    if looks_local and not Path(model).expanduser().exists():
+        raise DBOConfigError(f"--model {model!r}: no such directory; accepted: a model directory or a hub name (org/name)")
     env = dict(os.environ)
     if tensor_parallel_size > 1 and "VLLM_CPU_OMP_THREADS_BIND" not in env:
         env["VLLM_CPU_OMP_THREADS_BIND"] = cpu_bind_for(tensor_parallel_size)
