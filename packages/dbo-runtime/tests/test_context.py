@@ -1,4 +1,9 @@
-"""The ping-pong runtime: ordering, the one-at-a-time invariant, and that no fault ever hangs it."""
+"""The ping-pong runtime: ordering, the one-at-a-time invariant, and that no fault ever hangs it.
+
+Every test runs under both schedulers (``thread``: one OS thread per micro-batch; ``greenlet``: both on the
+caller's thread), chosen through ``DBO_RUNTIME_SCHEDULER`` as a user would. The few that are about OS threads
+(a thread the watchdog gives up on, thread reuse) have a greenlet counterpart that says what happens there.
+"""
 
 from __future__ import annotations
 
@@ -24,8 +29,20 @@ from dbo_runtime.context import (
 from dbo_runtime.devices.cpu import CPUBackend
 from dbo_runtime.errors import DBOConfigError, DBOTimeoutError, DBOWorkerError
 from dbo_runtime.hooks import dbo_async_site
+from dbo_runtime.workers import SCHEDULER_ENV, SCHEDULERS
 
 CPU = CPUBackend()
+
+
+@pytest.fixture(params=SCHEDULERS, autouse=True)
+def scheduler(request, monkeypatch):
+    monkeypatch.setenv(SCHEDULER_ENV, request.param)
+    return request.param
+
+
+def _thread_only(scheduler: str, counterpart: str) -> None:
+    if scheduler != "thread":
+        pytest.skip(f"about OS threads; the greenlet scheduler's behaviour: {counterpart}")
 
 
 def _no_ubatch_threads_left(wait_s: float = 2.0) -> bool:
@@ -209,7 +226,8 @@ def test_fault_at_every_hook_reaches_the_caller(ubatch, site):
     assert _no_ubatch_threads_left()
 
 
-def test_micro_batch_that_never_yields_back_is_a_timeout_naming_it():
+def test_micro_batch_that_never_yields_back_is_a_timeout_naming_it(scheduler):
+    _thread_only(scheduler, "test_greenlet_micro_batch_that_does_not_yield_runs_to_its_end")
     release = threading.Event()
 
     def stuck():
@@ -233,7 +251,8 @@ def test_micro_batch_that_never_yields_back_is_a_timeout_naming_it():
     assert _no_ubatch_threads_left()
 
 
-def test_stuck_collective_is_a_timeout_naming_the_site():
+def test_stuck_collective_is_a_timeout_naming_the_site(scheduler):
+    _thread_only(scheduler, "test_stuck_torch_distributed_receive_is_a_timeout_naming_the_site")
     release = threading.Event()
 
     def fn():
@@ -255,7 +274,8 @@ def test_stuck_collective_is_a_timeout_naming_the_site():
     assert _no_ubatch_threads_left()
 
 
-def test_lone_micro_batch_stuck_after_the_other_finished_is_caught_by_the_watchdog():
+def test_lone_micro_batch_stuck_after_the_other_finished_is_caught_by_the_watchdog(scheduler):
+    _thread_only(scheduler, "test_greenlet_micro_batch_that_does_not_yield_runs_to_its_end")
     release = threading.Event()
 
     def quick():
@@ -273,7 +293,8 @@ def test_lone_micro_batch_stuck_after_the_other_finished_is_caught_by_the_watchd
     assert _no_ubatch_threads_left()
 
 
-def test_micro_batch_threads_are_reused():
+def test_micro_batch_threads_are_reused(scheduler):
+    _thread_only(scheduler, "test_greenlet_micro_batches_run_on_the_callers_thread")
     seen = []
 
     def fn():
@@ -296,3 +317,94 @@ def test_handoff_counter_counts_handoffs():
     run_ubatches([fn, fn], backend=CPU, timeout_s=5)
     # 3 yields each, plus the final handovers at exit (the last one has nobody left to hand to).
     assert ctxmod.handoff_count() - before == 7
+
+
+def test_greenlet_micro_batch_that_does_not_yield_runs_to_its_end(scheduler):
+    """One thread: nobody waits on a micro-batch that computes without yielding, so it just runs (as the plain
+    forward would), however long; the other one goes on when it yields or ends."""
+    if scheduler != "greenlet":
+        pytest.skip("the thread scheduler's watchdog makes this a timeout (test above)")
+    order = []
+
+    def long_compute():
+        dbo_yield("layer0.moe.prepare")
+        order.append("0 computes")
+        time.sleep(0.6)  # longer than timeout_s without a yield
+        order.append("0 done")
+        return 0
+
+    def other():
+        for i in range(3):
+            order.append(f"1 step {i}")
+            dbo_yield(f"layer{i}.moe.prepare")
+        return 1
+
+    assert run_ubatches([long_compute, other], backend=CPU, timeout_s=0.2) == [0, 1]
+    assert order == ["1 step 0", "0 computes", "0 done", "1 step 1", "1 step 2"]
+
+
+def _gloo_pair(timeout_s: float):
+    """Two real gloo process groups of one 2-rank world in this process (rank 1 never joins a collective)."""
+    import datetime
+
+    import torch.distributed as dist
+
+    store = dist.HashStore()
+    groups = {}
+
+    def make(rank):
+        groups[rank] = dist.ProcessGroupGloo(store, rank, 2, datetime.timedelta(seconds=timeout_s))
+
+    threads = [threading.Thread(target=make, args=(r,)) for r in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(30)
+    return groups
+
+
+def test_stuck_torch_distributed_receive_is_a_timeout_naming_the_site(scheduler):
+    """A receive hook that is a real gloo ``Work.wait`` whose peer never joins: bounded by the run's timeout in
+    both schedulers (in greenlet mode nothing else could end it), and the error names the site."""
+    import torch
+
+    group = _gloo_pair(30.0)[0]
+
+    def fn():
+        def launch():
+            work = group.allreduce([torch.ones(4)])
+            return work.wait, (lambda: None)
+
+        dbo_async_site("layer0.tp.all_reduce", launch)
+        dbo_yield("layer0.after")
+
+    t0 = time.monotonic()
+    with pytest.raises(DBOTimeoutError) as info:
+        run_ubatches([fn, fn], backend=CPU, timeout_s=0.5)
+    assert time.monotonic() - t0 < 5.0
+    assert "layer0.tp.all_reduce" in str(info.value)
+    assert _no_ubatch_threads_left()
+
+
+def test_greenlet_micro_batches_run_on_the_callers_thread(scheduler):
+    if scheduler != "greenlet":
+        pytest.skip("thread scheduler: its own worker threads (test_micro_batch_threads_are_reused)")
+    seen = []
+
+    def fn():
+        seen.append((dbo_current_ubatch_id(), threading.get_ident()))
+        dbo_yield("x")
+        seen.append((dbo_current_ubatch_id(), threading.get_ident()))
+
+    run_ubatches([fn, fn], backend=CPU, timeout_s=5)
+    assert sorted(seen) == [(0, threading.get_ident())] * 2 + [(1, threading.get_ident())] * 2
+    assert ctxmod.busy_workers() == 0
+    assert not dbo_enabled()  # the caller is outside micro-batching again
+
+
+def test_unknown_scheduler_is_refused(monkeypatch):
+    monkeypatch.setenv(SCHEDULER_ENV, "fibers")
+    with pytest.raises(DBOConfigError, match="DBO_RUNTIME_SCHEDULER='fibers'.*thread, greenlet"):
+        run_ubatches([lambda: None] * 2, backend=CPU)
+    with pytest.raises(DBOConfigError, match="mode='x'"):
+        run_ubatches([lambda: None] * 2, backend=CPU, mode="x")

@@ -10,6 +10,14 @@ from dbo_runtime.context import dbo_current_ubatch_id, run_ubatches
 from dbo_runtime.devices.base import DeviceBackend
 from dbo_runtime.devices.cpu import CPUBackend
 from dbo_runtime.hooks import dbo_async_site, wrap_stream_site
+from dbo_runtime.workers import SCHEDULER_ENV, SCHEDULERS
+
+
+@pytest.fixture(params=SCHEDULERS, autouse=True)
+def scheduler(request, monkeypatch):
+    """Each test under both schedulers (thread and greenlet), picked as a user would: the environment variable."""
+    monkeypatch.setenv(SCHEDULER_ENV, request.param)
+    return request.param
 
 
 class RecordingBackend(DeviceBackend):

@@ -13,6 +13,14 @@ import pytest
 import torch
 from dbo_runtime.context import ThreadState, dbo_yield, run_ubatches
 from dbo_runtime.errors import DBOConfigError
+from dbo_runtime.workers import SCHEDULER_ENV, SCHEDULERS
+
+
+@pytest.fixture(params=SCHEDULERS, autouse=True)
+def scheduler(request, monkeypatch):
+    """Each test under both schedulers (thread and greenlet), picked as a user would: the environment variable."""
+    monkeypatch.setenv(SCHEDULER_ENV, request.param)
+    return request.param
 
 
 def test_inplace_write_to_inference_tensor_works_in_both_ubatches():
@@ -81,3 +89,51 @@ def test_capture_reads_the_callers_state():
     with torch.inference_mode():
         state = ThreadState.capture()
     assert state.inference_mode and not ThreadState.capture().inference_mode
+
+
+def test_a_mode_entered_between_two_hook_sites_stays_with_its_micro_batch():
+    """Micro-batch 0 yields inside ``no_grad`` / ``inference_mode`` / ``autocast`` blocks: micro-batch 1 must
+    run under the caller's modes meanwhile, 0 must find its own modes when it resumes, and the caller gets its
+    modes back. Trivial with one OS thread each; with greenlets on one thread it is the switch's job."""
+    seen = []
+
+    def zero():
+        with torch.no_grad():
+            dbo_yield("a")
+            seen.append(("0 in no_grad", torch.is_grad_enabled()))
+        with torch.inference_mode():
+            t = torch.zeros(2)
+            dbo_yield("b")
+            t += 1  # an in-place write to an inference tensor: only legal inside inference mode
+            seen.append(("0 in inference", torch.is_inference_mode_enabled()))
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            dbo_yield("c")
+            seen.append(("0 in autocast", torch.is_autocast_enabled("cpu")))
+        return torch.is_grad_enabled(), torch.is_inference_mode_enabled()
+
+    def one():
+        for site in "abc":
+            seen.append((f"1 at {site}", torch.is_grad_enabled(), torch.is_inference_mode_enabled(),
+                         torch.is_autocast_enabled("cpu")))
+            dbo_yield(site)
+        return "one"
+
+    assert run_ubatches([zero, one]) == [(True, False), "one"]
+    assert seen == [
+        ("1 at a", True, False, False), ("0 in no_grad", False),
+        ("1 at b", True, False, False), ("0 in inference", True),
+        ("1 at c", True, False, False), ("0 in autocast", True),
+    ]
+    assert torch.is_grad_enabled() and not torch.is_inference_mode_enabled() and not torch.is_autocast_enabled("cpu")
+
+
+def test_caller_modes_are_back_after_a_failed_run():
+    def bad():
+        torch._C._set_grad_enabled(False)  # a mode set without a ``with`` block, then a failure
+        raise RuntimeError("boom")
+
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        with pytest.raises(Exception, match="boom"):
+            run_ubatches([bad, lambda: None])
+        assert torch.is_grad_enabled() and torch.is_autocast_enabled("cpu")
+    assert torch.is_grad_enabled() and not torch.is_autocast_enabled("cpu")

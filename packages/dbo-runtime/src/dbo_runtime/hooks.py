@@ -11,15 +11,23 @@ Two kinds of site, after how the collective is issued:
   stream, which waits for the communication to finish.
 
 Both are plain calls when no micro-batching is running, so the non-split path costs nothing extra.
+
+A receive hook that is a ``torch.distributed`` ``Work.wait`` (the vLLM CPU all-reduce site) is waited on with the
+run's ``timeout_s``: under the greenlet scheduler no other thread watches a micro-batch, so a collective that never
+completes must end its own wait, as a :class:`DBOTimeoutError` naming the micro-batch and the hook site.
 """
 
 from __future__ import annotations
 
+import datetime
 import functools
+import sys
 from collections.abc import Callable
 from typing import ParamSpec, TypeVar
 
 from dbo_runtime.context import (
+    _current,
+    dbo_current_ubatch_id,
     dbo_enabled,
     dbo_maybe_run_recv_hook,
     dbo_register_recv_hook,
@@ -28,6 +36,7 @@ from dbo_runtime.context import (
     dbo_yield_and_switch_from_compute_to_comm,
     note_site,
 )
+from dbo_runtime.errors import DBOTimeoutError
 
 __all__ = ["dbo_async_site", "wrap_stream_site"]
 
@@ -48,11 +57,36 @@ def dbo_async_site(site: str, launch: Callable[[], tuple[Callable[[], None] | No
     hook, receiver = launch()
     if hook is not None:
         if dbo_enabled():
-            dbo_register_recv_hook(hook)
+            dbo_register_recv_hook(_bounded(site, hook))
             dbo_yield(site)
         else:
             hook()
     return receiver()
+
+
+def _bounded(site: str, hook: Callable[[], None]) -> Callable[[], None]:
+    """``hook`` itself, unless it is a ``torch.distributed`` ``Work.wait``: then that wait with the run's timeout."""
+    work = getattr(hook, "__self__", None)
+    dist = sys.modules.get("torch.distributed")
+    if work is None or dist is None or getattr(hook, "__name__", "") != "wait" or not isinstance(work, dist.Work):
+        return hook
+    ctx = _current()
+    timeout_s = ctx._run.timeout_s if ctx is not None else 60.0
+    owner = dbo_current_ubatch_id()
+
+    def wait() -> None:
+        try:
+            work.wait(datetime.timedelta(seconds=timeout_s))
+        except RuntimeError as exc:
+            first = (str(exc).splitlines() or [""])[0]
+            raise DBOTimeoutError(
+                f"the collective micro-batch {owner} launched at hook site {site!r} failed or did not complete "
+                f"within {timeout_s:g} s ({first}); micro-batch {dbo_current_ubatch_id()} waited for it",
+                ubatch_id=owner,
+                site=site,
+            ) from exc
+
+    return wait
 
 
 def wrap_stream_site(site: str, fn: Callable[P, T]) -> Callable[P, T]:
