@@ -5,6 +5,9 @@
 * ``torch_npu``: a ``*_ascend_pt`` directory, its ``ASCEND_PROFILER_OUTPUT``, or a ``trace_view.json``;
 * ``msprof``: a ``PROF_*`` directory, its ``mindstudio_profiler_output``, or an ``msprof_*.json``;
 * ``kineto``: a PyTorch profiler trace (``{"traceEvents": [...]}``, ``.json`` or ``.json.gz``);
+* ``torch_npu_db`` / ``msprof_db``: the DB export (``export_type=db``) of either, an ``ascend_pytorch_profiler*.db``
+  or ``msprof_*.db`` file or a directory holding one and no JSON timeline (where both exports exist, the JSON is
+  read); see :mod:`profile_analyzer.loaders.msprof_db`;
 * ``multi_rank``: a directory whose entries are profiles of one of the formats above (one per rank).
 
 The rank of each entry comes from ``profiler_info_{rank}.json`` (torch_npu), ``distributedInfo.rank``
@@ -22,16 +25,43 @@ from profile_analyzer.errors import ProfileError
 from profile_analyzer.loaders._trace import peek_kind
 from profile_analyzer.timeline import RankTimeline, Timeline
 
-FORMATS = ("torch_npu", "msprof", "kineto", "multi_rank")
-ACCEPTED = ("expected a torch_npu *_ascend_pt directory (ASCEND_PROFILER_OUTPUT/trace_view.json), a msprof PROF_* "
-            "directory (mindstudio_profiler_output/msprof_*.json), a Kineto trace (.json/.json.gz), or a directory "
-            "of one such profile per rank")
+FORMATS = ("torch_npu", "msprof", "kineto", "multi_rank", "torch_npu_db", "msprof_db")
+ASCEND_FORMATS = ("torch_npu", "msprof", "torch_npu_db", "msprof_db")
+ACCEPTED = ("expected a torch_npu *_ascend_pt directory (ASCEND_PROFILER_OUTPUT/trace_view.json or "
+            "ascend_pytorch_profiler*.db), a msprof PROF_* directory (mindstudio_profiler_output/msprof_*.json or "
+            "msprof_*.db), a Kineto trace (.json/.json.gz), or a directory of one such profile per rank")
 
 _RANK_FILE = re.compile(r"^profiler_info_(\d+)\.json$")
 
 
 def _single_format(p: Path) -> str | None:
     """The format of one single-rank entry, or None if it is not a profile."""
+    fmt = _json_format(p)
+    if fmt in ("torch_npu", "msprof") and p.is_dir() and not _has_json_timeline(p, fmt):
+        from profile_analyzer.loaders.msprof_db import db_format, find_db
+
+        db = find_db(p)
+        if db is not None:
+            return db_format(db)
+    if fmt is None and p.is_file() and p.name.endswith(".db"):
+        from profile_analyzer.loaders.msprof_db import db_format, find_db
+
+        if find_db(p) is not None:
+            return db_format(p)
+    return fmt
+
+
+def _has_json_timeline(p: Path, fmt: str) -> bool:
+    """Whether an Ascend profile directory holds the text export's timeline (trace_view.json / msprof_*.json)."""
+    if fmt == "torch_npu":
+        out = p / "ASCEND_PROFILER_OUTPUT" if (p / "ASCEND_PROFILER_OUTPUT").is_dir() else p
+        base = out.parent if out.name == "ASCEND_PROFILER_OUTPUT" else out
+        return (out / "trace_view.json").is_file() or any(base.glob("PROF_*/mindstudio_profiler_output/msprof_*.json"))
+    out = p / "mindstudio_profiler_output" if (p / "mindstudio_profiler_output").is_dir() else p
+    return any(out.glob("msprof_*.json"))
+
+
+def _json_format(p: Path) -> str | None:
     if p.is_dir():
         if (p / "ASCEND_PROFILER_OUTPUT").is_dir() or p.name == "ASCEND_PROFILER_OUTPUT" or p.name.endswith(("_ascend_pt", "_ascend_ms")):
             return "torch_npu"
@@ -109,7 +139,17 @@ def _rank_entries(p: Path, depth: int = 2) -> list[tuple[Path, str]]:
 
 
 def _rank_of(entry: Path, fmt: str) -> int | None:
-    if fmt == "torch_npu":
+    if fmt in ("torch_npu_db", "msprof_db"):
+        from profile_analyzer.loaders.msprof_db import find_db, rank_in_name
+
+        db = find_db(entry)
+        r = rank_in_name(db) if db is not None else None
+        if r is not None:
+            return r
+        if entry.is_file():
+            return None
+        entry = entry.parent if entry.name == "ASCEND_PROFILER_OUTPUT" else entry
+    if fmt in ("torch_npu", "torch_npu_db"):
         root = entry.parent if entry.name == "ASCEND_PROFILER_OUTPUT" else entry
         if root.is_dir():
             for f in root.iterdir():
@@ -161,6 +201,13 @@ def _load_single_inner(p: Path, fmt: str, rank: int, host_events: bool = False,
         return ascend.load_msprof(p, rank, host_events, on_bytes)
     if fmt == "kineto":
         return [kineto.load_kineto(p, rank, host_events)]
+    if fmt in ("torch_npu_db", "msprof_db"):
+        from profile_analyzer.loaders.msprof_db import find_db, load_db
+
+        db = find_db(p)
+        if db is None:
+            raise ProfileError(p, f"no ascend_pytorch_profiler*.db or msprof_*.db; {ACCEPTED}")
+        return load_db(db, rank, host_events)
     raise ProfileError(p, f"unknown format {fmt}")
 
 
@@ -223,7 +270,7 @@ def _load(p: Path, ranks: list[int] | None, progress: Callable[[int, int, str], 
             progress(1, 1, p.name)
         return tl
     entries = _rank_entries(p)
-    kinds = {"ascend" if f in ("torch_npu", "msprof") else f for _, f in entries}
+    kinds = {"ascend" if f in ASCEND_FORMATS else f for _, f in entries}
     if len(kinds) > 1:
         listing = ", ".join(f"{e.name} ({f})" for e, f in entries[:4])
         raise ProfileError(p, f"mixed formats in one directory ({listing}); expected one profile per rank, all of one format")

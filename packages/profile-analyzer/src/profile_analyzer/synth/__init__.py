@@ -20,8 +20,12 @@ them, and ``ground_truth.json`` adds what the profiler does not write (exposed c
 and operator, coverage of each micro-batch's communication by the other's compute, per-stream busy
 time, each rank's wait).
 
+With ``export="db"`` each rank holds the DB export instead (``ascend_pytorch_profiler_{rank}.db`` and
+``analysis.db``, torch_npu's ``export_type=db``), with ``"both"`` both exports side by side; the DB is written
+from the text export (:mod:`profile_analyzer.synth.db_export`), so both describe the same run.
+
 Usage: ``write_profile(tmp_path, ranks=2, steps=2, layers=4, dbo=True)`` or
-``profile-analyzer synth OUT_DIR --ranks 8 --steps 4 --layers 61 --dbo``.
+``profile-analyzer synth OUT_DIR --ranks 8 --steps 4 --layers 61 --dbo [--export db|json|both]``.
 """
 
 from __future__ import annotations
@@ -99,14 +103,31 @@ class GroundTruth:
         return cls(d["params"], ranks, root, {r: root / v["profile_dir"] for r, v in ranks.items()})
 
 
-def _rank_job(args: tuple[SynthParams, int, str]) -> dict:
-    p, rank, root = args
-    return write_rank(p, rank, root)
+EXPORTS = ("json", "db", "both")
+TEXT_EXPORT_FILES = ("trace_view.json", "kernel_details.csv", "step_trace_time.csv", "communication.json")
+
+
+def _rank_job(args: tuple[SynthParams, int, str, str]) -> dict:
+    p, rank, root, export = args
+    res = write_rank(p, rank, root)
+    if export != "json":
+        from profile_analyzer.synth.db_export import write_db_export
+
+        rank_dir = Path(root) / res["profile_dir"]
+        write_db_export(rank_dir, rank)
+        info = rank_dir / f"profiler_info_{rank}.json"
+        d = json.loads(info.read_text())
+        d["config"]["experimental_config"]["_export_type"] = ["db"] if export == "db" else ["text", "db"]
+        info.write_text(json.dumps(d, indent=1))
+        if export == "db":
+            for name in TEXT_EXPORT_FILES:
+                (rank_dir / "ASCEND_PROFILER_OUTPUT" / name).unlink()
+    return res
 
 
 def write_profile(out_dir: str | Path, *, ranks: int = 2, steps: int = 2, layers: int = 4, pattern: str = "a2",
                   dbo: bool = False, comm_fraction: float = 0.3, seed: int = 0, workers: int | None = None,
-                  **options: object) -> GroundTruth:
+                  export: str = "json", **options: object) -> GroundTruth:
     """Write an N-rank torch_npu-format profile under ``out_dir`` and return its ground truth.
 
     ``options`` are the other :class:`SynthParams` fields: ``exposed_layers`` (DBO layers whose collectives
@@ -119,6 +140,8 @@ def write_profile(out_dir: str | Path, *, ranks: int = 2, steps: int = 2, layers
     Nothing partial is left behind: ranks are written into a temporary folder inside ``out_dir`` and moved
     into place at the end (existing rank folders of the same name are replaced).
     """
+    if export not in EXPORTS:
+        raise ValueError(f"export must be one of {', '.join(EXPORTS)}, not {export!r}")
     known = {f.name for f in fields(SynthParams)}
     unknown = set(options) - known
     if unknown:
@@ -136,7 +159,7 @@ def write_profile(out_dir: str | Path, *, ranks: int = 2, steps: int = 2, layers
         if workers is None:
             work = ranks * steps * layers * (2 if dbo else 1)
             workers = min(ranks, os.cpu_count() or 1) if work > 2000 else 1
-        jobs = [(p, r, str(tmp)) for r in range(ranks)]
+        jobs = [(p, r, str(tmp), export) for r in range(ranks)]
         if workers > 1:
             import multiprocessing as mp
 
@@ -147,6 +170,7 @@ def write_profile(out_dir: str | Path, *, ranks: int = 2, steps: int = 2, layers
             results = [_rank_job(j) for j in jobs]
         params = {f.name: getattr(p, f.name) for f in fields(SynthParams)}
         params["exposed_layers"] = list(p.exposed_layers)
+        params["export"] = export
         truth = GroundTruth(params, {res["rank"]: res for res in results}, out)
         for res in results:
             dst = out / res["profile_dir"]

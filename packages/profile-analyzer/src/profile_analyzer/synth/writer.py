@@ -213,12 +213,16 @@ class RankWriter:
                 py.append(f'{{"ph": "f", "bp": "e", "name": "enqueue_to_dequeue", "id": {corr}, "pid": {P}, '
                           f'"tid": {ids.dequeue_tid}, "ts": {ts(L + 2000)}, "cat": "async_task_queue"}}')
                 h2d = (cid << 32) | 0xFFFFFFF
+                # the HostToDevice flow starts at the API's own ts (msprof analysis/viewer/association/
+                # host_connect_device.py, HostToDevice.get_start_points; Ascend/msprof @ 9ba1ac7be913)
                 dev.append((L + 3000, f'{{"name": "AscendCL@{k.acl}", "pid": {cann}, "tid": {ids.dequeue_tid}, '
                                       f'"ts": {ts(L + 3000)}, "dur": 1.700, "args": {{"Thread Id": {ids.dequeue_tid}, '
                                       f'"Mode": "ACL_NN", "level": "acl", "id": "{k.acl}", "item_id": "0", '
                                       f'"connection_id": {cid}}}, "ph": "X"}}'))
-                dev.append((L + 4000, f'{{"name": "HostToDevice{h2d}", "ph": "s", "cat": "HostToDevice", '
-                                      f'"id": "{h2d}", "pid": {cann}, "tid": {ids.dequeue_tid}, "ts": {ts(L + 4000)}}}'))
+                # the HostToDevice flow starts at the launching API's own ts (msprof
+                # analysis/viewer/association/host_connect_device.py get_start_points, Ascend/msprof @ 9ba1ac7be913)
+                dev.append((L + 3000, f'{{"name": "HostToDevice{h2d}", "ph": "s", "cat": "HostToDevice", '
+                                      f'"id": "{h2d}", "pid": {cann}, "tid": {ids.dequeue_tid}, "ts": {ts(L + 3000)}}}'))
                 dev.append((k.start, f'{{"name": "HostToDevice{h2d}", "ph": "f", "id": "{h2d}", "ts": {ts(k.start)}, '
                                      f'"cat": "HostToDevice", "pid": {hw}, "tid": {k.stream}, "bp": "e"}}'))
                 flows.append(f'{{"ph": "s", "bp": "e", "name": "torch_to_npu", "id": {k.start}, "pid": {P}, '
@@ -287,8 +291,8 @@ class RankWriter:
                                   f'"ts": {ts(L + 3000)}, "dur": 1.700, "args": {{"Thread Id": {ids.dequeue_tid}, '
                                   f'"Mode": "ACL_NN", "level": "acl", "id": "{api}", "item_id": "0", '
                                   f'"connection_id": {cid}}}, "ph": "X"}}'))
-            dev.append((L + 4000, f'{{"name": "HostToDevice{h2d}", "ph": "s", "cat": "HostToDevice", "id": "{h2d}", '
-                                  f'"pid": {ids.cann_pid}, "tid": {ids.dequeue_tid}, "ts": {ts(L + 4000)}}}'))
+            dev.append((L + 3000, f'{{"name": "HostToDevice{h2d}", "ph": "s", "cat": "HostToDevice", "id": "{h2d}", '
+                                  f'"pid": {ids.cann_pid}, "tid": {ids.dequeue_tid}, "ts": {ts(L + 3000)}}}'))
             dev.append((c.start, f'{{"name": "HostToDevice{h2d}", "ph": "f", "id": "{h2d}", "ts": {ts(c.start)}, '
                                  f'"cat": "HostToDevice", "pid": {cp}, "tid": 0, "bp": "e"}}'))
             flows.append(f'{{"ph": "s", "bp": "e", "name": "torch_to_npu", "id": {c.start}, "pid": {ids.host_pid}, '
