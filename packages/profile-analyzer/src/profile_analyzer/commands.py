@@ -223,10 +223,13 @@ def _layers_list(text: str) -> tuple[int, ...]:
 @click.option("--large-pids", is_flag=True, help="pids above 2**32")
 @click.option("--no-host-tracks", is_flag=True, help="omit the Python and CANN host tracks")
 @click.option("--workers", type=JOBS, default=None)
+@click.option("--export", "export", type=click.Choice(["json", "db", "both"]), default="json", show_default=True,
+              help="torch_npu's export_type: json = trace_view.json and the CSV/JSON summaries, db = "
+                   "ascend_pytorch_profiler_{rank}.db and analysis.db, both = the two side by side")
 def synth_command(out_dir: str, ranks: int, steps: int, layers: int, pattern: str, dbo: bool, comm_fraction: float,
                   exposed_layers: str, exposed_factor: float, seed: int, pp_receive_us: float, cann: str,
                   comm_process_name: str | None, stream_id_key: str | None, numeric_ts: bool, large_pids: bool,
-                  no_host_tracks: bool, workers: int | None) -> int:
+                  no_host_tracks: bool, workers: int | None, export: str = "json") -> int:
     from profile_analyzer.synth import write_profile
 
     layer_list = _layers_list(exposed_layers)
@@ -235,7 +238,7 @@ def synth_command(out_dir: str, ranks: int, steps: int, layers: int, pattern: st
             out_dir, ranks=ranks, steps=steps, layers=layers, pattern=pattern, dbo=dbo, comm_fraction=comm_fraction,
             seed=seed, workers=workers, exposed_layers=layer_list, exposed_factor=exposed_factor, cann=cann,
             comm_process_name=comm_process_name, stream_id_key=stream_id_key, ts_as_string=not numeric_ts,
-            large_pids=large_pids, host_tracks=not no_host_tracks, pp_receive_us=pp_receive_us)
+            large_pids=large_pids, host_tracks=not no_host_tracks, pp_receive_us=pp_receive_us, export=export)
     except ValueError as exc:
         raise ProfileError(out_dir, str(exc)) from None
     except OSError as exc:
