@@ -9,7 +9,7 @@ from profile_analyzer.errors import ProfileError
 
 cli = ToolGroup(
     "profile-analyzer",
-    lazy_subcommands={name: f"profile_analyzer.commands:{name}_command" for name in ("report", "compare", "synth")},
+    lazy_subcommands={name: f"profile_analyzer.commands:{name}_command" for name in ("report", "compare", "whatif", "synth")},
     domain_errors=(ProfileError,),
     help="Where communication is not overlapped: msprof, torch_npu and Kineto profile analysis",
 )

