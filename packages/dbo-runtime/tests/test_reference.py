@@ -12,10 +12,12 @@ from dbo_runtime.reference.run import EQUALITY_CONFIG, FaultSpec, equality_cases
 SMALL = EQUALITY_CONFIG
 PREFILL = next(c for c in equality_cases() if c.name == "a2-float32-prefill").batches
 
-@pytest.fixture(scope="module")
-def equality(tmp_path_factory):
+@pytest.fixture(scope="module", params=["thread", "greenlet"])
+def equality(request):
+    """DBO on (under each scheduler) vs off on every case; the tests below run once per scheduler."""
     t0 = time.monotonic()
-    per_rank = run_ranks("dbo_runtime.reference.run:equality_task", (SMALL, equality_cases(), None), world_size=2, timeout_s=240)
+    per_rank = run_ranks("dbo_runtime.reference.run:equality_task", (SMALL, equality_cases(), None, request.param),
+                         world_size=2, timeout_s=240)
     return per_rank, time.monotonic() - t0
 
 
@@ -64,11 +66,12 @@ def test_below_threshold_is_not_split(equality):
         assert not case["split"] and case["bitwise_equal"]
 
 
-def test_fault_on_one_rank_is_an_error_on_every_rank():
+@pytest.mark.parametrize("scheduler", ["thread", "greenlet"])
+def test_fault_on_one_rank_is_an_error_on_every_rank(scheduler):
     t0 = time.monotonic()
     with pytest.raises(RanksFailed) as info:
-        run_ranks("dbo_runtime.reference.run:fault_task", FaultSpec(kind="raise"), world_size=2, timeout_s=90,
-                  pg_timeout_s=10)  # fmt: skip
+        run_ranks("dbo_runtime.reference.run:fault_task", FaultSpec(kind="raise", scheduler=scheduler), world_size=2,
+                  timeout_s=90, pg_timeout_s=10)  # fmt: skip
     elapsed = time.monotonic() - t0
     errors = {e.rank: e for e in info.value.errors}
     assert set(errors) == {0, 1}, info.value
@@ -76,6 +79,26 @@ def test_fault_on_one_rank_is_an_error_on_every_rank():
     assert "injected at hook site layer1.moe.prepare" in errors[1].message
     assert errors[0].type in {"DBOWorkerError", "DBOTimeoutError", "DBOError"}, errors[0]
     assert elapsed < 90
+
+
+@pytest.mark.parametrize("scheduler", ["thread", "greenlet"])
+def test_collective_that_does_not_complete_is_a_timeout_naming_it(scheduler):
+    """Rank 1's micro-batch 1 computes far past the timeout before its collective: rank 0 waits on a handle that
+    does not complete. With greenlets nothing can preempt rank 1's compute, but rank 0's wait is bounded: an error
+    naming the collective, not a hang."""
+    t0 = time.monotonic()
+    with pytest.raises(RanksFailed) as info:
+        run_ranks("dbo_runtime.reference.run:fault_task",
+                  FaultSpec(kind="stall", scheduler=scheduler, timeout_s=2.0), world_size=2, timeout_s=90,
+                  pg_timeout_s=10)  # fmt: skip
+    assert time.monotonic() - t0 < 60
+    errors = {e.rank: e for e in info.value.errors}
+    assert 0 in errors, info.value
+    if scheduler == "greenlet":  # the bounded wait on the collective's handle ends it
+        assert "collective dbo.ubatch1.comm.all_gather.layer1" in errors[0].message, errors[0]
+        assert "timed out" in errors[0].message.lower(), errors[0]
+    else:  # the thread scheduler's handoff timeout is as long and fires first
+        assert errors[0].type == "DBOTimeoutError" and "hook site 'layer1.moe." in errors[0].message, errors[0]
 
 
 def test_rank_configuration_mismatch_is_an_error_on_every_rank():

@@ -11,20 +11,21 @@ import pytest
 from dbo_runtime.reference.profiling import SPAN_PATTERN
 
 
-def _trace(out_dir: Path, dbo: str, link: str) -> subprocess.CompletedProcess:
+def _trace(out_dir: Path, dbo: str, link: str, scheduler: str = "thread") -> subprocess.CompletedProcess:
     cmd = [sys.executable, "-m", "dbo_runtime", "reference", "--pattern", "a2", "--enable-dbo" if dbo == "on" else "--no-enable-dbo", "--ranks", "2",
            "--tokens", "96", "--requests", "3", "--layers", "2", "--hidden", "64", "--intermediate", "128",
            "--experts", "4", "--dbo-prefill-token-threshold", "2", "--steps", "1", "--warmup", "1", "--link", link,
-           "--trace", str(out_dir)]  # fmt: skip
+           "--trace", str(out_dir), "--dbo-scheduler", scheduler]  # fmt: skip
     return subprocess.run(cmd, capture_output=True, text=True, timeout=240)
 
 
-@pytest.fixture(scope="module")
-def traced_run(tmp_path_factory):
-    out_dir = tmp_path_factory.mktemp("trace")
+@pytest.fixture(scope="module", params=["thread", "greenlet"])
+def traced_run(tmp_path_factory, request):
+    out_dir = tmp_path_factory.mktemp(f"trace_{request.param}")
     # A slow modelled link (500 us + bytes / 10 MB/s) so that every collective is still in flight while the
-    # other micro-batch computes.
-    return _trace(out_dir, "on", "500,0.01"), out_dir
+    # other micro-batch computes. Both schedulers: with greenlets, both micro-batches' compute is on one thread
+    # and only the span names tell them apart.
+    return _trace(out_dir, "on", "500,0.01", request.param), out_dir, request.param
 
 
 @pytest.fixture(scope="module")
@@ -41,17 +42,17 @@ def _spans(path: Path) -> list[dict]:
 
 
 def test_cli_reports_times_and_names_the_link_as_modelled(traced_run):
-    proc, _ = traced_run
+    proc, _, scheduler = traced_run
     assert proc.returncode == 0, proc.stderr[-2000:]
     out = proc.stdout
-    assert "DBO on (split into 2 micro-batches)" in out
+    assert f"DBO on (split into 2 micro-batches, {scheduler} scheduler)" in out
     assert "modelled link: 500 us + bytes / 0.01 GB/s (stand-in for HCCS)" in out
     for label in ("step time", "compute", "communication"):
         assert label in out
 
 
 def test_one_trace_per_rank(traced_run):
-    _, out_dir = traced_run
+    _, out_dir, _ = traced_run
     files = sorted(out_dir.glob("*.pt.trace.json"))
     assert [f.name.split(".")[0] for f in files] == ["rank0", "rank1"]
     assert not list(out_dir.glob(".tmp-*"))
@@ -59,8 +60,9 @@ def test_one_trace_per_rank(traced_run):
 
 @pytest.mark.parametrize("rank", [0, 1])
 def test_trace_tells_compute_from_comm_per_micro_batch(traced_run, rank):
-    _, out_dir = traced_run
+    _, out_dir, scheduler = traced_run
     spans = _spans(next(out_dir.glob(f"rank{rank}.*.pt.trace.json")))
+    compute_tids = {}
     for ub in (0, 1):
         compute = [s for s in spans if s["name"].startswith(f"dbo.ubatch{ub}.compute.layer")]
         comm = [s for s in spans if s["name"].startswith(f"dbo.ubatch{ub}.comm.")]
@@ -69,11 +71,16 @@ def test_trace_tells_compute_from_comm_per_micro_batch(traced_run, rank):
                                               f"dbo.ubatch{ub}.comm.reduce_scatter.layer1"}  # fmt: skip
         # Compute runs on the micro-batch's thread, communication on the rank's communication thread.
         assert {s["tid"] for s in compute}.isdisjoint({s["tid"] for s in comm})
+        compute_tids[ub] = {s["tid"] for s in compute}
+    if scheduler == "greenlet":  # one OS thread computes for both micro-batches
+        assert compute_tids[0] == compute_tids[1] and len(compute_tids[0]) == 1, compute_tids
+    else:
+        assert compute_tids[0].isdisjoint(compute_tids[1]), compute_tids
 
 
 @pytest.mark.parametrize("rank", [0, 1])
 def test_communication_of_one_micro_batch_overlaps_compute_of_the_other(traced_run, rank):
-    _, out_dir = traced_run
+    _, out_dir, _ = traced_run
     spans = _spans(next(out_dir.glob(f"rank{rank}.*.pt.trace.json")))
 
     def overlap(a: dict, b: dict) -> float:
@@ -91,7 +98,7 @@ def _analyze(out_dir: Path) -> dict:
 
 
 def test_profile_analyzer_finds_the_ping_pong_in_a_dbo_on_trace(traced_run):
-    proc, out_dir = traced_run
+    proc, out_dir, _ = traced_run
     assert proc.returncode == 0, proc.stderr[-2000:]
     report = _analyze(out_dir)
     assert sorted(report["source"]["ranks"]) == [0, 1]

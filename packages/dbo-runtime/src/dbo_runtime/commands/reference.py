@@ -37,6 +37,7 @@ MAX_THRESHOLD = 1 << 30
 PATTERN_CHOICES = ("a2", "a3")  # dbo_runtime.reference.model.PATTERNS (kept here so --help does not load torch)
 DTYPE_CHOICES = ("float32", "bfloat16")  # dbo_runtime.reference.model.DTYPES
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2}
+SCHEDULER_CHOICES = ("thread", "greenlet")  # dbo_runtime.workers.SCHEDULERS (kept here so --help does not load torch)
 
 
 class LinkParam(click.ParamType):
@@ -92,7 +93,7 @@ def estimated_bytes(config: Any, tokens: int, context: int, ranks: int, dtype: s
 def build_spec(*, pattern: str, enable_dbo: bool, ranks: int, tokens: int, requests: int, decode: bool,
                context: int, layers: int, experts: int, hidden: int, intermediate: int, dtype: str, link: str,
                ubatch_size: int, dbo_decode_token_threshold: int, dbo_prefill_token_threshold: int, steps: int,
-               warmup: int, trace: Path | None, timeout: float, **_: Any):
+               warmup: int, trace: Path | None, timeout: float, dbo_scheduler: str = "thread", **_: Any):
     """The run these options describe, or DBOConfigError naming the option that cannot be run."""
     from dbo_runtime.reference.model import Batch, MoEConfig
     from dbo_runtime.reference.run import RunSpec
@@ -133,6 +134,7 @@ def build_spec(*, pattern: str, enable_dbo: bool, ranks: int, tokens: int, reque
         trace_dir=str(trace.resolve()) if trace is not None else None,
         timeout_s=min(timeout, 60.0),
         expected_world_size=ranks,
+        scheduler=dbo_scheduler,
     )
 
 
@@ -145,7 +147,7 @@ def format_report(spec: Any, results: list[dict[str, Any]], ranks: int) -> str:
     comm = max(r["runs"][0]["comm_s"] for r in results)
     kind = "decode" if spec.batch.is_decode_only else "prefill"
     if run0["split"]:
-        mode = "on (split into 2 micro-batches)"
+        mode = f"on (split into 2 micro-batches, {spec.scheduler} scheduler)"
     elif spec.dbo:
         mode = "on, but this batch is below the threshold: not split, plain path"
     else:
@@ -207,6 +209,10 @@ def format_report(spec: Any, results: list[dict[str, Any]], ranks: int) -> str:
 @click.option("--dbo-prefill-token-threshold", type=_int(2, MAX_THRESHOLD, "prefill token threshold"),
               default=DEFAULT_PREFILL_TOKEN_THRESHOLD, show_default=True, metavar="N",
               help="a batch with a prefill splits above this many tokens (vLLM's flag)")
+@click.option("--dbo-scheduler", type=click.Choice(SCHEDULER_CHOICES), default="thread", show_default=True,
+              envvar="DBO_RUNTIME_SCHEDULER", show_envvar=True,
+              help="how the two micro-batches run: one OS thread each handing off through events (upstream vLLM's "
+              "design) or both on one thread as greenlets (a switch costs well under a microsecond)")
 @click.option("--steps", type=PositiveInt(MAX_STEPS, what="timed steps"), default=5, show_default=True, metavar="N",
               help="timed steps (median reported)")
 @click.option("--warmup", type=_int(0, MAX_STEPS, "warm-up steps"), default=1, show_default=True, metavar="N")
@@ -230,7 +236,7 @@ def reference(**options: Any) -> int:
             click.echo(f"dbo-runtime reference: {err.line()}", err=True)
         return 1
     if options["format"] == "json":
-        text = json.dumps({"spec": {"pattern": spec.pattern, "dbo": spec.dbo, "ranks": ranks,
+        text = json.dumps({"spec": {"pattern": spec.pattern, "dbo": spec.dbo, "scheduler": spec.scheduler, "ranks": ranks,
                                     "tokens": spec.batch.num_tokens, "layers": spec.config.num_layers},
                            "link_note": LINK_STAND_IN_NOTE, "ranks": results}, indent=2)  # fmt: skip
     else:

@@ -82,8 +82,12 @@ def forward_step(
     decode_threshold: int = DEFAULT_DECODE_TOKEN_THRESHOLD,
     prefill_threshold: int = DEFAULT_PREFILL_TOKEN_THRESHOLD,
     timeout_s: float = 60.0,
+    scheduler: str | None = None,
 ) -> StepResult:
-    """One step of the model on this rank (every rank calls it; they agree whether to split)."""
+    """One step of the model on this rank (every rank calls it; they agree whether to split).
+
+    ``scheduler``: ``thread`` or ``greenlet`` (:func:`dbo_runtime.workers.run_ubatches`' ``mode``; None reads
+    ``$DBO_RUNTIME_SCHEDULER``)."""
     comm, timer = model.comm, model.timer
     comm.reset_records()
     timer.compute_s = 0.0
@@ -111,7 +115,7 @@ def forward_step(
             requests = list(range(real.request_slice.start, real.request_slice.stop))
             parts.append(_Part(x[with_pad.token_slice], positions[real.token_slice], requests, qsl))
         fns: list[Callable[[], torch.Tensor]] = [lambda p=p: model.forward_part(p, kv) for p in parts]
-        out = torch.cat(run_ubatches(fns, backend=_CPU, timeout_s=timeout_s))
+        out = torch.cat(run_ubatches(fns, backend=_CPU, timeout_s=timeout_s, mode=scheduler))
     step_s = time.perf_counter() - t0
     records = comm.reset_records()
     return StepResult(
@@ -217,6 +221,7 @@ class RunSpec:
     expected_world_size: int | None = None
     # Also measure with DBO off on the same link (bench: one process start for both).
     compare_off: bool = False
+    scheduler: str = "thread"  # how the two micro-batches run: "thread" (upstream's) or "greenlet"
 
 
 def measure(
@@ -244,7 +249,7 @@ def measure(
             dist.barrier()
             r = forward_step(
                 model, spec.batch, x, kv, dbo=dbo, decode_threshold=spec.decode_threshold,
-                prefill_threshold=spec.prefill_threshold, timeout_s=spec.timeout_s,
+                prefill_threshold=spec.prefill_threshold, timeout_s=spec.timeout_s, scheduler=spec.scheduler,
             )  # fmt: skip
             a = acc[i]
             if step >= spec.warmup:
@@ -259,7 +264,7 @@ def measure(
         with kineto_trace(trace_dir, model.rank, total, sync=dist.barrier):
             forward_step(
                 model, spec.batch, x, kv, dbo=modes[0], decode_threshold=spec.decode_threshold,
-                prefill_threshold=spec.prefill_threshold, timeout_s=spec.timeout_s,
+                prefill_threshold=spec.prefill_threshold, timeout_s=spec.timeout_s, scheduler=spec.scheduler,
             )  # fmt: skip
     out = []
     for a in acc:
@@ -338,9 +343,13 @@ def equality_cases() -> list[EqualityCase]:
     return cases
 
 
-def equality_task(rank: int, world_size: int, payload: tuple[MoEConfig, list[EqualityCase], str | None]) -> list[dict]:
-    """DBO on vs off on each case; returns per case whether it split, bitwise equality and the max abs diff."""
-    config, cases, trace_dir = payload
+def equality_task(rank: int, world_size: int, payload: tuple) -> list[dict]:
+    """DBO on vs off on each case; returns per case whether it split, bitwise equality and the max abs diff.
+
+    ``payload``: ``(config, cases, trace_dir)`` or ``(config, cases, trace_dir, scheduler)``; DBO on runs under
+    ``scheduler`` (default: ``$DBO_RUNTIME_SCHEDULER``, else thread)."""
+    config, cases, trace_dir = payload[:3]
+    scheduler = payload[3] if len(payload) > 3 else None
     out = []
     comm = Collectives(link=LinkModel(0.0, math.inf), timeout_s=30.0)
     try:
@@ -355,7 +364,7 @@ def equality_task(rank: int, world_size: int, payload: tuple[MoEConfig, list[Equ
                 with kineto_trace(trace_dir if (dbo and i == 0) else None, rank):
                     results[dbo] = forward_step(
                         model, batch, x, kv, dbo=dbo, decode_threshold=case.decode_threshold,
-                        prefill_threshold=case.prefill_threshold, timeout_s=30.0,
+                        prefill_threshold=case.prefill_threshold, timeout_s=30.0, scheduler=scheduler,
                     )  # fmt: skip
             off, on = results[False].output, results[True].output
             out.append({
@@ -377,7 +386,9 @@ def equality_task(rank: int, world_size: int, payload: tuple[MoEConfig, list[Equ
 class FaultSpec:
     """Fault injection for tests: what goes wrong, on which rank, micro-batch and hook site."""
 
-    kind: str  # "raise" (an exception at a hook site), "mismatch" (a different model on one rank)
+    kind: str  # "raise" (an exception at a hook site), "mismatch" (a different model on one rank), "stall" (one
+    # rank's micro-batch computes for 3 x timeout_s at a hook site before it launches its collective: the other
+    # rank waits on a collective that does not complete in time)
     rank: int = 1
     ubatch: int = 1
     site: str = "layer1.moe.prepare"
@@ -386,6 +397,7 @@ class FaultSpec:
                                                                 num_layers=3, num_experts=4, expert_intermediate=128,
                                                                 shared_intermediate=128))  # fmt: skip
     timeout_s: float = 5.0
+    scheduler: str = "thread"
 
 
 class InjectedFault(RuntimeError):
@@ -407,7 +419,10 @@ def fault_task(rank: int, world_size: int, fault: FaultSpec) -> dict[str, Any]:
 
     def faulty_site(site, launch):
         if rank == fault.rank and site == fault.site and dbo_current_ubatch_id() == fault.ubatch:
-            raise InjectedFault(f"injected at hook site {site} in micro-batch {fault.ubatch} on rank {rank}")
+            if fault.kind == "stall":
+                time.sleep(3 * fault.timeout_s)
+            else:
+                raise InjectedFault(f"injected at hook site {site} in micro-batch {fault.ubatch} on rank {rank}")
         return original(site, launch)
 
     model_module.dbo_async_site = faulty_site
@@ -416,7 +431,8 @@ def fault_task(rank: int, world_size: int, fault: FaultSpec) -> dict[str, Any]:
         batch = Batch.prefill([24, 16])
         x = batch_inputs(config, batch, rank=rank, step=0, dtype=torch.float32)
         kv = KVCache(config, batch, rank=rank, dtype=torch.float32)
-        forward_step(model, batch, x, kv, dbo=True, prefill_threshold=2, timeout_s=fault.timeout_s)
+        forward_step(model, batch, x, kv, dbo=True, prefill_threshold=2, timeout_s=fault.timeout_s,
+                     scheduler=fault.scheduler)
         return {"rank": rank, "completed": True}
     finally:
         model_module.dbo_async_site = original
