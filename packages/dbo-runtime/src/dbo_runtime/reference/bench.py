@@ -105,6 +105,8 @@ class BenchPlan:
     shared_intermediate: int = 2048
     config_overrides: dict[str, int] = field(default_factory=dict)
     smoke: bool = False  # a quick smoke plan: its "default" row is not the benchmark's default setting
+    # one extra DBO-off step per row, profiled into <trace_dir>/<row>/ (what `profile-analyzer whatif` is checked on)
+    trace_dir: str | None = None
 
 
 def _loadavg_1m() -> float | None:
@@ -151,7 +153,12 @@ def bench_task(rank: int, world_size: int, plan: BenchPlan) -> dict[str, Any]:
                 )
                 spec = RunSpec(pattern=pattern, config=config, batch=_batch(tokens, plan.requests), steps=plan.steps,
                                warmup=plan.warmup, prefill_threshold=2, decode_threshold=2, timeout_s=120.0)  # fmt: skip
-                off, on = measure(model, spec, modes=(False, True))
+                trace = None
+                if plan.trace_dir is not None:
+                    from dbo_runtime.reference.whatif_check import row_trace_dir
+
+                    trace = str(row_trace_dir(plan.trace_dir, pattern, tokens, variant.name))
+                off, on = measure(model, spec, modes=(False, True), trace_dir=trace)
                 out["rows"].append({"pattern": pattern, "tokens": tokens, "link": variant.name,
                                     "link_spec": comm.link.spec(), "link_text": comm.link.describe(),
                                     "off": off, "on": on, "loadavg_1m": _loadavg_1m()})  # fmt: skip
@@ -395,6 +402,8 @@ def run_bench(out_dir: str | os.PathLike[str], plan: BenchPlan | None = None, *,
     from dbo_runtime.reference.launcher import run_ranks
 
     plan = plan or BenchPlan()
+    if plan.trace_dir is None:
+        plan = replace(plan, trace_dir=str(Path(out_dir) / "dbo-whatif-traces"))
     load_start = os.getloadavg() if hasattr(os, "getloadavg") else None
     handoff = measure_handoff()
     per_rank = run_ranks("dbo_runtime.reference.bench:bench_task", plan, world_size=2, timeout_s=timeout_s, pg_timeout_s=300)
@@ -405,8 +414,17 @@ def run_bench(out_dir: str | os.PathLike[str], plan: BenchPlan | None = None, *,
     summary["default_links"] = {
         r["pattern"]: r["link_text"] for r in summary["rows"] if r["link"] == "default" and r["tokens"] == plan.default_tokens
     }
+    if plan.trace_dir is not None:
+        from dbo_runtime.reference.whatif_check import validate
+
+        summary["whatif"] = validate(summary, plan.trace_dir)
     _write_json_atomic(Path(out_dir) / "dbo_runtime.json", summary)
-    _write_text_atomic(Path(out_dir) / "dbo_runtime.md", format_markdown(summary))
+    markdown = format_markdown(summary)
+    if summary.get("whatif"):
+        from dbo_runtime.reference.whatif_check import format_whatif_markdown
+
+        markdown += "\n" + format_whatif_markdown(summary["whatif"])
+    _write_text_atomic(Path(out_dir) / "dbo_runtime.md", markdown)
     return summary
 
 
