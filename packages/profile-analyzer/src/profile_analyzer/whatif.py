@@ -33,7 +33,9 @@ Reading segments from a profile
 -------------------------------
 For one rank and one step: every interval of the union of communication tasks becomes one ``comm`` segment of
 its exposed length (the part no compute task overlaps); everything else in the step window (compute, the
-part of a collective that compute already overlapped, gaps) is ``compute``. So the segments add up to the
+part of a collective that compute already overlapped, gaps) is ``compute``; free time between two pieces of
+communication is waiting for communication and joins it, and pieces of one operator with only compute that
+overlapped it in between are one segment. So the segments add up to the
 measured DBO-off step exactly. A segment's layer is the number in a ``layer<N>`` / ``layers.<N>.`` name of
 the tasks it covers; without such names a "layer" is one period of the sequence of collective names (two
 all-reduces per layer in a tensor-parallel dense model read as one period of length 1 unless their names
@@ -363,9 +365,11 @@ def segments_from_rank(rt: RankTimeline, window: tuple[int, int] | None = None) 
 
 def _assign_layers(segs: list[Segment]) -> list[Segment]:
     """Each compute segment belongs to the layer of the collective that ends its chunk (the last one's to the
-    last layer); without layer names the collective-name period numbers the layers."""
+    last layer); without layer names the collective-name period numbers the layers. With layer names, the
+    segments before the first layer are unsplit (they run once, before the micro-batches exist)."""
     comms = [s for s in segs if s.kind == "comm"]
-    if comms and all(s.layer is None for s in comms):
+    named = any(s.layer is not None for s in comms)
+    if comms and not named:
         p = _period([_strip_digits(s.name) for s in comms])
         numbered = [replace(s, layer=(i // p) if p else i) for i, s in enumerate(comms)]
         it = iter(numbered)
@@ -382,6 +386,11 @@ def _assign_layers(segs: list[Segment]) -> list[Segment]:
         pending = []
         last_layer = s.layer
     out.extend(replace(c, layer=last_layer) for c in pending)
+    # with layers named in the profile, what comes before the first layer (e.g. the data-parallel vote on whether
+    # to split, vLLM's and dbo-runtime's first collective) runs once, before the micro-batches exist
+    first = next((i for i, s in enumerate(out) if s.layer is not None), None)
+    if named and first:
+        out[:first] = [replace(s, split=False) for s in out[:first]]
     return out
 
 

@@ -10,7 +10,10 @@ Measures, on 2 local gloo ranks (one CPU thread each):
   that changes from step to step);
 - the same efficiency with T_compute taken from the DBO-on steps (``eff(on)``; on CPU half-size micro-batches
   compute faster than the whole batch, which alone can push the first figure past 100%);
-- the median cost of one yield handoff between the two micro-batch threads, in microseconds;
+- the median and p99 cost of one yield handoff between the two micro-batches, in microseconds, under both
+  schedulers (``thread``: two OS threads and events, upstream's; ``greenlet``: one thread, two greenlets);
+- a decode step (64 tokens per rank, 16 layers, the link calibrated as ``dbo-runtime reference`` does by default)
+  with DBO off and on under each scheduler (``decode`` rows): where the handoff cost weighs most;
 - the cost of DBO on a batch below the split thresholds, where the plain path runs (expected: none).
 
 Off and on steps alternate, and medians are reported, because the machine may be shared with other work.
@@ -34,6 +37,8 @@ from typing import Any
 __all__ = ["BenchPlan", "measure_handoff", "bench_task", "run_bench", "quick_plan", "main", "TARGET_EFFICIENCY"]
 
 TARGET_EFFICIENCY = 0.80
+HANDOFF_TARGET_US = 2.0
+"""Issue 15's target for the greenlet scheduler's median handoff."""
 DISTURBED_COMPUTE_RATIO = 0.15
 """A row whose compute time with DBO on differs from DBO off by more than this fraction is flagged as disturbed."""
 
@@ -49,10 +54,11 @@ def _equality_figures(summary: dict) -> tuple[int, int, float] | None:
             max((e["max_abs_diff"] for e in bf16), default=float("nan")))
 
 
-def measure_handoff(num_yields: int = 2000) -> dict[str, float]:
-    """Median and p99 time of one handoff (one thread parks, the other resumes), in microseconds.
+def measure_handoff(num_yields: int = 2000, mode: str = "thread") -> dict[str, float]:
+    """Median and p99 time of one handoff (one micro-batch parks, the other resumes), in microseconds.
 
-    Both micro-batches do nothing but yield, so each yield returns after two handoffs (there and back).
+    Both micro-batches do nothing but yield, so each yield returns after two handoffs (there and back). ``mode``:
+    the scheduler (``thread`` or ``greenlet``).
     """
     from dbo_runtime.context import dbo_current_ubatch_id, dbo_yield, run_ubatches
     from dbo_runtime.devices.cpu import CPUBackend
@@ -66,9 +72,10 @@ def measure_handoff(num_yields: int = 2000) -> dict[str, float]:
             if dbo_current_ubatch_id() == 0:
                 samples.append((time.perf_counter() - t0) / 2)
 
-    run_ubatches([body, body], backend=CPUBackend(), timeout_s=60)
+    run_ubatches([body, body], backend=CPUBackend(), timeout_s=60, mode=mode)
     samples.sort()
     return {
+        "scheduler": mode,
         "median_us": statistics.median(samples) * 1e6,
         "p99_us": samples[min(len(samples) - 1, int(0.99 * len(samples)))] * 1e6,
         "samples": len(samples),
@@ -105,6 +112,11 @@ class BenchPlan:
     shared_intermediate: int = 2048
     config_overrides: dict[str, int] = field(default_factory=dict)
     smoke: bool = False  # a quick smoke plan: its "default" row is not the benchmark's default setting
+    scheduler: str = "thread"  # the scheduler of the sweep's DBO-on steps
+    # The decode comparison: DBO off vs on under each scheduler.
+    decode_tokens: int = 64
+    decode_layers: int = 16
+    decode_schedulers: tuple[str, ...] = ("thread", "greenlet")
     # one extra DBO-off step per row, profiled into <trace_dir>/<row>/ (what `profile-analyzer whatif` is checked on)
     trace_dir: str | None = None
 
@@ -152,7 +164,8 @@ def bench_task(rank: int, world_size: int, plan: BenchPlan) -> dict[str, Any]:
                     default_link.bandwidth_gbps * variant.bandwidth_scale,
                 )
                 spec = RunSpec(pattern=pattern, config=config, batch=_batch(tokens, plan.requests), steps=plan.steps,
-                               warmup=plan.warmup, prefill_threshold=2, decode_threshold=2, timeout_s=120.0)  # fmt: skip
+                               warmup=plan.warmup, prefill_threshold=2, decode_threshold=2, timeout_s=120.0,
+                               scheduler=plan.scheduler)  # fmt: skip
                 trace = None
                 if plan.trace_dir is not None:
                     from dbo_runtime.reference.whatif_check import row_trace_dir
@@ -168,9 +181,34 @@ def bench_task(rank: int, world_size: int, plan: BenchPlan) -> dict[str, Any]:
                            steps=plan.steps * 2, warmup=plan.warmup, timeout_s=120.0)  # fmt: skip
             off, on = measure(model, replace(spec), modes=(False, True))
             out["no_split"].append({"pattern": pattern, "tokens": plan.no_split_tokens, "off": off, "on": on})
+        out["decode"] = _decode_rows(plan, comm, world_size)
     finally:
         comm.close()
     return out
+
+
+def _decode_rows(plan: BenchPlan, comm: Any, world_size: int) -> list[dict[str, Any]]:
+    """A decode step (``decode_tokens`` per rank, ``decode_layers`` layers, vLLM's default decode threshold, the
+    link calibrated on this batch as ``dbo-runtime reference --link auto`` does): DBO off vs on per scheduler."""
+    from dbo_runtime.reference.model import DTYPES, Batch, MoEConfig, ReferenceMoE, StepTimer
+    from dbo_runtime.reference.run import RunSpec, calibrate_link, check_ranks_agree, measure
+
+    config = MoEConfig(num_layers=plan.decode_layers, hidden_size=plan.hidden_size,
+                       expert_intermediate=plan.expert_intermediate, shared_intermediate=plan.shared_intermediate,
+                       **plan.config_overrides)  # fmt: skip
+    rows = []
+    pattern = plan.patterns[0]
+    check_ranks_agree(config, world_size, pattern)
+    model = ReferenceMoE(config, pattern=pattern, comm=comm, dtype=DTYPES["float32"], timer=StepTimer())
+    batch = Batch.decode(plan.decode_tokens, 1)
+    comm.link = calibrate_link(model, batch, DTYPES["float32"], timeout_s=120.0)
+    for scheduler in plan.decode_schedulers:
+        spec = RunSpec(pattern=pattern, config=config, batch=batch, steps=plan.steps * 2, warmup=plan.warmup,
+                       timeout_s=120.0, scheduler=scheduler)  # fmt: skip
+        off, on = measure(model, spec, modes=(False, True))
+        rows.append({"pattern": pattern, "scheduler": scheduler, "tokens": plan.decode_tokens,
+                     "layers": plan.decode_layers, "link_text": comm.link.describe(), "off": off, "on": on})  # fmt: skip
+    return rows
 
 
 def _slowest(per_rank: list[dict[str, Any]], section: str, index: int, mode: str, key: str) -> float:
@@ -183,8 +221,11 @@ def efficiency(t_off: float, t_on: float, t_compute: float, t_comm: float) -> fl
     return (t_off - t_on) / hideable if hideable > 0 else float("nan")
 
 
-def summarize(per_rank: list[dict[str, Any]], handoff: dict[str, float], plan: BenchPlan) -> dict[str, Any]:
+def summarize(per_rank: list[dict[str, Any]], handoff: dict[str, Any], plan: BenchPlan) -> dict[str, Any]:
+    """``handoff``: the figures of :func:`measure_handoff` per scheduler (or one scheduler's figures)."""
     from dbo_runtime.reference.comm import LINK_STAND_IN_NOTE
+
+    by_scheduler = handoff if "median_us" not in handoff else {handoff.get("scheduler", "thread"): handoff}
 
     rows = []
     for i, row in enumerate(per_rank[0]["rows"]):
@@ -249,10 +290,37 @@ def summarize(per_rank: list[dict[str, Any]], handoff: dict[str, float], plan: B
         "smoke": plan.smoke,
         "default_efficiency": default,
         "meets_target": all(not math.isnan(v) and v >= TARGET_EFFICIENCY for v in default.values()) and bool(default),
-        "handoff_us": handoff,
+        "scheduler": plan.scheduler,
+        "handoff_us": by_scheduler.get(plan.scheduler) or next(iter(by_scheduler.values())),
+        "handoff_by_scheduler": by_scheduler,
+        "handoff_target_us": {"greenlet": HANDOFF_TARGET_US},
         "rows": rows,
         "no_split": no_split,
+        "decode": _decode_summary(per_rank),
     }
+
+
+def _decode_summary(per_rank: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    out = []
+    for i, row in enumerate(per_rank[0].get("decode") or []):
+        t_off = _slowest(per_rank, "decode", i, "off", "step_s")
+        t_on = _slowest(per_rank, "decode", i, "on", "step_s")
+        # per adjacent off/on pair (same load), the median of on/off
+        ratios = []
+        for k in range(len(row["off"]["steps_s"])):
+            p_off = max(r["decode"][i]["off"]["steps_s"][k] for r in per_rank)
+            p_on = max(r["decode"][i]["on"]["steps_s"][k] for r in per_rank)
+            ratios.append(p_on / p_off)
+        out.append({
+            "pattern": row["pattern"], "scheduler": row["scheduler"], "tokens": row["tokens"], "layers": row["layers"],
+            "link_text": row["link_text"], "split_on": row["on"]["split"], "t_off_ms": t_off * 1e3,
+            "t_on_ms": t_on * 1e3, "on_over_off": t_on / t_off if t_off else float("nan"),
+            "on_over_off_pairs": statistics.median(ratios) if ratios else float("nan"),
+            "t_compute_off_ms": _slowest(per_rank, "decode", i, "off", "compute_s") * 1e3,
+            "t_comm_off_ms": _slowest(per_rank, "decode", i, "off", "comm_s") * 1e3,
+            "on_no_slower": t_on <= t_off,
+        })  # fmt: skip
+    return out
 
 
 def format_table(summary: dict[str, Any]) -> str:
@@ -269,8 +337,8 @@ def format_table(summary: dict[str, Any]) -> str:
             f"{r['speedup']:6.2f}x {r['efficiency'] * 100:6.1f}% {r['efficiency_pairs'] * 100:6.1f}% "
             f"{r['efficiency_on_compute'] * 100:6.1f}% {_load_cell(r):>5}  {_setting_cell(r, summary)}"
         )
-    h = summary["handoff_us"]
-    lines.append(f"yield handoff: median {h['median_us']:.1f} us, p99 {h['p99_us']:.1f} us ({h['samples']} samples)")
+    lines += _handoff_lines(summary, "us")
+    lines += _decode_lines(summary)
     for r in summary["no_split"]:
         lines.append(
             f"below threshold ({r['pattern']}, {r['tokens']} tokens, not split: {not r['split_on']}): off "
@@ -287,6 +355,33 @@ def format_table(summary: dict[str, Any]) -> str:
         equal, cases, bf16_max = eq
         lines.append(f"DBO on vs off: fp32 bitwise equal in {equal}/{cases} split cases; bf16 max abs diff {bf16_max:.3g}")
     return "\n".join(lines)
+
+
+def _handoff_lines(summary: dict[str, Any], unit: str) -> list[str]:
+    lines = []
+    for name, h in (summary.get("handoff_by_scheduler") or {"thread": summary["handoff_us"]}).items():
+        target = (summary.get("handoff_target_us") or {}).get(name)
+        verdict = "" if target is None else (f" (target: median <= {target:g} {unit}: "
+                                             f"{'met' if h['median_us'] <= target else 'MISSED'})")
+        lead = "yield handoff" if unit == "us" else "Yield handoff"
+        lines.append(f"{lead}, {name} scheduler: median {h['median_us']:.2f} {unit}, p99 {h['p99_us']:.2f} "
+                     f"{unit} ({h['samples']} samples){verdict}")
+    return lines
+
+
+def _decode_lines(summary: dict[str, Any]) -> list[str]:
+    rows = summary.get("decode") or []
+    if not rows:
+        return []
+    first = rows[0]
+    lines = [f"Decode step ({first['pattern']}, {first['tokens']} tokens/rank, {first['layers']} layers, "
+             f"{first['link_text']}), DBO off vs on per scheduler"]  # fmt: skip
+    for r in rows:
+        lines.append(f"  {r['scheduler']:8} off {r['t_off_ms']:8.1f} ms  on {r['t_on_ms']:8.1f} ms  on/off "
+                     f"{r['on_over_off']:.3f} (pairs {r['on_over_off_pairs']:.3f}); split {r['split_on']}")
+    verdicts = ", ".join(f"{r['scheduler']} {'no slower' if r['on_no_slower'] else 'SLOWER'}" for r in rows)
+    lines.append(f"Decode with DBO on vs off (medians): {verdicts}")
+    return lines
 
 
 def _load_cell(row: dict[str, Any]) -> str:
@@ -348,8 +443,18 @@ def format_markdown(summary: dict[str, Any]) -> str:
               "means other work shared the cores while the row was measured. `!`: disturbed, the compute time with DBO "
               f"on and off differ by more than {DISTURBED_COMPUTE_RATIO:.0%} (other work took the cores during part "
               "of the row): rerun on a quiet machine before reading its efficiency."]  # fmt: skip
-    h = summary["handoff_us"]
-    lines += ["", f"Yield handoff: median {h['median_us']:.1f} µs, p99 {h['p99_us']:.1f} µs ({h['samples']} samples).", ""]
+    lines += [""] + [line + "." for line in _handoff_lines(summary, "µs")]
+    decode = _decode_lines(summary)
+    if decode:
+        lines += ["", decode[0] + ":", "",
+                  "| scheduler | split | T_off ms | T_on ms | on/off | on/off (pairs) | compute off ms | comm off ms |",
+                  "|---|---|---:|---:|---:|---:|---:|---:|"]
+        for r in summary.get("decode") or []:
+            lines.append(f"| {r['scheduler']} | {r['split_on']} | {r['t_off_ms']:.1f} | {r['t_on_ms']:.1f} | "
+                         f"{r['on_over_off']:.3f} | {r['on_over_off_pairs']:.3f} | {r['t_compute_off_ms']:.1f} | "
+                         f"{r['t_comm_off_ms']:.1f} |")
+        lines += ["", decode[-1] + "."]
+    lines.append("")
     for r in summary["no_split"]:
         lines.append(
             f"Below the threshold ({r['pattern']}, {r['tokens']} tokens, not split): DBO off {r['t_off_ms']:.1f} ms, "
@@ -404,8 +509,11 @@ def run_bench(out_dir: str | os.PathLike[str], plan: BenchPlan | None = None, *,
     plan = plan or BenchPlan()
     if plan.trace_dir is None:
         plan = replace(plan, trace_dir=str(Path(out_dir) / "dbo-whatif-traces"))
+        import shutil
+
+        shutil.rmtree(plan.trace_dir, ignore_errors=True)  # the benchmark's own folder: last run's traces go
     load_start = os.getloadavg() if hasattr(os, "getloadavg") else None
-    handoff = measure_handoff()
+    handoff = {mode: measure_handoff(mode=mode) for mode in ("thread", "greenlet")}
     per_rank = run_ranks("dbo_runtime.reference.bench:bench_task", plan, world_size=2, timeout_s=timeout_s, pg_timeout_s=300)
     summary = summarize(per_rank, handoff, plan)
     summary["machine"]["loadavg_start"] = list(load_start) if load_start else None
@@ -446,7 +554,8 @@ def quick_plan() -> BenchPlan:
     """A few seconds of measurements with a tiny model: for tests and a smoke check, not for the figures."""
     return BenchPlan(num_layers=2, default_tokens=128, token_counts=(128,), steps=2, warmup=1, no_split_tokens=64,
                      hidden_size=64, expert_intermediate=128, shared_intermediate=128,
-                     links=(LinkVariant("default"), LinkVariant("bw x2", bandwidth_scale=2.0)), smoke=True)  # fmt: skip
+                     links=(LinkVariant("default"), LinkVariant("bw x2", bandwidth_scale=2.0)), smoke=True,
+                     decode_layers=2)  # fmt: skip
 
 
 def main(argv: list[str] | None = None) -> int:

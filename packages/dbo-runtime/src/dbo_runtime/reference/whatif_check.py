@@ -36,7 +36,7 @@ def row_trace_dir(root: str | Path, pattern: str, tokens: int, link: str) -> Pat
 
 def validate(summary: dict[str, Any], trace_root: str | Path) -> list[dict[str, Any]]:
     """One row per sweep row with a trace: predicted vs measured DBO-on step."""
-    from profile_analyzer import load
+    from profile_analyzer import ProfileError, load
     from profile_analyzer.whatif import whatif
 
     switch_us = float(summary["handoff_us"]["median_us"])
@@ -46,8 +46,13 @@ def validate(summary: dict[str, Any], trace_root: str | Path) -> list[dict[str, 
         if not folder.is_dir() or not any(folder.glob("*.pt.trace.json")):
             continue
         latency_us = float(str(r["link_spec"]).split(",")[0]) if r.get("link_spec") not in (None, "none") else 0.0
-        d = whatif(load(folder, workers=1), switch_us=switch_us, comm_fixed_us=latency_us,
-                   measured_off_us=r["t_off_ms"] * 1000.0)
+        try:
+            d = whatif(load(folder, workers=1), switch_us=switch_us, comm_fixed_us=latency_us,
+                       measured_off_us=r["t_off_ms"] * 1000.0)
+        except ProfileError as exc:  # a trace the simulation cannot use is a row without a prediction
+            out.append({"pattern": r["pattern"], "tokens": r["tokens"], "link": r["link"], "trace": str(folder),
+                        "error_message": str(exc)})
+            continue
         predicted = d["summary"]["on_us"] / 1000.0
         measured = r["t_on_ms"]
         err = predicted / measured - 1.0 if measured else math.nan
@@ -66,6 +71,8 @@ def validate(summary: dict[str, Any], trace_root: str | Path) -> list[dict[str, 
 
 
 def format_whatif_markdown(rows: list[dict[str, Any]]) -> str:
+    failed = [r for r in rows if "error_message" in r]
+    rows = [r for r in rows if "error_message" not in r]
     checked = [r for r in rows if r["checked"]]
     ok = sum(bool(r["within"]) for r in checked)
     lines = [
@@ -84,5 +91,8 @@ def format_whatif_markdown(rows: list[dict[str, Any]]) -> str:
             f"| {r['predicted_on_ms']:.0f} | {r['measured_speedup']:.2f}x | {r['predicted_speedup']:.2f}x "
             f"| {r['error'] * 100:+.1f}% | {within}{' (disturbed row)' if r['disturbed'] else ''} |"
         )
-    lines += ["", f"Within {TOLERANCE:.0%}: {ok} of {len(checked)} rows whose step takes over {MIN_STEP_MS:g} ms.", ""]
+    lines += [f"| {r['pattern']} | {r['tokens']} | {r['link']} | | | | | | | no prediction: {r['error_message']} |"
+              for r in failed]
+    lines += ["", f"Within {TOLERANCE:.0%}: {ok} of {len(checked)} rows whose step takes over {MIN_STEP_MS:g} ms"
+              + (f"; {len(failed)} row(s) without a prediction." if failed else "."), ""]
     return "\n".join(lines)
