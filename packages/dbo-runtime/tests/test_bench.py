@@ -7,6 +7,8 @@ import math
 import subprocess
 import sys
 
+import pytest
+
 from dbo_runtime.reference.bench import (
     TARGET_EFFICIENCY,
     BenchPlan,
@@ -27,11 +29,19 @@ def test_efficiency_formula():
     assert math.isnan(efficiency(50.0, 40.0, 60.0, 40.0))
 
 
-def test_handoff_cost_is_measured():
-    h = measure_handoff(200)
-    assert h["samples"] == 200
+@pytest.mark.parametrize("mode", ["thread", "greenlet"])
+def test_handoff_cost_is_measured(mode):
+    h = measure_handoff(200, mode=mode)
+    assert h["samples"] == 200 and h["scheduler"] == mode
     assert 0 < h["median_us"] <= h["p99_us"]
     assert h["median_us"] < 50_000  # a handoff is a thread wake-up, not a sleep
+
+
+def test_greenlet_handoff_is_cheaper_than_a_thread_wake_up():
+    """The point of the greenlet scheduler: a switch inside one thread, no futex round trip through the kernel."""
+    thread = measure_handoff(500, mode="thread")
+    greenlet = measure_handoff(500, mode="greenlet")
+    assert greenlet["median_us"] < thread["median_us"], (greenlet, thread)
 
 
 def test_bad_out_is_one_line_exit_2(tmp_path, capsys):
@@ -58,6 +68,13 @@ def test_quick_bench_writes_results(tmp_path):
     for row in data["no_split"]:
         assert row["split_on"] is False  # below the threshold DBO takes the plain path
     assert data["handoff_us"]["median_us"] > 0
+    assert set(data["handoff_by_scheduler"]) == {"thread", "greenlet"}
+    assert all(h["median_us"] > 0 for h in data["handoff_by_scheduler"].values())
+    decode = {r["scheduler"]: r for r in data["decode"]}
+    assert set(decode) == {"thread", "greenlet"}
+    for row in decode.values():
+        assert row["split_on"] and row["tokens"] == 64  # vLLM's default decode threshold (32) splits 64 tokens
+        assert row["t_off_ms"] > 0 and row["t_on_ms"] > 0
     assert "effic" in out.stdout and "yield handoff" in out.stdout
     assert not list(tmp_path.glob(".tmp-*"))
 

@@ -21,12 +21,17 @@ __all__ = ["bench"]
 @click.option("--out", type=WritableDir(), default="bench-results", show_default=True,
               help="directory for dbo_runtime.json and dbo_runtime.md (created if missing; checked before the run)")
 @click.option("--quick", is_flag=True, help="tiny model, few steps: a smoke run, not the figures")
-def bench(out: Path, quick: bool) -> int:
-    from dbo_runtime.reference.bench import format_table, quick_plan, run_bench
+@click.option("--dbo-scheduler", type=click.Choice(("thread", "greenlet")), default="thread", show_default=True,
+              envvar="DBO_RUNTIME_SCHEDULER", show_envvar=True,
+              help="scheduler of the sweep's DBO-on steps (the handoff and the decode rows are measured under both)")
+def bench(out: Path, quick: bool, dbo_scheduler: str) -> int:
+    from dataclasses import replace
+
+    from dbo_runtime.reference.bench import BenchPlan, format_table, quick_plan, run_bench
     from dbo_runtime.reference.launcher import RanksFailed
 
     try:
-        summary = run_bench(out, quick_plan() if quick else None)
+        summary = run_bench(out, replace(quick_plan() if quick else BenchPlan(), scheduler=dbo_scheduler))
     except RanksFailed as exc:
         for err in exc.errors:
             click.echo(f"dbo-runtime bench: {err.line()}", err=True)
