@@ -25,6 +25,18 @@ Finding the two micro-batches, in this order of preference:
    dispatch, combine, dispatch, combine, and a run of one repeated collective (send/recv, all-to-all)
    gives no pairs of different kinds; neither is taken for a ping-pong.
 
+5. ``repeated_ranges``: no name carries an index, but the annotation ranges (``record_function`` /
+   ``gpu_user_annotation`` ranges) of the model's phases, ``attn``/``mlp``/``moe``/``dispatch``/``combine``/
+   ``forward``/``backward`` chunks ... (regex :data:`PHASE_RANGE`), each come twice per layer: once per micro-batch.
+   The rule: group the phase ranges of the window by the ``layer<N>`` token of their names when every one has
+   one, else cut their name sequence into periods (the smallest period in which the sequence repeats); within a
+   group, the first range of each name is micro-batch 0 and the second micro-batch 1. It applies only when every
+   name of a group comes exactly twice and the two micro-batches interleave (micro-batch 1's first range starts
+   before micro-batch 0's last range of the group ends): a sequential run (each phase once per layer:
+   ``attn, dispatch, mlp, combine``, or ``forward, backward``) has a period in which each name comes once and is
+   not called a ping-pong, nor are two back-to-back copies of a whole layer (``attn, mlp, attn, mlp``). The
+   micro-batch of a range is then used as a marker's would be (tasks inside it on its stream are that micro-batch's).
+
 Markers need one operator per micro-batch; the heuristics need at least 4 operators. If none applies, ``detected`` is false and
 ``reason`` says what was looked for. Coverage of an operator of micro-batch *u* is the time of its span
 under compute of the *other* micro-batch: compute tasks carrying a marker are attributed to it; compute
@@ -49,6 +61,9 @@ from profile_analyzer.timeline import COMM_KINDS, COMPUTE_KINDS, Kind, RankTimel
 
 UBATCH_MARKER = re.compile(r"(?i)(?<![a-z])(?:ubatch|u_batch|micro_?batch|ub)[_\-#]?([01])(?!\d)")
 MIN_OPS = 4
+# annotation ranges that name a model phase (method repeated_ranges)
+PHASE_RANGE = re.compile(r"(?i)(?<![a-z])(?:self_?)?(attn|attention|mla|mlp|ffn|moe|experts?|shared_?experts?|gate|router|"
+                         r"dispatch|combine|a2a|all_?to_?all|forward|backward|fwd|bwd)(?![a-z])")
 
 
 def _marker_of_names(names: list[str]) -> np.ndarray:
@@ -121,19 +136,29 @@ def dual_batch(rt: RankTimeline, lo: int, hi: int) -> dict[str, object]:
             task_marker[inside] = name_marker[rt.name_id[r]]
     op_ub = task_marker[ops].astype(np.int64)
     method = None
+    inferred_note = ""
+    if set(op_ub[op_ub >= 0].tolist()) != {0, 1}:
+        inferred = _repeated_range_markers(rt, lo, hi)
+        if inferred is not None:
+            task_marker, n_ranges, task_group = inferred
+            op_ub = task_marker[ops].astype(np.int64)
+            if set(op_ub[op_ub >= 0].tolist()) == {0, 1}:
+                method = "repeated_ranges"
+                inferred_note = f" ({n_ranges} phase ranges, each name twice per layer)"
     note = ""
     merged_ends: tuple[np.ndarray, np.ndarray] | None = None
     compute_stream_ub: dict[int, int] = {}
     marked = op_ub >= 0
     if set(op_ub[marked].tolist()) == {0, 1}:
-        method = "markers"
+        method = method or "markers"
         keep = marked & ~_nested_in_same_ubatch(rt.start_ns[ops], rt.end_ns[ops], op_ub)
         if (~keep).any():
             note = (f"; {int((~marked).sum())} unmarked and {int((marked & ~keep).sum())} nested communication "
                     "ranges left out")
         ops, op_ub = ops[keep], op_ub[keep]
+        note = inferred_note + note
     kinds = [op_kind(rt.names[int(i)]) for i in rt.name_id[ops]]
-    if method == "markers":
+    if method in ("markers", "repeated_ranges"):
         pass
     elif ops.size < MIN_OPS:
         result["reason"] = (f"no ping-pong found: {ops.size} communication operators without ubatch markers; the "
@@ -194,11 +219,13 @@ def dual_batch(rt: RankTimeline, lo: int, hi: int) -> dict[str, object]:
     if method == "two_compute_streams" and merged_ends is not None:
         op_s, op_e = merged_ends
     op_names = [rt.names[int(i)] for i in rt.name_id[ops]]
+    op_group = task_group[ops] if method == "repeated_ranges" else None
     merged_note = ""
-    if method == "markers":
+    if method in ("markers", "repeated_ranges"):
         op_s, op_e, op_names, op_ub, kinds, n_merged = _merge_collective_parts(op_s, op_e, op_names, op_ub, kinds)
         if n_merged:
             merged_note = f"; {n_merged} ranges of the same collective (launch + transfer) merged"
+            op_group = None
     layers = []
     ub_rows = []
     t0 = rt.t0_ns()
@@ -212,6 +239,8 @@ def dual_batch(rt: RankTimeline, lo: int, hi: int) -> dict[str, object]:
         ukinds = [kinds[j] for j in mine]
         period = _period(ukinds)
         named_layers = [_layer_in_name(op_names[j]) for j in mine]
+        if any(x is None for x in named_layers) and op_group is not None and (op_group[mine] >= 0).all():
+            named_layers = op_group[mine].tolist()  # the layer (group) of the phase range around each operator
         if any(x is None for x in named_layers):
             named_layers = [k // period for k in range(mine.size)]
         for k in range(mine.size):
@@ -229,6 +258,77 @@ def dual_batch(rt: RankTimeline, lo: int, hi: int) -> dict[str, object]:
                   reason=(f"{len(op_names)} communication operators split into two micro-batches by {method}"
                           f"{note}{merged_note}"))
     return result
+
+
+def _repeated_range_markers(rt: RankTimeline, lo: int, hi: int) -> tuple[np.ndarray, int, np.ndarray] | None:
+    """Micro-batch and layer (group) per task inferred from phase ranges that come twice per layer
+    (``repeated_ranges``, see the module doc), and the number of phase ranges; None when the ranges do not show an
+    interleaved pair of micro-batches."""
+    host = np.flatnonzero((rt.kind == int(Kind.HOST)) & (rt.start_ns >= lo) & (rt.start_ns < hi))
+    if host.size < 2 * MIN_OPS:
+        return None
+    phase_of_name: dict[int, str | None] = {}
+    idx, phases = [], []
+    for i in host[np.argsort(rt.start_ns[host], kind="stable")].tolist():
+        nid = int(rt.name_id[i])
+        if nid not in phase_of_name:
+            n = rt.names[nid]
+            m = PHASE_RANGE.search(n)
+            phase_of_name[nid] = n if m and not UBATCH_MARKER.search(n) and "ProfilerStep" not in n else None
+        if phase_of_name[nid] is not None:
+            idx.append(i)
+            phases.append(phase_of_name[nid])
+    if len(idx) < 2 * MIN_OPS:
+        return None
+    # ranges nested in another phase range of the same stream (a kernel-launch range inside "attn") are not phases
+    s_, e_ = rt.start_ns[idx], rt.end_ns[idx]
+    st = rt.stream[idx]
+    outer = np.ones(len(idx), dtype=bool)
+    for k in range(len(idx)):
+        inside = (st == st[k]) & (s_ <= s_[k]) & (e_ >= e_[k]) & ((s_ < s_[k]) | (e_ > e_[k]))
+        outer[k] = not inside.any()
+    idx = [i for i, o in zip(idx, outer.tolist(), strict=True) if o]
+    phases = [p for p, o in zip(phases, outer.tolist(), strict=True) if o]
+    layers = [_layer_in_name(p) for p in phases]
+    # group key per range: its layer token, else its period number
+    base = [re.sub(r"(?i)(?:^|[._\-/ ])layers?[._\-]?\d+(?!\d)", "", p) for p in phases]
+    if all(x is not None for x in layers):
+        groups = layers
+    else:
+        period = _period(base)
+        if period < 2:
+            return None
+        groups = [k // period for k in range(len(base))]
+    ub = np.full(len(idx), -1, dtype=np.int8)
+    members: dict[object, list[int]] = {}
+    for k, g in enumerate(groups):
+        members.setdefault(g, []).append(k)
+    paired_groups = 0
+    for g, ks in members.items():
+        seen: dict[str, int] = {}
+        for k in ks:
+            seen[base[k]] = seen.get(base[k], 0) + 1
+            ub[k] = seen[base[k]] - 1
+        if set(seen.values()) != {2}:
+            continue
+        first_b = min(rt.start_ns[idx[k]] for k in ks if ub[k] == 1)
+        last_a_end = max(rt.end_ns[idx[k]] for k in ks if ub[k] == 0)
+        if first_b < last_a_end:  # the micro-batches interleave (not two back-to-back copies of the layer)
+            paired_groups += 1
+    if paired_groups < max(1, len(members) // 2) or paired_groups == 0:
+        return None
+    marker = np.full(rt.name_id.size, -1, dtype=np.int8)
+    group_of_task = np.full(rt.name_id.size, -1, dtype=np.int64)
+    group_no = {g: n for n, g in enumerate(sorted(members, key=lambda g: min(members[g])))}
+    for k, i in enumerate(idx):
+        if ub[k] < 0:
+            continue
+        inside = (rt.stream == rt.stream[i]) & (rt.start_ns >= rt.start_ns[i]) & (rt.end_ns <= rt.end_ns[i])
+        marker[inside & (marker < 0)] = ub[k]
+        group_of_task[inside & (group_of_task < 0)] = groups[k] if isinstance(groups[k], int) else group_no[groups[k]]
+    for i in idx:
+        marker[i] = -1  # the ranges themselves are annotations, not work
+    return marker, len(idx), group_of_task
 
 
 _COLLECTIVE_WORD = re.compile(
