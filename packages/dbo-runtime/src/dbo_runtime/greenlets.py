@@ -94,6 +94,18 @@ class _TLS:
         self.any_autocast = getattr(torch._C, "_is_any_autocast_enabled", None)
         self.device_module = device_module
 
+    def set_base(self, key: tuple[Any, ...]) -> None:
+        self.base_grad, self.base_inference, self.base_autocast, self.base_device = key
+
+    def differs(self) -> bool:
+        """Whether the thread's modes differ from the base (the check every switch makes: three C calls)."""
+        return (
+            self.grad() is not self.base_grad
+            or self.inference() is not self.base_inference
+            or (self.any_autocast is not None and self.any_autocast() is not self.base_autocast)
+            or (self.device_module is not None and self.device_module.current_device() != self.base_device)
+        )
+
     def key(self) -> tuple[Any, ...]:
         autocast = self.any_autocast() if self.any_autocast is not None else None
         device = None if self.device_module is None else self.device_module.current_device()
@@ -139,6 +151,7 @@ class _GreenletRun(_Run):
         self.tls = tls
         self.base = base
         self.base_key = tls.key()
+        tls.set_base(self.base_key)
         self.tid = threading.get_ident()
 
 
@@ -153,14 +166,13 @@ class GreenletUBatchContext(UBatchContext):
         self.saved: ThreadState | None = None  # this micro-batch's modes while switched away, if not the base
         self.saved_key: tuple[Any, ...] | None = None
         self.inference_guard: Any = None
+        self.other: GreenletUBatchContext = self  # the other micro-batch, set by the run
 
     # -- thread-local state ------------------------------------------------------------------------------------
     def _leave(self) -> None:
+        """Save this micro-batch's modes (they differ from the base) and put the base back for the other one."""
         run = self._run
         key = run.tls.key()
-        if key == run.base_key:
-            self.saved = None
-            return
         self.saved, self.saved_key = run.tls.full(), key
         if key[1] != run.base_key[1]:
             self.inference_guard = run.tls.torch._C._InferenceMode(run.base.inference_mode)
@@ -176,14 +188,6 @@ class GreenletUBatchContext(UBatchContext):
         self.saved = None
 
     # -- baton -------------------------------------------------------------------------------------------------
-    def _switch_to(self, nxt: GreenletUBatchContext) -> None:
-        run = self._run
-        _ctxmod._HANDOFFS += 1
-        self._leave()
-        run.holder = nxt.id
-        _THREAD_CONTEXTS[run.tid] = nxt
-        nxt.glet.switch()
-
     def _resumed(self, site: str) -> None:
         run = self._run
         if run.aborted:
@@ -200,14 +204,34 @@ class GreenletUBatchContext(UBatchContext):
             self.on_resume()
 
     def cpu_yield(self, site: str = "") -> None:
+        # The hot path of the scheduler (every handoff): kept flat, no time stamps (no watchdog reads them here).
+        run = self._run
         site = site or "<yield>"
-        self._check_running(site)
+        if run.aborted:
+            raise _Aborted
+        if run.holder != self.id:
+            self._check_running(site)  # raises with the message
         self.site = site
-        nxt = self._next_alive()
-        if nxt is None:
+        other = self.other
+        if run.finished[other.id]:
             return
-        self._switch_to(nxt)  # returns when another greenlet (or the run loop) switches back to this one
-        self._resumed(site)
+        _ctxmod._HANDOFFS += 1
+        if run.tls.differs():
+            self._leave()
+        run.holder = other.id
+        _THREAD_CONTEXTS[run.tid] = other
+        other.glet.switch()  # returns when another greenlet (or the run loop) switches back to this one
+        if run.aborted:
+            raise _Aborted
+        if run.holder != self.id:
+            raise DBOError(
+                f"micro-batch {self.id} resumed at hook site {site!r} while micro-batch {run.holder} holds the "
+                "baton: the one-at-a-time invariant is broken"
+            )
+        if self.saved is not None:
+            self._restore()
+        if self.on_resume is not None:
+            self.on_resume()
 
     def _take_baton(self, site: str) -> None:  # pragma: no cover - the thread scheduler's entry, not used here
         raise DBOError("a greenlet micro-batch takes the baton by being switched to, not by waiting")
@@ -260,6 +284,7 @@ def run_ubatches_greenlet(
         comm_stream = backend.new_stream()
         run.contexts = [GreenletUBatchContext(i, run, backend, compute_stream, comm_stream) for i in range(len(fns))]
         contexts: list[GreenletUBatchContext] = run.contexts  # type: ignore[assignment]
+        contexts[0].other, contexts[1].other = contexts[1], contexts[0]
         for i, ctx in enumerate(contexts):
             ctx.on_resume = None if on_resume is None else on_resume[i]
             ctx.glet = greenlet.greenlet(lambda ctx=ctx, fn=fns[i]: _ubatch_main(ctx, fn))
