@@ -4,6 +4,9 @@ Public API:
     parse_size(text) -> int
     load_model(name_or_path) -> ModelSpec
     spec_from_config(config_dict, name=...) -> ModelSpec   (a config.json already in memory)
+    load_compute_spec(name_or_path) -> ComputeSpec          (what a forward pass computes: hidden, MLP, experts)
+    compute_spec_from_config(config_dict, name=...) -> ComputeSpec
+    load_config(name_or_path) -> (config_dict, name, source)
     plan(spec, *, kv_cache_memory_bytes, max_model_len, block_size=128, tensor_parallel_size=1,
          kv_cache_dtype="auto") -> CapacityPlan
     required_bytes(spec, *, max_model_len, concurrency, block_size=128, tensor_parallel_size=1,
@@ -13,7 +16,16 @@ Public API:
 
 from kv_capacity.check import check
 from kv_capacity.errors import InsufficientKVCacheError, KVCapacityError, KVCapacityInputError
-from kv_capacity.model_spec import ModelSpec, load_model, preset_names, spec_from_config
+from kv_capacity.model_spec import (
+    ComputeSpec,
+    ModelSpec,
+    compute_spec_from_config,
+    load_compute_spec,
+    load_config,
+    load_model,
+    preset_names,
+    spec_from_config,
+)
 from kv_capacity.planner import (
     DEFAULT_BLOCK_SIZE,
     CapacityPlan,
@@ -29,6 +41,7 @@ __version__ = "0.1.0"
 __all__ = [
     "DEFAULT_BLOCK_SIZE",
     "CapacityPlan",
+    "ComputeSpec",
     "InsufficientKVCacheError",
     "KVCacheGroup",
     "KVCapacityError",
@@ -36,7 +49,10 @@ __all__ = [
     "ModelSpec",
     "bytes_per_token",
     "check",
+    "compute_spec_from_config",
     "format_gib",
+    "load_compute_spec",
+    "load_config",
     "load_model",
     "parse_size",
     "plan",

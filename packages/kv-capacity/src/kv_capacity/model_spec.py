@@ -170,12 +170,18 @@ def load_preset_config(name: str) -> dict[str, Any]:
 
 def load_model(name_or_path: str) -> ModelSpec:
     """Load a model's KV-cache shape from a preset name, a config.json path, or a model directory."""
+    config, name, source = load_config(name_or_path)
+    return spec_from_config(config, name=name, source=source)
+
+
+def load_config(name_or_path: str) -> tuple[dict[str, Any], str, str]:
+    """A model's config.json fields, its name and where they came from (a preset, a file, a directory)."""
     if not isinstance(name_or_path, str) or not name_or_path.strip():
         raise KVCapacityInputError(f"model {_short(name_or_path, 80)} is empty; expected {ACCEPTED_MODELS}")
     text = name_or_path.strip()
     if text.lower() in preset_names():
         name = text.lower()
-        return spec_from_config(load_preset_config(name), name=name, source=f"preset {name}")
+        return load_preset_config(name), name, f"preset {name}"
 
     path = Path(text).expanduser()
     info = _stat(path, text, what="model")
@@ -193,7 +199,7 @@ def load_model(name_or_path: str) -> ModelSpec:
         )
     config = _parse_config(path, _read_config(path))
     name = path.parent.name if path.name == "config.json" else path.stem
-    return spec_from_config(config, name=name or str(path), source=str(path))
+    return config, name or str(path), str(path)
 
 
 def _stat(path: Path, text: str, *, what: str) -> os.stat_result | None:
@@ -520,3 +526,180 @@ def _layer_types(
             )
         return ["sliding_attention" if i >= start else "full_attention" for i in range(num_layers)]
     return None
+
+
+# ------------------------------------------------------------------------------------------------ compute shape
+# What a forward pass computes, beside what its KV cache holds: the sizes a cost model needs (dbo-runtime
+# estimate). Field names follow the Hugging Face configs of each family:
+#   DeepSeek-V2/V3 (modeling_deepseek.py): n_routed_experts, n_shared_experts (each moe_intermediate_size wide),
+#     moe_intermediate_size, num_experts_per_tok, first_k_dense_replace, moe_layer_freq (layer i is MoE when
+#     i >= first_k_dense_replace and i % moe_layer_freq == 0), q_lora_rank, kv_lora_rank, qk_nope_head_dim,
+#     qk_rope_head_dim, v_head_dim;
+#   Qwen2-MoE/Qwen3-MoE (transformers Qwen3MoeConfig): num_experts, moe_intermediate_size, num_experts_per_tok,
+#     decoder_sparse_step and mlp_only_layers (layer i is MoE when i not in mlp_only_layers and
+#     (i + 1) % decoder_sparse_step == 0), shared_expert_intermediate_size (Qwen2-MoE's one shared expert);
+#   Mixtral (transformers MixtralConfig): num_local_experts, num_experts_per_tok, intermediate_size is the
+#     expert's width;
+#   dense models: intermediate_size.
+COMPUTE_FIELD_LIMITS: dict[str, int] = {
+    "intermediate_size": 1 << 24,
+    "moe_intermediate_size": 1 << 24,
+    "shared_expert_intermediate_size": 1 << 24,
+    "n_routed_experts": 1 << 16,
+    "num_experts": 1 << 16,
+    "num_local_experts": 1 << 16,
+    "num_experts_per_tok": 1 << 16,
+    "n_shared_experts": 1 << 10,
+    "first_k_dense_replace": 10_000,
+    "moe_layer_freq": 10_000,
+    "decoder_sparse_step": 10_000,
+    "vocab_size": 1 << 24,
+    "q_lora_rank": 65_536,
+    "qk_nope_head_dim": 65_536,
+    "v_head_dim": 65_536,
+}
+
+
+@dataclass(frozen=True)
+class ComputeSpec:
+    """The per-layer compute shape of a decoder: attention (MHA/GQA or MLA), dense MLP, routed and shared experts.
+
+    ``moe_layers[i]`` says whether layer i's MLP is a mixture of experts (else a dense MLP of
+    ``intermediate_size``). ``dtype`` is the checkpoint's as written (``float32`` kept: a CPU model runs it).
+    """
+
+    name: str
+    model_type: str
+    dtype: str
+    num_hidden_layers: int
+    hidden_size: int
+    num_attention_heads: int
+    num_kv_heads: int
+    head_dim: int
+    v_head_dim: int
+    intermediate_size: int | None
+    num_experts: int = 0
+    num_experts_per_tok: int = 0
+    moe_intermediate_size: int | None = None
+    shared_intermediate_size: int = 0
+    moe_layers: tuple[bool, ...] = ()
+    vocab_size: int | None = None
+    q_lora_rank: int | None = None
+    kv_lora_rank: int | None = None
+    qk_rope_head_dim: int | None = None
+    source: str = ""
+
+    @property
+    def is_moe(self) -> bool:
+        return self.num_experts > 0
+
+    @property
+    def is_mla(self) -> bool:
+        return self.kv_lora_rank is not None
+
+    @property
+    def num_moe_layers(self) -> int:
+        return sum(self.moe_layers)
+
+    @property
+    def num_dense_layers(self) -> int:
+        return self.num_hidden_layers - self.num_moe_layers
+
+    @property
+    def dtype_bytes(self) -> int:
+        return dtype_bytes(self.dtype)
+
+    def to_dict(self) -> dict[str, Any]:
+        data = asdict(self)
+        data["moe_layers"] = list(self.moe_layers)
+        return data
+
+
+def load_compute_spec(name_or_path: str) -> ComputeSpec:
+    """A model's compute shape from a preset name, a config.json path, or a model directory."""
+    config, name, source = load_config(name_or_path)
+    return compute_spec_from_config(config, name=name, source=source)
+
+
+def _compute_int(text: dict[str, Any], key: str, where: str, *, required: bool = False, zero_ok: bool = False,
+                 need: str = "to estimate compute") -> int | None:
+    value = text.get(key)
+    if value is None:
+        if required:
+            raise KVCapacityInputError(f"{where}: field {key!r} is missing; a positive integer is needed {need}")
+        return None
+    limit = COMPUTE_FIELD_LIMITS.get(key) or FIELD_LIMITS.get(key)
+    low = 0 if zero_ok else 1
+    expected = ("a non-negative" if zero_ok else "a positive") + " integer" + (f" up to {limit:,}" if limit else "")
+    if isinstance(value, bool) or not isinstance(value, int) or value < low or (limit and value > limit):
+        raise KVCapacityInputError(f"{where}: field {key!r} is {_short(value)}; expected {expected}")
+    return value
+
+
+def compute_spec_from_config(config: dict[str, Any], *, name: str, source: str = "") -> ComputeSpec:
+    """Build a ComputeSpec from config.json fields (multimodal configs: their ``text_config``).
+
+    The attention shape comes from :func:`spec_from_config` (the same checks and defaults as the KV planner), so
+    the two never disagree about heads and head sizes.
+    """
+    kv = spec_from_config(config, name=name, source=source)
+    where = f"config of {name!r}"
+    text = config.get("text_config") if isinstance(config.get("text_config"), dict) else config
+    hidden = _compute_int(text, "hidden_size", where, required=True)
+    assert hidden is not None
+    dtype = text.get("torch_dtype") or text.get("dtype") or config.get("torch_dtype") or config.get("dtype")
+    dtype = "bfloat16" if not isinstance(dtype, str) else ("float16" if dtype == "half" else dtype)
+    dtype_bytes(dtype)  # refuses an unknown dtype
+    layers = kv.num_hidden_layers
+    experts = (_compute_int(text, "n_routed_experts", where) or _compute_int(text, "num_experts", where)
+               or _compute_int(text, "num_local_experts", where) or 0)
+    intermediate = _compute_int(text, "intermediate_size", where)
+    top_k = expert_width = None
+    shared = 0
+    moe_layers = (False,) * layers
+    if experts:
+        top_k = _compute_int(text, "num_experts_per_tok", where, required=True, need="for a mixture of experts")
+        assert top_k is not None
+        if top_k > experts:
+            raise KVCapacityInputError(f"{where}: num_experts_per_tok {top_k} exceeds the {experts} experts; "
+                                       "expected at most the number of experts")
+        expert_width = _compute_int(text, "moe_intermediate_size", where)
+        if expert_width is None and "num_local_experts" in text:  # Mixtral: intermediate_size is the expert's
+            expert_width, intermediate = intermediate, None
+        if expert_width is None:
+            raise KVCapacityInputError(f"{where}: field 'moe_intermediate_size' is missing; a positive integer is "
+                                       "needed for a mixture of experts")
+        n_shared = _compute_int(text, "n_shared_experts", where, zero_ok=True) or 0
+        shared = n_shared * expert_width + (_compute_int(text, "shared_expert_intermediate_size", where,
+                                                         zero_ok=True) or 0)
+        if "first_k_dense_replace" in text or "moe_layer_freq" in text:
+            first = _compute_int(text, "first_k_dense_replace", where, zero_ok=True) or 0
+            freq = _compute_int(text, "moe_layer_freq", where) or 1
+            moe_layers = tuple(i >= first and i % freq == 0 for i in range(layers))
+        else:
+            step = _compute_int(text, "decoder_sparse_step", where) or 1
+            only = text.get("mlp_only_layers") or []
+            if not isinstance(only, list) or not all(isinstance(i, int) and not isinstance(i, bool) for i in only):
+                raise KVCapacityInputError(f"{where}: field 'mlp_only_layers' is {_short(only)}; expected a list of "
+                                           "layer indices")
+            moe_layers = tuple(i not in only and (i + 1) % step == 0 for i in range(layers))
+    if intermediate is None and not all(moe_layers):
+        raise KVCapacityInputError(f"{where}: field 'intermediate_size' is missing; a positive integer is needed "
+                                   "to estimate compute (the dense MLP's width)")
+    if kv.is_mla:
+        heads = kv.num_attention_heads
+        nope = _compute_int(text, "qk_nope_head_dim", where, required=True, need="for MLA attention")
+        v_dim = _compute_int(text, "v_head_dim", where, required=True, need="for MLA attention")
+        assert nope is not None and v_dim is not None and kv.qk_rope_head_dim is not None
+        head_dim, kv_heads = nope + kv.qk_rope_head_dim, heads
+    else:
+        heads, kv_heads, head_dim, v_dim = kv.num_attention_heads, kv.num_kv_heads, kv.head_size, kv.head_size_v
+    return ComputeSpec(
+        name=name, model_type=kv.model_type, dtype=dtype, num_hidden_layers=layers, hidden_size=hidden,
+        num_attention_heads=heads, num_kv_heads=kv_heads, head_dim=head_dim, v_head_dim=v_dim,
+        intermediate_size=intermediate, num_experts=experts, num_experts_per_tok=top_k or 0,
+        moe_intermediate_size=expert_width, shared_intermediate_size=shared, moe_layers=moe_layers,
+        vocab_size=_compute_int(text, "vocab_size", where),
+        q_lora_rank=_compute_int(text, "q_lora_rank", where) if kv.is_mla else None,
+        kv_lora_rank=kv.kv_lora_rank, qk_rope_head_dim=kv.qk_rope_head_dim, source=source,
+    )
