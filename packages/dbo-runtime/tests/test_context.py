@@ -408,3 +408,23 @@ def test_unknown_scheduler_is_refused(monkeypatch):
         run_ubatches([lambda: None] * 2, backend=CPU)
     with pytest.raises(DBOConfigError, match="mode='x'"):
         run_ubatches([lambda: None] * 2, backend=CPU, mode="x")
+
+
+@pytest.mark.parametrize("value", ["thread", "greenlet", "fibers"])
+def test_vllm_runner_integration_reads_the_scheduler_from_the_environment(value, monkeypatch):
+    """The vLLM plugin's runner integration (built in each worker process) takes DBO_RUNTIME_SCHEDULER; a bad value
+    fails there, at installation, before the model loads."""
+    from dbo_runtime.vllm.runner import RunnerIntegration
+
+    monkeypatch.setenv(SCHEDULER_ENV, value)
+
+    def make():
+        return RunnerIntegration(platform="test", install_forward_context=lambda ctx: None,
+                                 get_forward_context=lambda: None, backend=lambda: CPU,
+                                 may_split=lambda *a: True, eager_descriptor=lambda d, n: d, eager_mode=None)
+
+    if value == "fibers":
+        with pytest.raises(DBOConfigError, match="DBO_RUNTIME_SCHEDULER='fibers'"):
+            make()
+    else:
+        assert make().scheduler == value

@@ -87,6 +87,30 @@ def test_dbo_on_and_off_give_the_same_greedy_output(tp2_report: tuple[int, dict[
     assert rc == 0
 
 
+def test_greenlet_scheduler_in_vllm_gives_the_dbo_off_output(tiny_moe: Path,
+                                                             tp2_report: tuple[int, dict[str, Any], Path]) -> None:
+    """The same DBO-on engine (TP=2, the same 50 prompts) with both micro-batches on the worker's thread as
+    greenlets (DBO_RUNTIME_SCHEDULER=greenlet, read by the plugin in each worker): steps split on both ranks and
+    the greedy output equals the DBO-off run of the shared fixture, token for token."""
+    from dbo_runtime.ascend.compare import diff_runs
+    from dbo_runtime.vllm.compare import _run_one, cpu_bind_for
+
+    _, report, workdir = tp2_report
+    off = json.loads((workdir / "dbo-off.json").read_text())
+    env = dict(os.environ, DBO_RUNTIME_SCHEDULER="greenlet", VLLM_CPU_KVCACHE_SPACE="1")
+    env.setdefault("VLLM_CPU_OMP_THREADS_BIND", cpu_bind_for(2))
+    on, stats, log_path = _run_one(str(_vllm_python()), str(tiny_moe), True, workdir, label="on-greenlet",
+                                   tensor_parallel_size=2, num_prompts=report["prompts"],
+                                   max_tokens=int(off["max_tokens"]), engine_argv=ENGINE_ARGS, timeout_s=400, env=env)
+    log = log_path.read_text(errors="replace")
+    assert log.count("scheduler greenlet") == 2, log[-3000:]  # both workers, from the environment
+    ranks = {r["rank"]: r for r in stats}
+    assert sorted(ranks) == [0, 1] and all(r["split_steps"] >= 0.75 * r["steps"] for r in ranks.values()), ranks
+    d = diff_runs(off, on)
+    assert d.identical == d.prompts == report["prompts"], d.first_divergence
+    assert d.max_abs_logprob_diff <= 1e-3
+
+
 RAY_ENV = r"""
 import json, os
 from vllm.ray.ray_env import get_env_vars_to_copy

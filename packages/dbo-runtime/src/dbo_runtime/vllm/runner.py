@@ -185,6 +185,11 @@ class RunnerIntegration:
         self.eager_mode = eager_mode
         self.dp_group = dp_group or (lambda runner: None)
         self.timeout_s = timeout_s
+        # The micro-batch scheduler (thread or greenlet), from $DBO_RUNTIME_SCHEDULER in the worker process; read
+        # once at installation, so that a bad value fails before the model loads.
+        from dbo_runtime.workers import resolve_scheduler
+
+        self.scheduler = resolve_scheduler()
         self.stats = SplitStats()
         self.guard = CompiledReentryGuard(f"{platform} model")
         self._in_dummy = threading.local()
@@ -372,7 +377,8 @@ class RunnerIntegration:
 
         try:
             outputs = run_ubatches([one(i, ub) for i, ub in enumerate(padded)], backend=self.backend(),
-                                   timeout_s=self.timeout_s, on_resume=[resume(i) for i in range(len(padded))])
+                                   timeout_s=self.timeout_s, on_resume=[resume(i) for i in range(len(padded))],
+                                   mode=self.scheduler)
         finally:
             self.install_forward_context(outer)
         return concat_outputs(outputs)
