@@ -20,6 +20,7 @@ COMMANDS = {
     "ascend-compare": "dbo_runtime.commands.compare:ascend_compare",
     "doctor": "dbo_runtime.commands.doctor:doctor",
     "ascend-sites": "dbo_runtime.commands.sites:ascend_sites",
+    "estimate": "dbo_runtime.commands.estimate:estimate",
 }
 
 cli = ToolGroup("dbo-runtime", lazy_subcommands=COMMANDS, domain_errors=(DBOError,),

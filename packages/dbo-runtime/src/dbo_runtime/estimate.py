@@ -1,0 +1,669 @@
+"""When does DBO pay? Predict a step with DBO off and on from a model's config and hardware rates.
+
+The cost model (per rank, per layer) turns a model's compute shape (kv-capacity's public ``ComputeSpec``: one
+reading of config.json for both the KV planner and this) into the DBO-off chain of compute and communication
+segments, each with its time for the whole batch (``full_us``) and for one micro-batch of half the tokens
+(``part_us``). ``profile_analyzer.whatif.simulate`` (the toolkit's one schedule simulation) then runs the two
+micro-batches' ping-pong over that chain, with the micro-batch switch cost.
+
+Compute: a roofline, ``max(FLOPs / matrix rate, bytes read / memory bandwidth)``, where the bytes are the weights
+the segment reads (read once whatever the token count: a decode micro-batch of half the tokens costs nearly as
+much as the whole batch) plus activations and, in attention, the KV cache. Communication: ``latency + wire bytes /
+bandwidth``, wire bytes per rank as the reference model's link model counts them (all-gather: input x (n - 1);
+reduce-scatter: output x (n - 1); all-to-all: bytes sent to the other ranks; ring all-reduce: 2 (n - 1) / n x
+bytes).
+
+Layouts (per rank; ``T`` tokens per data-parallel rank, ``tp`` x ``dp`` ranks form the MoE group ``g``):
+
+* attention: heads split over ``tp``; with ``tp > 1`` an all-reduce of ``T x hidden`` after it (dense TP);
+* MoE, pattern ``a2`` (vLLM-Ascend's all-gather prepare / reduce-scatter finalize, what Atlas A2 runs): every rank
+  all-gathers the group's tokens (``T / tp`` each: TP ranks share their tokens, FlashComm-style), computes its
+  experts' share, reduce-scatters the partial sums;
+* MoE, pattern ``a3`` (all-to-all dispatch / combine, needs ``--enable-expert-parallel``): each token travels to
+  the distinct remote ranks that own one of its top-k experts (the expectation under uniform routing), and back;
+* dense MLP layers (``first_k_dense_replace``; dense models): ``tp``-sharded, an all-reduce after it when ``tp > 1``.
+
+Routing is assumed uniform (balanced experts); embedding, lm_head and sampling run outside DBO's split and are not
+counted, so a real step's speed-up is a little lower than the one predicted here.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from dbo_runtime.errors import DBOConfigError
+
+if TYPE_CHECKING:  # kv_capacity and profile_analyzer are imported where used (.venv-vllm has no profile_analyzer)
+    from kv_capacity import ComputeSpec
+
+__all__ = ["Link", "Hardware", "HARDWARE", "COLLECTIVES", "Workload", "Parallel", "LayerCost", "SegmentCost",
+           "layer_costs", "step_segments", "simulate_step", "pays_from", "estimate", "hardware_preset",
+           "hardware_from_file", "hardware_from_dict", "measure_cpu_rates", "reference_config", "patterns_for",
+           "with_overrides", "with_measured_cpu", "remote_destinations"]
+
+COLLECTIVES = ("all_gather", "reduce_scatter", "all_reduce", "all_to_all")
+SCHEDULERS = ("thread", "greenlet")
+PATTERNS = ("a2", "a3", "tp")
+
+
+@dataclass(frozen=True)
+class Link:
+    """One collective kind on one hardware: a fixed ``latency_us`` plus wire bytes over ``gbps`` (GB/s, 1e9 B/s)."""
+
+    latency_us: float
+    gbps: float
+
+    def time_us(self, wire_bytes: float) -> float:
+        return self.latency_us + wire_bytes / (self.gbps * 1e3)
+
+
+@dataclass(frozen=True)
+class Hardware:
+    """Rates of one rank. ``tflops`` and ``mem_bw_gbps`` are peaks; ``*_efficiency`` the fraction reached.
+
+    ``link_gbps`` is what one rank can inject into the fabric; ``peer_gbps`` what one rank-to-rank link carries
+    (a full mesh, as HCCS on Atlas A2: a collective over ``n`` ranks uses ``n - 1`` links at once). The bandwidth a
+    collective gets is ``min(link_gbps, peer_gbps x (n - 1)) x link_efficiency``.
+    """
+
+    name: str
+    description: str
+    tflops: float
+    mem_bw_gbps: float
+    link_gbps: float
+    peer_gbps: float
+    latency_us: dict[str, float]
+    switch_us: dict[str, float]
+    compute_efficiency: float = 1.0
+    mem_efficiency: float = 1.0
+    link_efficiency: float = 1.0
+    sources: tuple[str, ...] = ()
+    measured: dict[str, Any] = field(default_factory=dict)
+
+    def link(self, kind: str, ranks: int) -> Link:
+        bw = min(self.link_gbps, self.peer_gbps * max(1, ranks - 1)) * self.link_efficiency
+        return Link(self.latency_us[kind], bw)
+
+    def flops_per_us(self) -> float:
+        return self.tflops * 1e6 * self.compute_efficiency
+
+    def bytes_per_us(self) -> float:
+        return self.mem_bw_gbps * 1e3 * self.mem_efficiency
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["sources"] = list(self.sources)
+        return d
+
+
+# Thread handoff on this repository's machine: `make bench` (bench-results/dbo_runtime.json, handoff_us) measured
+# a median of 15-29 us over its runs; a greenlet switch measured 0.4 us (issue 15). On an NPU/GPU host the handoff
+# is the same kind of OS-thread wake-up: ASSUMPTION that it costs what it costs here.
+_SWITCH_HOST = {"thread": 30.0, "greenlet": 1.0}
+
+HARDWARE: dict[str, Hardware] = {
+    "910B": Hardware(
+        name="910B",
+        description="Ascend 910B (Atlas 800T/800I A2: 8 NPUs, HCCS full mesh), one NPU per rank",
+        # ~320 TFLOPS FP16 dense: https://boardor.com/blog/huawei-ascend-910b-outperforms-h20-910c-approaches-h100
+        # (third-party; Huawei publishes no per-SKU datasheet figure we could reach: 910B1..B4 range ~280-400).
+        tflops=320.0,
+        # ASSUMPTION: 64 GB HBM2e at ~1.6 TB/s, as widely reported for the 910B (the page above says 400 GB/s,
+        # which no HBM2e part of 64 GB has); not from a vendor datasheet.
+        mem_bw_gbps=1600.0,
+        # ASSUMPTION: HCCS 56 GB/s per link, 7 links (one per peer in the 8-NPU full mesh) = 392 GB/s per NPU, as
+        # widely reported for Atlas 800T A2; the Ascend docs reached (npu-smi info -t hccs-bw,
+        # hiascend.com/document/detail/zh/Atlas%20200I%20A2/2550/re/npu/topic_0000002481386228.html) say how to
+        # measure it, not the figure.
+        link_gbps=392.0,
+        peer_gbps=56.0,
+        # ASSUMPTION: HCCL launch + synchronisation latency per collective, order of tens of microseconds.
+        latency_us={"all_gather": 30.0, "reduce_scatter": 30.0, "all_reduce": 40.0, "all_to_all": 50.0},
+        switch_us=dict(_SWITCH_HOST),
+        compute_efficiency=0.6, mem_efficiency=0.8, link_efficiency=0.7,  # ASSUMPTION: fractions of peak reached
+        sources=("https://boardor.com/blog/huawei-ascend-910b-outperforms-h20-910c-approaches-h100",),
+    ),
+    "910C": Hardware(
+        name="910C",
+        description="Ascend 910C die (Atlas 900 A3 SuperPoD / CloudMatrix384: each die is one NPU rank, UB fabric)",
+        # The 910C package gives 752 TFLOPS BF16 dense over its two dies, 376 per die; 128 GB HBM at 3.2 TB/s per
+        # package, 1.6 TB/s per die; UB 196 GB/s per NPU (Zuo et al., "Serving Large Language Models on Huawei
+        # CloudMatrix384", arXiv 2506.12708, section 3; the per-NPU UB figure also in
+        # https://chinaresearchcollective.substack.com/p/huawei-ascend-cloudmatrix-384-supernode).
+        tflops=376.0,
+        mem_bw_gbps=1600.0,
+        link_gbps=196.0,
+        peer_gbps=196.0,  # switched (UB switches): one rank's injection is the limit
+        # ASSUMPTION: UB collectives' fixed latency, a few tens of microseconds for HCCL/MC2 dispatch and combine.
+        latency_us={"all_gather": 25.0, "reduce_scatter": 25.0, "all_reduce": 30.0, "all_to_all": 40.0},
+        switch_us=dict(_SWITCH_HOST),
+        compute_efficiency=0.6, mem_efficiency=0.8, link_efficiency=0.7,  # ASSUMPTION
+        sources=("https://arxiv.org/abs/2506.12708",
+                 "https://chinaresearchcollective.substack.com/p/huawei-ascend-cloudmatrix-384-supernode"),
+    ),
+    "H200": Hardware(
+        name="H200",
+        description="NVIDIA H200 SXM (HGX 8-GPU, NVLink 4 through NVSwitch), one GPU per rank",
+        # NVIDIA H200 datasheet: BF16 Tensor Core 1,979 TFLOPS *with sparsity*, i.e. 989 dense; HBM3e 4.8 TB/s;
+        # NVLink 900 GB/s bidirectional = 450 GB/s each way (https://www.nvidia.com/en-us/data-center/h200/;
+        # the same figures at https://lzwjava.github.io/nvidia-h200-gpu-specs-en).
+        tflops=989.0,
+        mem_bw_gbps=4800.0,
+        link_gbps=450.0,
+        peer_gbps=450.0,  # NVSwitch: injection-limited
+        # ASSUMPTION: NCCL intranode latency ~10-20 us; all-to-all (DeepEP low-latency kernels) a few tens of us.
+        latency_us={"all_gather": 15.0, "reduce_scatter": 15.0, "all_reduce": 20.0, "all_to_all": 30.0},
+        switch_us=dict(_SWITCH_HOST),
+        compute_efficiency=0.7, mem_efficiency=0.8, link_efficiency=0.75,  # ASSUMPTION
+        sources=("https://www.nvidia.com/en-us/data-center/h200/",),
+    ),
+    "cpu-link": Hardware(
+        name="cpu-link",
+        description="this CPU, one thread per rank (the reference model's ranks), with the reference's modelled link",
+        # tflops and mem_bw_gbps are MEASURED when the preset is used (measure_cpu_rates: a timed matmul of the
+        # model's MLP shapes and a timed copy, one thread); these are placeholders until then.
+        tflops=0.05,
+        mem_bw_gbps=10.0,
+        # The reference's link model (dbo_runtime.reference.comm.LinkModel) as `make bench` calibrates it on this
+        # machine (bench-results/dbo_runtime.json default_links: 20 us + bytes / 0.01205 GB/s for A2, 0.0135 for
+        # A3); pass --link-gbps/--link-latency-us for another setting.
+        link_gbps=0.0125,
+        peer_gbps=0.0125,
+        latency_us={k: 20.0 for k in COLLECTIVES},
+        # thread: bench-results/dbo_runtime.json handoff_us.median_us (14.7 us, `make bench` on this machine);
+        # greenlet: 0.4 us measured here (issue 15), rounded up.
+        switch_us={"thread": 15.0, "greenlet": 1.0},
+        sources=("measured: measure_cpu_rates()", "bench-results/dbo_runtime.json (make bench)"),
+    ),
+}
+
+
+def hardware_preset(name: str) -> Hardware:
+    for key, hw in HARDWARE.items():
+        if key.lower() == name.strip().lower():
+            return hw
+    raise DBOConfigError(f"--hardware {name!r} is unknown; accepted: {', '.join(HARDWARE)} (or --hardware-file)")
+
+
+_HW_NUMBERS = ("tflops", "mem_bw_gbps", "link_gbps", "peer_gbps", "compute_efficiency", "mem_efficiency",
+               "link_efficiency")
+
+
+def _positive(what: str, value: Any, *, at_most: float | None = None) -> float:
+    ok = isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value) and value > 0
+    if not ok or (at_most is not None and value > at_most):
+        bound = f" and <= {at_most:g}" if at_most is not None else ""
+        raise DBOConfigError(f"{what} {value!r} is invalid; accepted: a number > 0{bound}")
+    return float(value)
+
+
+def hardware_from_dict(data: dict[str, Any], *, base: Hardware | None = None, where: str = "hardware") -> Hardware:
+    """A Hardware from a mapping (a --hardware-file): every field of a preset, or ``base`` plus the ones given.
+
+    ``latency_us`` and ``switch_us`` may be one number (every collective kind / scheduler) or a mapping.
+    """
+    if not isinstance(data, dict):
+        raise DBOConfigError(f"{where} is not a mapping; accepted: a JSON/YAML object with the fields of a preset")
+    known = {f for f in Hardware.__dataclass_fields__} - {"measured"}
+    unknown = sorted(set(data) - known)
+    if unknown:
+        raise DBOConfigError(f"{where}: unknown field(s) {', '.join(unknown)}; accepted: {', '.join(sorted(known))}")
+    values: dict[str, Any] = asdict(base) if base is not None else {}
+    values.update(data)
+    missing = [f for f in ("tflops", "mem_bw_gbps", "link_gbps", "latency_us", "switch_us") if f not in values]
+    if missing:
+        raise DBOConfigError(f"{where}: field(s) {', '.join(missing)} missing; accepted: the fields of a preset "
+                             f"(see `dbo-runtime estimate --format json`'s hardware)")
+    values.setdefault("name", "custom")
+    values.setdefault("description", f"from {where}")
+    values.setdefault("peer_gbps", values["link_gbps"])
+    for key in _HW_NUMBERS:
+        if key in values:
+            values[key] = _positive(f"{where} {key}", values[key], at_most=1.0 if key.endswith("efficiency") else None)
+    lat, sw = values["latency_us"], values["switch_us"]
+    if not isinstance(lat, dict):
+        lat = {k: lat for k in COLLECTIVES}
+    if not isinstance(sw, dict):
+        sw = {k: sw for k in SCHEDULERS}
+    for key, table, kinds in (("latency_us", lat, COLLECTIVES), ("switch_us", sw, SCHEDULERS)):
+        if set(table) != set(kinds):
+            raise DBOConfigError(f"{where} {key} must give {', '.join(kinds)} (or one number for all)")
+        for k, v in table.items():
+            if isinstance(v, bool) or not isinstance(v, int | float) or not math.isfinite(v) or v < 0:
+                raise DBOConfigError(f"{where} {key}.{k} {v!r} is invalid; accepted: a number >= 0")
+    values["latency_us"] = {k: float(lat[k]) for k in COLLECTIVES}
+    values["switch_us"] = {k: float(sw[k]) for k in SCHEDULERS}
+    values["sources"] = tuple(values.get("sources") or ())
+    values["measured"] = dict(values.get("measured") or {})
+    return Hardware(**values)
+
+
+def hardware_from_file(path: str | Path) -> Hardware:
+    """A --hardware-file: JSON or YAML, the fields of a preset (``--format json`` prints one)."""
+    p = Path(path)
+    try:
+        text = p.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise DBOConfigError(f"--hardware-file {str(p)!r} cannot be read ({exc}); accepted: a JSON or YAML file") from None
+    try:
+        if p.suffix.lower() in (".yaml", ".yml"):
+            import yaml
+
+            data = yaml.safe_load(text)
+        else:
+            data = json.loads(text)
+    except Exception as exc:  # noqa: BLE001 - any parse error is bad input
+        raise DBOConfigError(f"--hardware-file {str(p)!r} is not valid JSON/YAML ({str(exc).splitlines()[0][:80]})") from None
+    if isinstance(data, dict) and isinstance(data.get("hardware"), dict):  # an estimate's --format json output
+        data = data["hardware"]
+    return hardware_from_dict(data, where=f"--hardware-file {p.name}")
+
+
+def measure_cpu_rates(hidden: int, intermediate: int, dtype_bytes: int = 4, *, rows: int = 512,
+                      repeats: int = 5) -> dict[str, float]:
+    """This CPU's matrix rate (GFLOP/s) on the model's MLP shapes and its copy bandwidth (GB/s), one thread.
+
+    The reference model's ranks run one thread each; the best of ``repeats`` timings is taken (a shared machine
+    only ever makes a timing slower).
+    """
+    import torch
+
+    dtype = {2: torch.bfloat16, 4: torch.float32}.get(dtype_bytes, torch.float32)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        x = torch.randn(rows, hidden, dtype=dtype)
+        w13 = torch.randn(hidden, 2 * intermediate, dtype=dtype)
+        w2 = torch.randn(intermediate, hidden, dtype=dtype)
+        mid = torch.randn(rows, intermediate, dtype=dtype)
+        flops = 2 * rows * hidden * 3 * intermediate
+        x @ w13, mid @ w2  # warm-up  # noqa: B018
+        best = math.inf
+        for _ in range(repeats):
+            t0 = time.perf_counter()
+            x @ w13
+            mid @ w2
+            best = min(best, time.perf_counter() - t0)
+        src = torch.randn(8 << 20)  # 32 MiB of float32
+        dst = torch.empty_like(src)
+        dst.copy_(src)
+        copy = math.inf
+        for _ in range(repeats):
+            t0 = time.perf_counter()
+            dst.copy_(src)
+            copy = min(copy, time.perf_counter() - t0)
+    finally:
+        torch.set_num_threads(threads)
+    return {"gflops": flops / best / 1e9, "copy_gbps": 2 * src.numel() * 4 / copy / 1e9,
+            "shape": f"[{rows}x{hidden}]@[{hidden}x{2 * intermediate}] + [{rows}x{intermediate}]@[{intermediate}x{hidden}]"}
+
+
+# ------------------------------------------------------------------------------------------------- cost model
+
+
+@dataclass(frozen=True)
+class Workload:
+    """One step on one data-parallel rank: ``tokens`` scheduled; decode (one token per request over
+    ``context_len`` cached tokens) or prefill (prompts of ``prompt_len`` tokens, causal)."""
+
+    tokens: int
+    kind: str = "decode"
+    context_len: int = 2048
+    prompt_len: int = 2048
+    # the reference model computes attention over its whole (padded) KV length, masking instead of skipping
+    full_keys: bool = False
+
+    def keys_per_token(self, tokens: float) -> float:
+        """Keys one query attends to on average (per request)."""
+        if self.kind == "decode":
+            return float(self.context_len + 1)
+        prompt = min(self.prompt_len, max(1.0, tokens))
+        if self.full_keys:
+            return float(math.ceil(prompt / 16) * 16)
+        return (prompt + 1) / 2
+
+
+@dataclass(frozen=True)
+class Parallel:
+    tensor_parallel_size: int = 1
+    data_parallel_size: int = 1
+    enable_expert_parallel: bool = False
+
+    @property
+    def group(self) -> int:
+        """Ranks of the MoE group (vLLM: TP x DP; experts split over them with EP, sharded without)."""
+        return self.tensor_parallel_size * self.data_parallel_size
+
+
+@dataclass(frozen=True)
+class SegmentCost:
+    """One segment of a layer: its whole-batch and micro-batch cost and what it is made of."""
+
+    kind: str  # compute | comm
+    name: str
+    full_us: float
+    part_us: float
+    flops: float = 0.0
+    bytes: float = 0.0  # memory bytes read/written (compute) or wire bytes (comm)
+    collective: str | None = None
+
+
+@dataclass(frozen=True)
+class LayerCost:
+    kind: str  # moe | dense
+    segments: tuple[SegmentCost, ...]
+
+    @property
+    def off_us(self) -> float:
+        return sum(s.full_us for s in self.segments)
+
+
+def _compute(name: str, hw: Hardware, tokens: float, parts: int, flops_per_token: float, weight_bytes: float,
+             act_bytes_per_token: float, kv_bytes: Callable[[float], float] | None = None,
+             flops_of: Callable[[float], float] | None = None) -> SegmentCost:
+    def cost(t: float) -> tuple[float, float, float]:
+        flops = flops_of(t) if flops_of else flops_per_token * t
+        mem = weight_bytes + act_bytes_per_token * t + (kv_bytes(t) if kv_bytes else 0.0)
+        return max(flops / hw.flops_per_us(), mem / hw.bytes_per_us()), flops, mem
+
+    full, flops, mem = cost(tokens)
+    part, _, _ = cost(tokens / parts)
+    return SegmentCost("compute", name, full, part, flops, mem)
+
+
+def _comm(name: str, collective: str, hw: Hardware, ranks: int, wire_bytes: float, parts: int) -> SegmentCost:
+    link = hw.link(collective, ranks)
+    return SegmentCost("comm", name, link.time_us(wire_bytes), link.time_us(wire_bytes / parts), 0.0, wire_bytes,
+                       collective)
+
+
+def remote_destinations(experts: int, top_k: int, ranks: int) -> float:
+    """Expected number of other ranks a token goes to in an all-to-all dispatch (each rank owning
+    ``experts / ranks`` experts, top-k chosen uniformly, one copy per destination rank)."""
+    if ranks <= 1:
+        return 0.0
+    per_rank = experts / ranks
+    # P(a given other rank owns none of the token's k experts) = C(E - E/g, k) / C(E, k)
+    none = math.comb(int(experts - per_rank), top_k) / math.comb(experts, top_k) if per_rank == int(per_rank) else \
+        (1 - per_rank / experts) ** top_k
+    return (ranks - 1) * (1 - none)
+
+
+def patterns_for(spec: ComputeSpec, par: Parallel, asked: Sequence[str] = ()) -> list[str]:
+    """The communication patterns to estimate; a pattern the model or the parallel layout cannot run is refused."""
+    if not spec.is_moe:
+        bad = [p for p in asked if p in ("a2", "a3")]
+        if bad or par.enable_expert_parallel:
+            what = f"--pattern {bad[0]}" if bad else "--enable-expert-parallel"
+            raise DBOConfigError(f"{what} needs a mixture-of-experts model; {spec.name!r} is dense (no experts in "
+                                 "its config); accepted: a MoE model, or a dense model with --pattern tp")
+        return ["tp"]
+    if "a3" in asked and not par.enable_expert_parallel:
+        raise DBOConfigError("--pattern a3 (all-to-all dispatch/combine) needs --enable-expert-parallel; accepted: "
+                             "add --enable-expert-parallel, or --pattern a2")
+    if "tp" in asked:
+        raise DBOConfigError(f"--pattern tp is for dense models; {spec.name!r} has experts; accepted: a2, a3")
+    if asked:
+        return list(dict.fromkeys(asked))
+    return ["a2", "a3"] if par.enable_expert_parallel else ["a2"]
+
+
+def layer_costs(spec: ComputeSpec, hw: Hardware, work: Workload, par: Parallel, pattern: str, *,
+                parts: int = 2, dtype_bytes: int | None = None) -> list[LayerCost]:
+    """The DBO-off chain of every layer of one step on one rank (see the module docstring for the layouts)."""
+    b = dtype_bytes or spec.dtype_bytes
+    T = float(work.tokens)
+    tp, g = par.tensor_parallel_size, par.group
+    h = spec.hidden_size
+    nh, nkv, hd, vd = spec.num_attention_heads, spec.num_kv_heads, spec.head_dim, spec.v_head_dim
+    # -- attention projections (per token, whole model; sharded by tp below)
+    if spec.is_mla:
+        rope = spec.qk_rope_head_dim or 0
+        q = h * spec.q_lora_rank + spec.q_lora_rank * nh * hd if spec.q_lora_rank else h * nh * hd
+        kv_down = h * (spec.kv_lora_rank + rope)
+        kv_up = spec.kv_lora_rank * nh * (hd - rope + vd)
+        proj_params = q + kv_down + kv_up + nh * vd * h
+        kv_cache_per_token = (spec.kv_lora_rank + rope) * b  # replicated over tp (MLA's latent cache)
+        kv_shard = 1
+    else:
+        proj_params = h * (nh * hd + 2 * nkv * hd) + nh * vd * h
+        kv_cache_per_token = 2 * nkv * hd * b
+        kv_shard = tp
+    score_flops_per_key = 2 * nh * hd + 2 * nh * vd
+    gate_params = h * spec.num_experts if spec.is_moe else 0
+
+    def attn_flops(t: float) -> float:
+        return (2 * proj_params * t + score_flops_per_key * t * work.keys_per_token(t)) / tp + 2 * gate_params * t
+
+    def attn_kv_bytes(t: float) -> float:
+        if work.kind == "decode":  # every request reads its cached context
+            return t * work.context_len * kv_cache_per_token / kv_shard
+        return t * kv_cache_per_token / kv_shard  # prefill writes its own KV
+
+    attn_weights = proj_params * b / tp + gate_params * b
+    act = 4 * h * b  # norm in/out, residual: a few reads and writes of the hidden state per token
+
+    def attention(extra_flops_per_token: float = 0.0, extra_weights: float = 0.0, name: str = "attention"):
+        return _compute(name, hw, T, parts, 0.0, attn_weights + extra_weights, act, attn_kv_bytes,
+                        flops_of=lambda t: attn_flops(t) + extra_flops_per_token * t)
+
+    def all_reduce(name: str) -> SegmentCost:
+        return _comm(name, "all_reduce", hw, tp, 2 * (tp - 1) / tp * T * h * b, parts)
+
+    layers: list[LayerCost] = []
+    dense_params = 3 * h * (spec.intermediate_size or 0)
+    for is_moe in spec.moe_layers:
+        segs: list[SegmentCost] = []
+        if not is_moe:
+            segs.append(attention())
+            if tp > 1:
+                segs.append(all_reduce("attention all-reduce"))
+            segs.append(_compute("mlp", hw, T, parts, 2 * dense_params / tp, dense_params * b / tp, act))
+            if tp > 1:
+                segs.append(all_reduce("mlp all-reduce"))
+            layers.append(LayerCost("dense", tuple(segs)))
+            continue
+        if pattern not in ("a2", "a3"):
+            raise DBOConfigError(f"pattern {pattern!r} cannot run a MoE layer; accepted: a2, a3")
+        k, E, width = spec.num_experts_per_tok, spec.num_experts, spec.moe_intermediate_size or 0
+        shared_params = 3 * h * spec.shared_intermediate_size
+        t_moe = T / tp  # tokens this rank brings to the MoE group
+        if tp > 1:
+            segs.append(attention())
+            segs.append(all_reduce("attention all-reduce"))
+            segs.append(_compute("shared experts + router", hw, T, parts, 2 * shared_params / tp,
+                                 shared_params * b / tp, act))
+        else:
+            segs.append(attention(2 * shared_params, shared_params * b, "attention + router + shared experts"))
+        expert_params = 3 * h * width
+
+        def expert_weights(t: float) -> float:
+            # every expert hit by at least one of the group's t * g tokens is read; this rank holds 1/g of them
+            hit = 1 - (1 - k / E) ** (t * g)
+            return E * hit * expert_params * b / g
+
+        e_full = max(2 * _ep_flops(t_moe, k, expert_params) / hw.flops_per_us(),
+                     (expert_weights(t_moe) + 2 * t_moe * k * h * b) / hw.bytes_per_us())
+        e_part = max(2 * _ep_flops(t_moe / parts, k, expert_params) / hw.flops_per_us(),
+                     (expert_weights(t_moe / parts) + 2 * t_moe / parts * k * h * b) / hw.bytes_per_us())
+        expert_seg = SegmentCost("compute", "routed experts", e_full, e_part, 2 * _ep_flops(t_moe, k, expert_params),
+                                 expert_weights(t_moe) + 2 * t_moe * k * h * b)
+        payload = (h + 2 * k) * b  # hidden + top-k ids + weights (what the reference sends)
+        if pattern == "a2":
+            segs.append(_comm("moe prepare all-gather", "all_gather", hw, g, t_moe * payload * (g - 1), parts))
+            segs.append(expert_seg)
+            segs.append(_comm("moe finalize reduce-scatter", "reduce_scatter", hw, g, t_moe * h * b * (g - 1), parts))
+        else:
+            dests = remote_destinations(E, k, g)
+            segs.append(_comm("moe dispatch all-to-all", "all_to_all", hw, g, t_moe * dests * payload, parts))
+            segs.append(expert_seg)
+            segs.append(_comm("moe combine all-to-all", "all_to_all", hw, g, t_moe * dests * h * b, parts))
+        layers.append(LayerCost("moe", tuple(segs)))
+    return layers
+
+
+def _ep_flops(tokens: float, top_k: int, expert_params: float) -> float:
+    """Multiply-adds of the routed experts for ``tokens`` of this rank's share (balanced routing)."""
+    return tokens * top_k * expert_params
+
+
+def step_segments(layers: Sequence[LayerCost]) -> list:
+    """The whatif segments of a step (lazily imports profile_analyzer)."""
+    from profile_analyzer.whatif import Segment
+
+    return [Segment(s.kind, s.full_us, s.part_us, layer=i, name=s.name)
+            for i, layer in enumerate(layers) for s in layer.segments]
+
+
+def simulate_step(layers: Sequence[LayerCost], switch_us: float):
+    """The two-micro-batch schedule of the step (``profile_analyzer.whatif.simulate``)."""
+    from profile_analyzer.whatif import simulate
+
+    return simulate(step_segments(layers), 2, switch_us)
+
+
+def pays_from(gain: Callable[[int], float], lo: int, hi: int) -> int | None:
+    """The smallest token count ``n`` in [lo, hi] from which DBO pays on every count checked up to ``hi``
+    (``gain(n) = off - on > 0``); None when it does not pay at ``hi``.
+
+    Every count up to 64 is checked, then a geometric grid (x1.05) up to ``hi``; the crossing after the last
+    grid point where it does not pay is found by bisection (exact where the gain changes sign once there).
+    """
+    grid = list(range(lo, min(hi, 64) + 1))
+    n = float(grid[-1]) if grid else float(lo)
+    while n < hi:
+        n = min(float(hi), max(n * 1.05, n + 1))
+        grid.append(int(n))
+    grid = sorted(set(grid))
+    pays = [gain(n) > 0 for n in grid]
+    if not pays[-1]:
+        return None
+    last_no = max((i for i, p in enumerate(pays) if not p), default=None)
+    if last_no is None:
+        return grid[0]
+    a, b = grid[last_no], grid[last_no + 1]  # gain(a) <= 0 < gain(b)
+    while b - a > 1:
+        m = (a + b) // 2
+        if gain(m) > 0:
+            b = m
+        else:
+            a = m
+    return b
+
+
+# ------------------------------------------------------------------------------------------------ the estimate
+
+
+def estimate(spec: ComputeSpec, hw: Hardware, par: Parallel, *, tokens: Sequence[int], kinds: Sequence[str],
+             patterns: Sequence[str], scheduler: str = "thread", switch_us: float | None = None,
+             context_len: int = 2048, prompt_len: int = 2048, max_tokens: int = 16384,
+             full_keys: bool = False) -> dict[str, Any]:
+    """Rows per pattern, step kind and token count, the token count from which DBO pays, and the thresholds."""
+    switch = hw.switch_us[scheduler] if switch_us is None else switch_us
+    out_patterns = []
+    for pattern in patterns:
+        rows = []
+        pays: dict[str, int | None] = {}
+        for kind in kinds:
+            def work(n: int, _kind: str = kind) -> Workload:
+                return Workload(n, _kind, context_len, prompt_len, full_keys)
+
+            def gain(n: int, _work=work) -> float:
+                sched = simulate_step(layer_costs(spec, hw, _work(n), par, pattern), switch)
+                return sched.off_us - sched.on_us
+
+            pays[kind] = pays_from(gain, 2, max_tokens)
+            for n in tokens:
+                layers = layer_costs(spec, hw, work(n), par, pattern)
+                sched = simulate_step(layers, switch)
+                rows.append({
+                    "kind": kind, "tokens": n, "off_us": sched.off_us, "on_us": sched.on_us,
+                    "speedup": sched.speedup, "pays": sched.on_us < sched.off_us,
+                    "compute_us": sum(s.full_us for x in layers for s in x.segments if s.kind == "compute"),
+                    "comm_us": sum(s.full_us for x in layers for s in x.segments if s.kind == "comm"),
+                    "switches": sched.switches,
+                    "layer_kinds": _layer_kinds(layers),
+                })
+        out_patterns.append({
+            "pattern": pattern, "rows": rows, "pays_from": pays,
+            "recommended": {"--dbo-decode-token-threshold": pays.get("decode"),
+                            "--dbo-prefill-token-threshold": pays.get("prefill")},
+        })
+    return {
+        "model": {"name": spec.name, "source": spec.source, "model_type": spec.model_type, "dtype": spec.dtype,
+                  "layers": spec.num_hidden_layers, "moe_layers": spec.num_moe_layers, "hidden_size": spec.hidden_size,
+                  "experts": spec.num_experts, "top_k": spec.num_experts_per_tok,
+                  "moe_intermediate_size": spec.moe_intermediate_size,
+                  "shared_intermediate_size": spec.shared_intermediate_size,
+                  "intermediate_size": spec.intermediate_size, "mla": spec.is_mla},
+        "hardware": hw.to_dict(),
+        "parallel": {**asdict(par), "moe_group": par.group},
+        "scheduler": scheduler, "switch_us": switch,
+        "workload": {"context_len": context_len, "prompt_len": prompt_len, "max_tokens_searched": max_tokens},
+        "patterns": out_patterns,
+    }
+
+
+def _layer_kinds(layers: Sequence[LayerCost]) -> list[dict[str, Any]]:
+    """One entry per distinct layer kind (all layers of a kind cost the same): its segments and count."""
+    seen: dict[str, dict[str, Any]] = {}
+    for layer in layers:
+        if layer.kind in seen:
+            seen[layer.kind]["count"] += 1
+            continue
+        seen[layer.kind] = {"kind": layer.kind, "count": 1, "off_us": layer.off_us,
+                            "segments": [asdict(s) for s in layer.segments]}
+    return list(seen.values())
+
+
+def with_overrides(hw: Hardware, **over: float | None) -> Hardware:
+    """The preset with user numbers: tflops, mem_bw_gbps, link_gbps (per rank and per peer), link_latency_us
+    (every collective kind). A number given is taken as reached (its efficiency becomes 1)."""
+    changes: dict[str, Any] = {}
+    if over.get("tflops") is not None:
+        changes.update(tflops=_positive("--tflops", over["tflops"]), compute_efficiency=1.0)
+    if over.get("mem_bw_gbps") is not None:
+        changes.update(mem_bw_gbps=_positive("--mem-bw-gbps", over["mem_bw_gbps"]), mem_efficiency=1.0)
+    if over.get("link_gbps") is not None:
+        bw = _positive("--link-gbps", over["link_gbps"])
+        changes.update(link_gbps=bw, peer_gbps=bw, link_efficiency=1.0)
+    if over.get("link_latency_us") is not None:
+        lat = over["link_latency_us"]
+        if isinstance(lat, bool) or not isinstance(lat, int | float) or not math.isfinite(lat) or lat < 0:
+            raise DBOConfigError(f"--link-latency-us {lat!r} is invalid; accepted: a number >= 0")
+        changes["latency_us"] = {k: float(lat) for k in COLLECTIVES}
+    return replace(hw, **changes) if changes else hw
+
+
+def with_measured_cpu(hw: Hardware, spec: ComputeSpec) -> Hardware:
+    """cpu-link with this CPU's rates measured now on the model's MLP shapes."""
+    width = spec.moe_intermediate_size or spec.intermediate_size or 4 * spec.hidden_size
+    m = measure_cpu_rates(spec.hidden_size, width, spec.dtype_bytes)
+    return replace(hw, tflops=m["gflops"] / 1e3, mem_bw_gbps=m["copy_gbps"], compute_efficiency=1.0,
+                   mem_efficiency=1.0, measured=m)
+
+
+def reference_config(config: Any) -> dict[str, Any]:
+    """The reference model's ``MoEConfig`` as a Hugging Face DeepSeek-V2-style config.json (no MLA: plain
+    multi-head attention of ``head_dim``; one shared expert of ``shared_intermediate``; every layer MoE)."""
+    if config.shared_intermediate % config.expert_intermediate == 0:
+        n_shared, extra = config.shared_intermediate // config.expert_intermediate, {}
+    else:  # a shared expert of another width: Qwen2-MoE's field says it
+        n_shared, extra = 0, {"shared_expert_intermediate_size": config.shared_intermediate}
+    return {
+        "_source": "dbo_runtime.estimate.reference_config(MoEConfig(...))",
+        "architectures": ["DeepseekV2ForCausalLM"], "model_type": "deepseek_v2",
+        "hidden_size": config.hidden_size, "num_hidden_layers": config.num_layers,
+        "num_attention_heads": config.num_heads, "num_key_value_heads": config.num_heads,
+        "head_dim": config.head_dim, "intermediate_size": config.shared_intermediate,
+        "moe_intermediate_size": config.expert_intermediate, "n_routed_experts": config.num_experts,
+        "n_shared_experts": n_shared, "num_experts_per_tok": config.top_k, "first_k_dense_replace": 0,
+        "moe_layer_freq": 1, "max_position_embeddings": 1 << 16, "rope_theta": config.rope_theta,
+        "torch_dtype": "float32", **extra,
+    }
