@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 
 import pytest
-
 from kv_capacity import (
     KVCapacityInputError,
     compute_spec_from_config,

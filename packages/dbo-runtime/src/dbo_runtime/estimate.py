@@ -210,7 +210,7 @@ def hardware_from_dict(data: dict[str, Any], *, base: Hardware | None = None, wh
     """
     if not isinstance(data, dict):
         raise DBOConfigError(f"{where} is not a mapping; accepted: a JSON/YAML object with the fields of a preset")
-    known = {f for f in Hardware.__dataclass_fields__} - {"measured"}
+    known = set(Hardware.__dataclass_fields__)  # "measured": what cpu-link measured, kept as a record
     unknown = sorted(set(data) - known)
     if unknown:
         raise DBOConfigError(f"{where}: unknown field(s) {', '.join(unknown)}; accepted: {', '.join(sorted(known))}")
@@ -483,7 +483,7 @@ def layer_costs(spec: ComputeSpec, hw: Hardware, work: Workload, par: Parallel, 
             segs.append(attention(2 * shared_params, shared_params * b, "attention + router + shared experts"))
         expert_params = 3 * h * width
 
-        def expert_weights(t: float) -> float:
+        def expert_weights(t: float, k: int = k, E: int = E, expert_params: float = expert_params) -> float:
             # every expert hit by at least one of the group's t * g tokens is read; this rank holds 1/g of them
             hit = 1 - (1 - k / E) ** (t * g)
             return E * hit * expert_params * b / g
@@ -574,8 +574,8 @@ def estimate(spec: ComputeSpec, hw: Hardware, par: Parallel, *, tokens: Sequence
             def work(n: int, _kind: str = kind) -> Workload:
                 return Workload(n, _kind, context_len, prompt_len, full_keys)
 
-            def gain(n: int, _work=work) -> float:
-                sched = simulate_step(layer_costs(spec, hw, _work(n), par, pattern), switch)
+            def gain(n: int, _work=work, _pattern: str = pattern) -> float:
+                sched = simulate_step(layer_costs(spec, hw, _work(n), par, _pattern), switch)
                 return sched.off_us - sched.on_us
 
             pays[kind] = pays_from(gain, 2, max_tokens)

@@ -1,0 +1,104 @@
+"""Validate ``dbo-runtime estimate`` against the reference sweep: predicted vs measured DBO speed-up.
+
+    .venv/bin/python packages/dbo-runtime/scripts/validate_estimate.py [bench-results/dbo_runtime.json] [--format md|json]
+
+For every row of a ``dbo-runtime bench`` JSON (pattern, tokens per rank, link setting; measured T_off, T_on,
+compute and communication), the estimate predicts the step from the reference model's config (written as a
+DeepSeek-V2-style config.json by ``dbo_runtime.estimate.reference_config``, read back through kv-capacity like any
+model) and the ``cpu-link`` hardware: this CPU's matrix rate and copy bandwidth measured now (one thread, the
+model's MLP shapes), the row's modelled link (``link_spec``), and the handoff median the bench measured as the
+switch cost. Nothing of the measured step times goes into the prediction.
+
+The rates are measured when this script runs, the step times when the bench ran: on a machine shared with other
+work either can be slowed, and the table's compute columns show how much of an error is the rate's.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from dbo_runtime import estimate as est
+from dbo_runtime.reference.model import MoEConfig
+from kv_capacity import compute_spec_from_config
+
+WITHIN = 0.10
+LONG_STEP_MS = 10.0
+RANKS = 2  # `dbo-runtime bench`: 2 gloo ranks (expert parallel over both, attention data parallel)
+
+
+def validate(bench: dict) -> dict:
+    m = bench["model"]
+    config = MoEConfig(num_layers=m["layers"], hidden_size=m["hidden"], num_experts=m["experts"], top_k=m["top_k"],
+                       expert_intermediate=m["expert_intermediate"], shared_intermediate=m["shared_intermediate"])
+    spec = compute_spec_from_config(est.reference_config(config), name="reference")
+    hw = est.with_measured_cpu(est.HARDWARE["cpu-link"], spec)
+    switch = float(bench.get("handoff_us", {}).get("median_us") or hw.switch_us["thread"])
+    par = est.Parallel(1, RANKS, True)
+    rows = []
+    for r in bench["rows"]:
+        latency, gbps = (float(x) for x in r["link_spec"].split(","))
+        row_hw = est.with_overrides(hw, link_gbps=gbps, link_latency_us=latency)
+        # bench batches: `requests` prompts of tokens/requests each, no cached context; the reference attends over
+        # its whole padded KV length (full_keys)
+        work = est.Workload(r["tokens"], "prefill", prompt_len=max(1, r["tokens"] // m["requests"]), full_keys=True)
+        layers = est.layer_costs(spec, row_hw, work, par, r["pattern"])
+        sched = est.simulate_step(layers, switch)
+        comp = sum(s.full_us for x in layers for s in x.segments if s.kind == "compute") / 1e3
+        comm = sum(s.full_us for x in layers for s in x.segments if s.kind == "comm") / 1e3
+        err = sched.speedup / r["speedup"] - 1
+        rows.append({"pattern": r["pattern"], "tokens": r["tokens"], "link": r["link"], "link_spec": r["link_spec"],
+                     "t_off_ms": r["t_off_ms"], "t_on_ms": r["t_on_ms"], "pred_off_ms": sched.off_us / 1e3,
+                     "pred_on_ms": sched.on_us / 1e3, "t_compute_ms": r["t_compute_ms"], "pred_compute_ms": comp,
+                     "t_comm_ms": r["t_comm_ms"], "pred_comm_ms": comm, "speedup": r["speedup"],
+                     "pred_speedup": sched.speedup, "error": err, "disturbed": bool(r.get("disturbed")),
+                     "within": abs(err) <= WITHIN, "long_step": r["t_off_ms"] > LONG_STEP_MS})
+    long_rows = [x for x in rows if x["long_step"]]
+    return {"rates": hw.measured, "switch_us": switch, "ranks": RANKS, "rows": rows,
+            "summary": {"rows": len(rows), "long_step_rows": len(long_rows),
+                        "within_10pct": sum(x["within"] for x in long_rows),
+                        "max_abs_error": max((abs(x["error"]) for x in long_rows), default=None),
+                        "undisturbed_within_10pct": sum(x["within"] for x in long_rows if not x["disturbed"]),
+                        "undisturbed_rows": sum(not x["disturbed"] for x in long_rows)}}
+
+
+def markdown(result: dict) -> str:
+    rates = result["rates"]
+    out = [f"Rates measured now: {rates['gflops']:.1f} GFLOP/s ({rates['shape']}, fp32, one thread), copy "
+           f"{rates['copy_gbps']:.1f} GB/s; switch {result['switch_us']:.1f} us (the bench's handoff median).", "",
+           "| pattern | tokens | link | off ms (meas / pred) | compute ms (meas / pred) | comm ms (meas / pred) "
+           "| speed-up measured | speed-up predicted | error | |",
+           "|---|---:|---|---:|---:|---:|---:|---:|---:|---|"]
+    for x in result["rows"]:
+        mark = ("ok" if x["within"] else "**miss**") + (" (disturbed)" if x["disturbed"] else "")
+        out.append(f"| {x['pattern']} | {x['tokens']} | {x['link']} | {x['t_off_ms']:.0f} / {x['pred_off_ms']:.0f} "
+                   f"| {x['t_compute_ms']:.0f} / {x['pred_compute_ms']:.0f} | {x['t_comm_ms']:.0f} / "
+                   f"{x['pred_comm_ms']:.0f} | {x['speedup']:.3f} | {x['pred_speedup']:.3f} | "
+                   f"{100 * x['error']:+.1f}% | {mark} |")
+    s = result["summary"]
+    out += ["", f"Within 10%: {s['within_10pct']} of {s['long_step_rows']} rows with a step over {LONG_STEP_MS:g} ms "
+            f"({s['undisturbed_within_10pct']} of {s['undisturbed_rows']} undisturbed rows); largest error "
+            f"{100 * (s['max_abs_error'] or 0):.1f}%."]
+    return "\n".join(out)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("bench", nargs="?", default="bench-results/dbo_runtime.json", help="a `dbo-runtime bench` JSON")
+    ap.add_argument("--format", choices=("md", "json"), default="md")
+    args = ap.parse_args(argv)
+    try:
+        bench = json.loads(Path(args.bench).read_text())
+        bench["rows"], bench["model"]  # noqa: B018
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        print(f"validate_estimate: {args.bench}: not a readable `dbo-runtime bench` JSON ({exc})", file=sys.stderr)
+        return 2
+    result = validate(bench)
+    print(json.dumps(result, indent=2) if args.format == "json" else markdown(result))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,251 @@
+"""dbo-runtime estimate: the cost model's arithmetic, the pays-from search, the presets, the command line."""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import replace
+
+import pytest
+from dbo_runtime import estimate as est
+from dbo_runtime.cli import main
+from dbo_runtime.errors import DBOConfigError
+from dbo_runtime.reference.comm import LinkModel
+from dbo_runtime.reference.model import MoEConfig
+from kv_capacity import compute_spec_from_config, load_compute_spec
+
+# A config small enough to work by hand: hidden 8, 2 heads of 4 (MHA), 4 experts top-2 of width 16, one shared
+# expert of width 16, one MoE layer, float32.
+TINY = {"model_type": "deepseek_v2", "hidden_size": 8, "num_hidden_layers": 1, "num_attention_heads": 2,
+        "num_key_value_heads": 2, "head_dim": 4, "intermediate_size": 16, "moe_intermediate_size": 16,
+        "n_routed_experts": 4, "n_shared_experts": 1, "num_experts_per_tok": 2, "first_k_dense_replace": 0,
+        "moe_layer_freq": 1, "torch_dtype": "float32"}
+# 1 FLOP per us, 1 byte per us of memory and of link, 10 us per collective: a segment's time is its count
+UNIT = est.hardware_from_dict({"tflops": 1e-6, "mem_bw_gbps": 1e-3, "link_gbps": 1e-3, "latency_us": 10.0,
+                               "switch_us": 0.0})
+
+
+def _tiny():
+    return compute_spec_from_config(TINY, name="tiny")
+
+
+def test_one_moe_layer_by_hand_a2():
+    work = est.Workload(4, "prefill", prompt_len=4)
+    (layer,) = est.layer_costs(_tiny(), UNIT, work, est.Parallel(1, 2, True), "a2")
+    attn, gather, experts, scatter = layer.segments
+    # attention projections: q, k, v 8 x (2 x 4) each + o (2 x 4) x 8 = 256 weights; causal prefill of 4 tokens:
+    # (4 + 1) / 2 = 2.5 keys per query, 2 x 2 heads x 4 (QK) + 2 x 2 x 4 (PV) = 32 FLOPs per key;
+    # router 8 x 4 = 32 weights; shared expert 3 x 8 x 16 = 384 weights
+    assert attn.flops == 2 * 256 * 4 + 32 * 4 * 2.5 + 2 * 32 * 4 + 2 * 384 * 4  # 5696
+    # weights (256 + 32 + 384) x 4 bytes, 4 hidden reads/writes per token (4 x 8 x 4 B), the KV written (4 x 64 B)
+    assert attn.bytes == (256 + 32 + 384) * 4 + 4 * 128 + 4 * 64  # 3456
+    assert attn.full_us == attn.flops  # compute-bound at 1 FLOP/us and 1 B/us
+    # all-gather: 4 tokens x (8 hidden + 2 ids + 2 weights) x 4 B to the one other rank
+    assert gather.bytes == 4 * 12 * 4 and gather.full_us == 10 + 192 and gather.part_us == 10 + 96
+    # experts: 4 tokens x top-2 x 384 weights x 2 FLOPs; weights read: every expert hit by one of the group's 8
+    # tokens (1 - (1/2)^8) of this rank's 2 experts x 384 x 4 B, plus 4 x 2 rows in and out of 8 x 4 B
+    assert experts.flops == 2 * 4 * 2 * 384
+    assert experts.bytes == pytest.approx(4 * (1 - 0.5**8) * 384 * 4 / 2 + 2 * 4 * 2 * 8 * 4)
+    assert scatter.bytes == 4 * 8 * 4 and scatter.full_us == 10 + 128
+
+
+def test_a3_sends_each_token_to_the_distinct_remote_ranks():
+    # 4 experts on 2 ranks, top-2: a token stays home only when both experts are local, C(2,2)/C(4,2) = 1/6
+    assert est.remote_destinations(4, 2, 2) == pytest.approx(5 / 6)
+    assert est.remote_destinations(8, 1, 4) == pytest.approx(3 / 4)  # top-1: remote with probability 3/4
+    work = est.Workload(4, "prefill", prompt_len=4)
+    (layer,) = est.layer_costs(_tiny(), UNIT, work, est.Parallel(1, 2, True), "a3")
+    dispatch, combine = (s for s in layer.segments if s.kind == "comm")
+    assert dispatch.bytes == pytest.approx(4 * 5 / 6 * 12 * 4) and combine.bytes == pytest.approx(4 * 5 / 6 * 8 * 4)
+
+
+def test_the_cpu_link_collectives_are_the_reference_link_model():
+    spec = compute_spec_from_config(est.reference_config(MoEConfig()), name="reference")
+    hw = est.with_overrides(est.HARDWARE["cpu-link"], link_gbps=0.0120516, link_latency_us=20.0)
+    (layer, *_) = est.layer_costs(spec, hw, est.Workload(1024, "prefill", prompt_len=256), est.Parallel(1, 2, True),
+                                  "a2")
+    link = LinkModel(20.0, 0.0120516)
+    for seg in layer.segments:
+        if seg.kind == "comm":
+            assert seg.full_us == pytest.approx(link.duration_s(int(seg.bytes)) * 1e6, rel=1e-6)
+
+
+def test_reference_config_reads_back_as_the_reference_model():
+    cfg = MoEConfig(num_layers=3, hidden_size=128, num_experts=4, top_k=2, expert_intermediate=512,
+                    shared_intermediate=1024)
+    spec = compute_spec_from_config(est.reference_config(cfg), name="ref")
+    assert (spec.num_hidden_layers, spec.hidden_size, spec.num_experts, spec.num_experts_per_tok) == (3, 128, 4, 2)
+    assert spec.moe_intermediate_size == 512 and spec.shared_intermediate_size == 1024
+    assert spec.head_dim == cfg.head_dim and spec.num_moe_layers == 3 and spec.dtype_bytes == 4
+
+
+def test_decode_micro_batch_costs_nearly_the_whole_when_weights_dominate():
+    spec, hw = load_compute_spec("deepseek-v2-lite"), est.HARDWARE["910B"]
+    par = est.Parallel(1, 8, True)
+    small = est.layer_costs(spec, hw, est.Workload(16, "decode"), par, "a2")[-1]
+    big = est.layer_costs(spec, hw, est.Workload(16384, "prefill"), par, "a2")[-1]
+    experts_small = next(s for s in small.segments if s.name == "routed experts")
+    experts_big = next(s for s in big.segments if s.name == "routed experts")
+    assert experts_small.part_us > 0.9 * experts_small.full_us  # weights read anyway
+    assert experts_big.part_us == pytest.approx(experts_big.full_us / 2, rel=0.02)  # compute-bound: half
+    for s in small.segments:
+        if s.kind == "comm":  # latency is paid by each micro-batch
+            assert s.part_us > s.full_us / 2
+
+
+def _gain(spec, hw, par, pattern, kind, switch):
+    def gain(n: int) -> float:
+        sched = est.simulate_step(est.layer_costs(spec, hw, est.Workload(n, kind), par, pattern), switch)
+        return sched.off_us - sched.on_us
+    return gain
+
+
+def test_pays_from_matches_a_brute_force_scan():
+    spec = compute_spec_from_config({**TINY, "hidden_size": 256, "moe_intermediate_size": 512,
+                                     "intermediate_size": 512, "num_hidden_layers": 2}, name="small")
+    # one crossing among the counts checked one by one, one on the geometric grid (then bisected)
+    for hw, par, pattern, kind, hi in ((est.HARDWARE["cpu-link"], est.Parallel(1, 2, True), "a3", "prefill", 300),
+                                       (est.HARDWARE["910B"], est.Parallel(1, 4, True), "a2", "decode", 3000)):
+        gain = _gain(spec, hw, par, pattern, kind, 30.0)
+        values = {n: gain(n) > 0 for n in range(2, hi + 1)}
+        brute = next((n for n in range(2, hi + 1) if all(values[m] for m in range(n, hi + 1))), None)
+        assert brute is not None and brute > 2  # the scan crosses over inside the range
+        assert est.pays_from(gain, 2, hi) == brute
+
+
+def test_pays_from_on_known_functions():
+    assert est.pays_from(lambda n: n - 37.5, 2, 1000) == 38
+    assert est.pays_from(lambda n: n - 700.5, 2, 5000) == 701  # found on the geometric grid, then bisected
+    assert est.pays_from(lambda n: -1.0, 2, 1000) is None
+    assert est.pays_from(lambda n: 1.0, 2, 1000) == 2
+
+
+def test_pays_from_rises_with_the_switch_cost():
+    spec, hw, par = load_compute_spec("deepseek-v2-lite"), est.HARDWARE["910C"], est.Parallel(1, 8, True)
+    found = [est.pays_from(_gain(spec, hw, par, "a3", "decode", sw), 2, 8192) for sw in (1.0, 30.0, 300.0)]
+    assert found[0] is not None
+    ordered = [math.inf if f is None else f for f in found]
+    assert ordered == sorted(ordered) and ordered[0] < ordered[-1]
+
+
+@pytest.mark.parametrize("name", list(est.HARDWARE))
+def test_presets_have_every_field(name):
+    hw = est.HARDWARE[name]
+    assert hw.name == name and hw.description and hw.sources
+    assert all(x > 0 for x in (hw.tflops, hw.mem_bw_gbps, hw.link_gbps, hw.peer_gbps))
+    assert set(hw.latency_us) == set(est.COLLECTIVES) and all(v >= 0 for v in hw.latency_us.values())
+    assert set(hw.switch_us) == {"thread", "greenlet"} and hw.switch_us["greenlet"] < hw.switch_us["thread"]
+    assert all(0 < x <= 1 for x in (hw.compute_efficiency, hw.mem_efficiency, hw.link_efficiency))
+    assert est.hardware_from_dict(hw.to_dict()) == hw
+
+
+def test_full_mesh_bandwidth_grows_with_the_peers():
+    hw = est.HARDWARE["910B"]  # 56 GB/s per peer link, 392 per NPU
+    assert hw.link("all_gather", 2).gbps == pytest.approx(56 * hw.link_efficiency)
+    assert hw.link("all_gather", 8).gbps == pytest.approx(392 * hw.link_efficiency)
+    assert hw.link("all_gather", 64).gbps == pytest.approx(392 * hw.link_efficiency)
+
+
+@pytest.mark.parametrize("data, needle", [
+    ({"tflops": 1, "mem_bw_gbps": 1, "link_gbps": 1, "latency_us": 1, "switch_us": 1, "colour": 1}, "colour"),
+    ({"tflops": 1, "mem_bw_gbps": 1, "latency_us": 1, "switch_us": 1}, "link_gbps"),
+    ({"tflops": 0, "mem_bw_gbps": 1, "link_gbps": 1, "latency_us": 1, "switch_us": 1}, "tflops"),
+    ({"tflops": 1, "mem_bw_gbps": 1, "link_gbps": 1, "latency_us": {"all_gather": 1}, "switch_us": 1}, "latency_us"),
+    ({"tflops": 1, "mem_bw_gbps": 1, "link_gbps": 1, "latency_us": -1, "switch_us": 1}, "latency_us"),
+    ({"tflops": 1, "mem_bw_gbps": 1, "link_gbps": 1, "latency_us": 1, "switch_us": 1, "link_efficiency": 2},
+     "link_efficiency"),
+])
+def test_bad_hardware_numbers_are_refused(data, needle):
+    with pytest.raises(DBOConfigError, match=needle):
+        est.hardware_from_dict(data)
+
+
+def _run_json(capsys, argv):
+    assert main(argv) == 0
+    return json.loads(capsys.readouterr().out)
+
+
+def test_cli_json(capsys):
+    out = _run_json(capsys, ["estimate", "--model", "deepseek-v2-lite", "--tokens", "64", "--tokens", "4096", "-dp", "8",
+                             "--enable-expert-parallel", "--hardware", "910C", "--format", "json", "--max-tokens", "8192"])
+    assert [p["pattern"] for p in out["patterns"]] == ["a2", "a3"]
+    assert out["parallel"]["moe_group"] == 8 and out["hardware"]["name"] == "910C"
+    assert out["switch_us"] == est.HARDWARE["910C"].switch_us["thread"]
+    for p in out["patterns"]:
+        assert [(r["kind"], r["tokens"]) for r in p["rows"]] == [("decode", 64), ("decode", 4096), ("prefill", 64),
+                                                                   ("prefill", 4096)]
+        assert p["recommended"]["--dbo-decode-token-threshold"] == p["pays_from"]["decode"]
+        assert p["recommended"]["--dbo-prefill-token-threshold"] == p["pays_from"]["prefill"]
+        for r in p["rows"]:
+            assert r["speedup"] == pytest.approx(r["off_us"] / r["on_us"])
+            assert r["pays"] == (r["on_us"] < r["off_us"])
+            assert r["off_us"] == pytest.approx(r["compute_us"] + r["comm_us"])
+            # a row at or above the recommended threshold pays (the threshold is where it starts paying for good)
+            threshold = p["pays_from"][r["kind"]]
+            if threshold is not None and r["tokens"] >= threshold:
+                assert r["pays"]
+        kinds = {lk["kind"]: lk["count"] for lk in p["rows"][0]["layer_kinds"]}
+        assert kinds == {"dense": 1, "moe": 26}
+
+
+def test_cli_greenlet_switch_and_overrides(capsys, tmp_path):
+    base = ["estimate", "--model", "qwen3-30b-a3b", "--tokens", "256", "-dp", "4", "--step", "decode",
+            "--format", "json", "--max-tokens", "4096"]
+    thread = _run_json(capsys, base)
+    green = _run_json(capsys, [*base, "--dbo-scheduler", "greenlet"])
+    assert green["switch_us"] < thread["switch_us"]
+    assert green["patterns"][0]["rows"][0]["on_us"] < thread["patterns"][0]["rows"][0]["on_us"]
+    fast = _run_json(capsys, [*base, "--link-gbps", "1000", "--link-latency-us", "0"])
+    assert fast["hardware"]["latency_us"] == {k: 0.0 for k in est.COLLECTIVES}
+    assert fast["patterns"][0]["rows"][0]["comm_us"] < thread["patterns"][0]["rows"][0]["comm_us"]
+    # a --hardware-file made of an estimate's own hardware gives the same figures
+    (tmp_path / "hw.json").write_text(json.dumps(thread))
+    again = _run_json(capsys, [*base, "--hardware-file", str(tmp_path / "hw.json")])
+    assert again["patterns"] == thread["patterns"]
+
+
+def test_dense_model_gets_the_tp_pattern(capsys):
+    out = _run_json(capsys, ["estimate", "--model", "llama-3.1-8b", "-tp", "4", "--tokens", "512", "--format", "json",
+                             "--max-tokens", "2048"])
+    (p,) = out["patterns"]
+    assert p["pattern"] == "tp"
+    names = [s["name"] for s in p["rows"][0]["layer_kinds"][0]["segments"]]
+    assert names == ["attention", "attention all-reduce", "mlp", "mlp all-reduce"]
+
+
+@pytest.mark.parametrize("argv, needle", [
+    (["--model", "deepseek-v3", "--hardware", "TPUv9"], "910B, 910C, H200, cpu-link"),
+    (["--model", "llama-3.1-8b", "--enable-expert-parallel"], "needs a mixture-of-experts model"),
+    (["--model", "llama-3.1-8b", "--pattern", "a3"], "needs a mixture-of-experts model"),
+    (["--model", "deepseek-v3", "--pattern", "a3"], "--enable-expert-parallel"),
+    (["--model", "deepseek-v3", "--pattern", "tp"], "dense models"),
+    (["--model", "deepseek-v3", "--tokens", "0"], "--tokens"),
+    (["--model", "deepseek-v3", "--tokens", "-5"], "--tokens"),
+    (["--model", "deepseek-v3", "--tensor-parallel-size", "0"], "--tensor-parallel-size"),
+    (["--model", "deepseek-v3", "--tflops", "0"], "--tflops"),
+    (["--model", "deepseek-v3", "--link-gbps", "-1"], "--link-gbps"),
+    (["--model", "deepseek-v3", "--link-latency-us", "nan"], "--link-latency-us"),
+    (["--model", "deepseek-v3", "--switch-us", "-1"], "--switch-us"),
+    (["--model", "no-such-model"], "neither a bundled preset"),
+])
+def test_bad_input_is_one_line_exit_2(capsys, argv, needle):
+    code = main(["estimate", *argv])
+    err = capsys.readouterr().err
+    lines = [x for x in err.splitlines() if x.strip()]
+    assert code == 2 and len(lines) == 1 and needle in lines[0], err
+    assert "Traceback" not in err
+
+
+def test_bad_hardware_file_is_one_line_exit_2(capsys, tmp_path):
+    bad = tmp_path / "hw.yaml"
+    bad.write_text("tflops: 100\nmem_bw_gbps: 1000\n")
+    code = main(["estimate", "--model", "deepseek-v3", "--hardware-file", str(bad)])
+    err = capsys.readouterr().err
+    assert code == 2 and len(err.strip().splitlines()) == 1 and "link_gbps" in err
+
+
+def test_cpu_link_measures_this_cpu():
+    spec = compute_spec_from_config(est.reference_config(MoEConfig()), name="reference")
+    hw = est.with_measured_cpu(est.HARDWARE["cpu-link"], spec)
+    assert hw.measured["gflops"] > 0 and hw.tflops == pytest.approx(hw.measured["gflops"] / 1e3)
+    assert replace(hw, measured={}) != est.HARDWARE["cpu-link"]
