@@ -525,7 +525,7 @@ def run_bench(out_dir: str | os.PathLike[str], plan: BenchPlan | None = None, *,
     if plan.trace_dir is not None:
         from dbo_runtime.reference.whatif_check import validate
 
-        summary["whatif"] = validate(summary, plan.trace_dir)
+        summary["whatif"] = validate(summary, plan.trace_dir, per_rank)
     _write_json_atomic(Path(out_dir) / "dbo_runtime.json", summary)
     markdown = format_markdown(summary)
     if summary.get("whatif"):
