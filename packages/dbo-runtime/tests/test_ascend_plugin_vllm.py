@@ -175,17 +175,12 @@ print("REPORT " + json.dumps(report))
 '''
 
 
-def _vllm_python() -> Path:
-    path = Path(os.environ.get("DBO_TOOLKIT_VLLM_PYTHON") or REPO_ROOT / ".venv-vllm" / "bin" / "python")
-    if not path.exists():
-        pytest.fail(f"no vLLM python at {path}: run `make vllm-env` (or set DBO_TOOLKIT_VLLM_PYTHON)")
-    return path
 
 
 @pytest.mark.vllm
-def test_register_on_standin_ascend_installs_and_uninstalls_everything(tmp_path: Path) -> None:
+def test_register_on_standin_ascend_installs_and_uninstalls_everything(tmp_path: Path, vllm_python: Path) -> None:
     env = dict(os.environ, VLLM_LOGGING_LEVEL="WARNING")
-    proc = subprocess.run([str(_vllm_python()), "-c", SCRIPT, str(tmp_path), PLATFORM_SRC, RUNNER_SRC, AFC_SRC],
+    proc = subprocess.run([str(vllm_python), "-c", SCRIPT, str(tmp_path), PLATFORM_SRC, RUNNER_SRC, AFC_SRC],
                           capture_output=True, text=True, timeout=240, env=env, cwd=tmp_path)
     lines = [line for line in proc.stdout.splitlines() if line.startswith("REPORT ")]
     assert proc.returncode == 0 and lines, proc.stderr[-4000:]

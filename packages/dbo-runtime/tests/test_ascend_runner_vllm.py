@@ -209,16 +209,11 @@ print("REPORT " + json.dumps(report))
 '''
 
 
-def _vllm_python() -> Path:
-    path = Path(os.environ.get("DBO_TOOLKIT_VLLM_PYTHON") or REPO_ROOT / ".venv-vllm" / "bin" / "python")
-    if not path.exists():
-        pytest.fail(f"no vLLM python at {path}: run `make vllm-env` (or set DBO_TOOLKIT_VLLM_PYTHON)")
-    return path
 
 
 @pytest.mark.vllm
-def test_runner_patches_split_a_step_on_real_vllm_forward_context() -> None:
-    proc = subprocess.run([str(_vllm_python()), "-c", SCRIPT], capture_output=True, text=True, timeout=240,
+def test_runner_patches_split_a_step_on_real_vllm_forward_context(vllm_python: Path) -> None:
+    proc = subprocess.run([str(vllm_python), "-c", SCRIPT], capture_output=True, text=True, timeout=240,
                           env=dict(os.environ, VLLM_LOGGING_LEVEL="WARNING"))
     lines = [line for line in proc.stdout.splitlines() if line.startswith("REPORT ")]
     assert proc.returncode == 0 and lines, proc.stderr[-4000:]

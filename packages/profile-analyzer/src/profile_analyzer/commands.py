@@ -14,7 +14,7 @@ from pathlib import Path
 
 import click
 from toolkit_cli import (
-    BoundedInt as BoundedIntType,
+    BoundedInt,
     NonNegativeInt,
     PositiveInt,
     check_output,
@@ -202,7 +202,7 @@ def _finite(lo: float, hi: float, *, min_open: bool = False) -> click.FloatRange
 @click.argument("path", required=False)
 @click.option("-d", "--profiling_path", "--profiling-path", "profiling_path", metavar="PATH",
               help="the profile (msprof-analyze's name; the same as the argument)")
-@click.option("--ubatches", type=BoundedIntType(2, 8, what="micro-batches"), default=2, show_default=True,
+@click.option("--ubatches", type=BoundedInt(2, 8, what="micro-batches"), default=2, show_default=True,
               help="micro-batches (DBO: 2)")
 @click.option("--switch-us", type=_finite(0, 1e6), default=30.0, show_default=True,
               help="cost of one switch between micro-batches, µs (the default: an OS-thread handoff as measured "

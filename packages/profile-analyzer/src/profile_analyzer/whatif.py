@@ -308,9 +308,9 @@ def segments_from_rank(rt: RankTimeline, window: tuple[int, int] | None = None) 
     # the step window as elementary pieces: compute (any compute task, including what overlapped communication),
     # exposed communication, and free time (neither)
     free = iv.gaps(iv.union_sets(comp, comm), lo, hi)
-    pieces = sorted([(int(a), int(b), "compute") for a, b in zip(*comp)]
-                    + [(int(a), int(b), "comm") for a, b in zip(*cno)]
-                    + [(int(a), int(b), "free") for a, b in zip(*free)])
+    pieces = sorted([(int(a), int(b), "compute") for a, b in zip(*comp, strict=True)]
+                    + [(int(a), int(b), "comm") for a, b in zip(*cno, strict=True)]
+                    + [(int(a), int(b), "free") for a, b in zip(*free, strict=True)])
     # free time between two pieces of communication is the rank waiting for communication; elsewhere it is
     # host work between operators and belongs with the compute
     kinds = [k for _, _, k in pieces]
@@ -320,7 +320,7 @@ def segments_from_rank(rt: RankTimeline, window: tuple[int, int] | None = None) 
                          and next((x for x in kinds[i + 1:] if x != "free"), None) == "comm")
             kinds[i] = "comm" if comm_both else "compute"
     runs: list[list[int]] = []  # [start, end, kind index, total ns]
-    for (a, b, _), k in zip(pieces, kinds):
+    for (a, b, _), k in zip(pieces, kinds, strict=True):
         if runs and runs[-1][2] == k:
             runs[-1][1] = b
             runs[-1][3] += b - a

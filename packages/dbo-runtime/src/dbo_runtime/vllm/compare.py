@@ -51,10 +51,11 @@ def prompt_set(n: int, base: Sequence[str]) -> list[str]:
 
 def _generate(model: str, dbo: bool, out: Path, *, tensor_parallel_size: int, num_prompts: int,
               max_tokens: int, engine_argv: Sequence[str]) -> None:  # pragma: no cover - runs in the vLLM python
-    from dbo_runtime.ascend.compare import DEFAULT_PROMPTS, write_json_atomic
     from vllm import LLM, SamplingParams
     from vllm.engine.arg_utils import EngineArgs
     from vllm.utils.argparse_utils import FlexibleArgumentParser
+
+    from dbo_runtime.ascend.compare import DEFAULT_PROMPTS, write_json_atomic
 
     parser = EngineArgs.add_cli_args(FlexibleArgumentParser())
     argv = ["--model", model, "--tensor-parallel-size", str(tensor_parallel_size), *engine_argv]

@@ -30,6 +30,7 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
+
 from dbo_runtime.errors import DBOConfigError
 from dbo_runtime.vllm.plugin import (
     ACTIVE_MESSAGE,
@@ -98,8 +99,9 @@ def cpu_model_forward(integration: RunnerIntegration, runner: Any, original: Cal
     forward context carries micro-batch slices (``execute_model`` put them there with the per-micro-batch
     attention metadata and slot mappings), run the two micro-batches, each under its own forward context built
     the way upstream's ``UBatchWrapper._make_ubatch_metadata`` builds it; otherwise run the model as it is."""
-    from dbo_runtime.vllm.runner import as_context
     from vllm.forward_context import DPMetadata, create_forward_context
+
+    from dbo_runtime.vllm.runner import as_context
 
     ctx = integration.get_forward_context()
     if ctx is None or ctx.ubatch_slices is None or args or not isinstance(ctx.attn_metadata, list):
@@ -174,8 +176,9 @@ def _install_sites() -> list[Callable[[], None]]:
 
 def make_cpu_integration() -> RunnerIntegration:
     import vllm.forward_context as vfc
-    from dbo_runtime.devices import get_backend
     from vllm.config import CUDAGraphMode
+
+    from dbo_runtime.devices import get_backend
 
     def install_forward_context(ctx: Any) -> None:
         vfc._forward_context = ctx
@@ -219,9 +222,10 @@ def install_cpu_runtime(vllm_config: Any) -> list[Callable[[], None]]:
 def activate_cpu(log: logging.Logger) -> list[Callable[[], None]]:
     """What ``register`` does on the CPU platform in every process (see :mod:`dbo_runtime.vllm.plugin`). The model
     runner is wrapped when its module is first imported, so processes that build none never import it."""
-    from dbo_runtime.vllm.plugin import add_undo, when_imported
     from vllm.config import VllmConfig
     from vllm.platforms.cpu import CpuPlatform
+
+    from dbo_runtime.vllm.plugin import add_undo, when_imported
 
     undo = [patch_platform_class(CpuPlatform, lambda cfg: keep_dbo_cpu(cfg, log), _requested),
             patch_vllm_config_class(VllmConfig)]

@@ -42,6 +42,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
+
 from dbo_runtime.errors import DBOConfigError
 from dbo_runtime.ubatch import UBatchSlice
 from dbo_runtime.vllm.split import decide_split, pad_last_slice, split_common_attn_metadata

@@ -9,6 +9,7 @@ from collections.abc import Sequence
 from typing import Any
 
 import torch
+
 from dbo_runtime.ubatch import UBatchSlice, should_ubatch, slice_request_metadata
 
 __all__ = ["split_common_attn_metadata", "decide_split", "pad_last_slice"]

@@ -304,7 +304,7 @@ def _repeated_range_markers(rt: RankTimeline, lo: int, hi: int) -> tuple[np.ndar
     for k, g in enumerate(groups):
         members.setdefault(g, []).append(k)
     paired_groups = 0
-    for g, ks in members.items():
+    for ks in members.values():
         seen: dict[str, int] = {}
         for k in ks:
             seen[base[k]] = seen.get(base[k], 0) + 1
