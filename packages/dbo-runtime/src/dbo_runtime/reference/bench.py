@@ -211,6 +211,38 @@ def _decode_rows(plan: BenchPlan, comm: Any, world_size: int) -> list[dict[str, 
     return rows
 
 
+def decode_task(rank: int, world_size: int, plan: BenchPlan) -> dict[str, Any]:
+    """Rank task of :func:`scheduler_figures`: only the decode rows of the benchmark."""
+    from dbo_runtime.reference.comm import Collectives, LinkModel
+
+    comm = Collectives(link=LinkModel(), timeout_s=120.0)
+    try:
+        return {"decode": _decode_rows(plan, comm, world_size)}
+    finally:
+        comm.close()
+
+
+def scheduler_figures(plan: BenchPlan | None = None) -> dict[str, Any]:
+    """The benchmark's scheduler figures alone (a minute or two instead of the whole sweep): the handoff under
+    each scheduler and the decode step DBO off vs on per scheduler; printed as the benchmark prints them.
+
+    ``python -c 'from dbo_runtime.reference.bench import scheduler_figures; scheduler_figures()'``
+    """
+    from dbo_runtime.reference.launcher import run_ranks
+
+    plan = plan or BenchPlan()
+    summary = {"handoff_by_scheduler": {m: measure_handoff(mode=m) for m in ("thread", "greenlet")},
+               "handoff_target_us": {"greenlet": HANDOFF_TARGET_US}}  # fmt: skip
+    summary["handoff_us"] = summary["handoff_by_scheduler"]["thread"]
+    per_rank = run_ranks("dbo_runtime.reference.bench:decode_task", plan, world_size=2, timeout_s=1200,
+                         pg_timeout_s=300)  # fmt: skip
+    summary["decode"] = _decode_summary(per_rank)
+    summary["loadavg"] = list(os.getloadavg()) if hasattr(os, "getloadavg") else None
+    print("\n".join(_handoff_lines(summary, "us") + _decode_lines(summary)))
+    print(f"load average (1, 5, 15 min) at the end: {summary['loadavg']}")
+    return summary
+
+
 def _slowest(per_rank: list[dict[str, Any]], section: str, index: int, mode: str, key: str) -> float:
     return max(r[section][index][mode][key] for r in per_rank)
 
@@ -317,6 +349,7 @@ def _decode_summary(per_rank: list[dict[str, Any]]) -> list[dict[str, Any]]:
             "t_on_ms": t_on * 1e3, "on_over_off": t_on / t_off if t_off else float("nan"),
             "on_over_off_pairs": statistics.median(ratios) if ratios else float("nan"),
             "t_compute_off_ms": _slowest(per_rank, "decode", i, "off", "compute_s") * 1e3,
+            "t_compute_on_ms": _slowest(per_rank, "decode", i, "on", "compute_s") * 1e3,
             "t_comm_off_ms": _slowest(per_rank, "decode", i, "off", "comm_s") * 1e3,
             "on_no_slower": t_on <= t_off,
         })  # fmt: skip
@@ -378,7 +411,9 @@ def _decode_lines(summary: dict[str, Any]) -> list[str]:
              f"{first['link_text']}), DBO off vs on per scheduler"]  # fmt: skip
     for r in rows:
         lines.append(f"  {r['scheduler']:8} off {r['t_off_ms']:8.1f} ms  on {r['t_on_ms']:8.1f} ms  on/off "
-                     f"{r['on_over_off']:.3f} (pairs {r['on_over_off_pairs']:.3f}); split {r['split_on']}")
+                     f"{r['on_over_off']:.3f} (pairs {r['on_over_off_pairs']:.3f}); compute off/on "
+                     f"{r['t_compute_off_ms']:.1f}/{r.get('t_compute_on_ms', float('nan')):.1f} ms, comm (off) "
+                     f"{r['t_comm_off_ms']:.1f} ms; split {r['split_on']}")
     verdicts = ", ".join(f"{r['scheduler']} {'no slower' if r['on_no_slower'] else 'SLOWER'}" for r in rows)
     lines.append(f"Decode with DBO on vs off (medians): {verdicts}")
     return lines

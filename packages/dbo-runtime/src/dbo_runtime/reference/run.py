@@ -437,3 +437,39 @@ def fault_task(rank: int, world_size: int, fault: FaultSpec) -> dict[str, Any]:
     finally:
         model_module.dbo_async_site = original
         comm.close()
+
+
+def compile_task(rank: int, world_size: int, schedulers: tuple[str, ...]) -> dict[str, Any]:
+    """torch.compile (CPU inductor) of the reference model's ``forward_part``, DBO off and on under each scheduler.
+
+    Returns, per scheduler, whether the compiled DBO-on step ran and whether it equals the compiled DBO-off step
+    bitwise (and a second DBO-on step, i.e. once the micro-batch shapes are compiled), or the error it raised.
+    The finding is in docs/dbo.md (scheduler modes, torch.compile).
+    """
+    config = EQUALITY_CONFIG
+    comm = Collectives(link=LinkModel(0.0, math.inf), timeout_s=60.0)
+    out: dict[str, Any] = {"rank": rank}
+    try:
+        model = ReferenceMoE(config, pattern="a2", comm=comm, dtype=torch.float32)
+        batch = Batch.prefill([24, 16])
+        x = batch_inputs(config, batch, rank=rank, step=0, dtype=torch.float32)
+
+        def step(dbo: bool, scheduler: str) -> torch.Tensor:
+            kv = KVCache(config, batch, rank=rank, dtype=torch.float32)
+            return forward_step(model, batch, x, kv, dbo=dbo, prefill_threshold=2, timeout_s=60.0,
+                                scheduler=scheduler).output
+
+        eager_off = step(False, "thread")
+        model.forward_part = torch.compile(model.forward_part)  # type: ignore[method-assign]
+        compiled_off = step(False, "thread")
+        out["compiled_off_max_abs_diff_vs_eager"] = float((compiled_off - eager_off).abs().max())
+        for scheduler in schedulers:
+            try:
+                first, second = step(True, scheduler), step(True, scheduler)
+                out[scheduler] = {"ran": True, "equal_to_compiled_off": bool(torch.equal(first, compiled_off)),
+                                  "repeat_equal": bool(torch.equal(first, second))}  # fmt: skip
+            except Exception as exc:  # noqa: BLE001 - the finding is what failed, reported to the caller
+                out[scheduler] = {"ran": False, "error": f"{type(exc).__name__}: {str(exc).splitlines()[0][:300]}"}
+    finally:
+        comm.close()
+    return out
