@@ -730,9 +730,12 @@ def ts_to_ns_checked(values: list, path: Path | None = None) -> tuple[np.ndarray
         joined = b"\n".join(values)
     finally:
         values.pop()
+    buf = np.frombuffer(joined, dtype=np.uint8)
+    fast = _fixed_width_ns(buf, n)
+    if fast is not None:  # the usual case: every value checked and parsed in a few passes over the bytes
+        return fast, code
     if joined.count(b"\n") != n:
         return _ts_one_by_one(values, path)
-    buf = np.frombuffer(joined, dtype=np.uint8)
     ends = np.flatnonzero(buf == _NL)
     starts = np.empty(n, dtype=np.int64)
     starts[0] = 0
@@ -766,6 +769,20 @@ def ts_to_ns_checked(values: list, path: Path | None = None) -> tuple[np.ndarray
         return np.where(code == 0, ns, 0), code
     ns, code = _ts_to_ns_valid(values, path)
     return ns, code
+
+
+def _fixed_width_ns(buf: np.ndarray, n: int) -> np.ndarray | None:
+    """``n`` values joined with a newline after each, when all have one width and are plain decimals with the
+    dot at one place (optionally all quoted): int64 ns; None otherwise. Such values pass every check of
+    :func:`ts_to_ns_checked` (digits only, at most 16 integer digits, below 9e15 µs), so the answer is the
+    same as the general path's, without its per-byte bookkeeping."""
+    width = buf.size // n
+    if width < 2 or width * n != buf.size or not (buf[width - 1::width] == _NL).all():
+        return None
+    u = buf.reshape(n, width)[:, : width - 1]
+    if width >= 4 and u[0, 0] == 34 and (u[:, 0] == 34).all() and (u[:, -1] == 34).all():
+        u = u[:, 1:-1]
+    return _parse_fixed_format(u)
 
 
 def _ts_to_ns_valid(values: list, path: Path | None) -> tuple[np.ndarray, np.ndarray]:
@@ -1095,7 +1112,7 @@ def _columnarise(path: Path, flow_cats: frozenset[str], kineto_args: bool, keep_
     for chunk in decoded.chunks:
         n_events += len(chunk)
         xs = [e for e in chunk if e.ph == "X"]
-        others = [e for e in chunk if e.ph != "X"]
+        others = [e for e in chunk if e.ph != "X"] if len(xs) != len(chunk) else []
         del chunk
         for e in [e for e in others if e.ph == "M"]:
             a = e.args
