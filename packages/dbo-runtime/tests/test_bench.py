@@ -8,7 +8,6 @@ import subprocess
 import sys
 
 import pytest
-
 from dbo_runtime.reference.bench import (
     TARGET_EFFICIENCY,
     BenchPlan,

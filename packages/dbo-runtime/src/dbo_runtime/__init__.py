@@ -6,7 +6,9 @@ torch_npu) for the vLLM plugin entry point and for `dbo-runtime doctor`:
 - split decision: `should_ubatch`, `split_ubatches`, `UBatchSlice`, `slice_request_metadata`,
   `maybe_create_ubatch_slices` (dbo_runtime.ubatch)
 - DP agreement: `coordinate_ubatching`, `UBatchDecision` (dbo_runtime.dp_sync)
-- the ping-pong: `run_ubatches` (dbo_runtime.workers, the worker threads and the run loop) and the hook API
+- the ping-pong: `run_ubatches` (dbo_runtime.workers, the worker threads and the run loop; with
+  `mode="greenlet"` or DBO_RUNTIME_SCHEDULER=greenlet both micro-batches run on the caller's thread as greenlets,
+  dbo_runtime.greenlets) and the hook API
   `dbo_enabled`, `dbo_current_ubatch_id`, `dbo_yield`, `dbo_switch_to_comm`, `dbo_switch_to_compute`,
   `dbo_register_recv_hook`, `dbo_maybe_run_recv_hook` (dbo_runtime.context)
 - communication-site wrappers shared by the reference model and the vLLM-Ascend adapter:

@@ -17,6 +17,10 @@ What this module adds to the upstream mechanism:
 - a micro-batch that finished no longer takes part: a yield with nobody left to hand to returns at once, and a
   receive hook registered on a finished micro-batch runs in place.
 
+The same contexts and hooks serve the greenlet scheduler (:mod:`dbo_runtime.greenlets`), where both micro-batches run
+on the caller's thread and a yield is a greenlet switch; the scheduler is picked per call or by
+``DBO_RUNTIME_SCHEDULER`` (:func:`dbo_runtime.workers.resolve_scheduler`).
+
 The module-level hook functions are no-ops outside a micro-batch thread, so model code calls them unconditionally.
 The worker threads and the run loop (:func:`run_ubatches`) are in :mod:`dbo_runtime.workers`; ``run_ubatches`` and
 ``busy_workers`` are also reachable here, as before.
@@ -91,6 +95,10 @@ class ThreadState:
       the ``on_resume`` callbacks of :func:`run_ubatches`, not once per thread.
 
     Everything else a model reads (weights, configs, distributed groups) is process-global.
+
+    Under the greenlet scheduler both micro-batches share the caller's thread: this state is entered once around
+    the run, and a micro-batch that changes it between two hook sites has it saved and restored at each switch
+    (:mod:`dbo_runtime.greenlets`).
     """
 
     inference_mode: bool = False
