@@ -151,3 +151,17 @@ def test_wrap_stream_site_propagates_errors():
 
     with pytest.raises(ValueError, match="hccl failed"):
         wrap_stream_site("x", broken)()
+
+
+def test_callers_stream_is_back_after_the_run(scheduler):
+    """Thread scheduler: the micro-batch threads' streams are their own. Greenlet scheduler: the micro-batches move
+    the caller's thread between the compute and the communication stream; the caller gets its stream back."""
+    backend = RecordingBackend()
+
+    def fn():
+        from dbo_runtime.context import dbo_yield_and_switch_from_compute_to_comm
+
+        dbo_yield_and_switch_from_compute_to_comm("left on the comm stream")
+
+    run_ubatches([fn, fn], backend=backend, timeout_s=5)
+    assert backend.current_stream() == "main"

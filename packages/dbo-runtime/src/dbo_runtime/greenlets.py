@@ -290,7 +290,13 @@ def run_ubatches_greenlet(
             ctx.glet = greenlet.greenlet(lambda ctx=ctx, fn=fns[i]: _ubatch_main(ctx, fn))
             # As a thread would see them after a copy: the caller's context variables, not another run's.
             ctx.glet.gr_context = contextvars.copy_context()
-        _loop(run, contexts)
+        try:
+            _loop(run, contexts)
+        finally:
+            # A thread's current stream is thread-local state of the caller's here: the micro-batches moved it
+            # between the compute and the communication stream; the caller gets its own back.
+            if backend.current_stream() != compute_stream:
+                backend.set_stream(compute_stream)
     if run.error is not None:
         ubatch_id, exc = run.error
         if isinstance(exc, KeyboardInterrupt | SystemExit | DBOTimeoutError):
