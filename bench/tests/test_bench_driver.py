@@ -153,6 +153,8 @@ def test_report_has_every_table_and_real_pngs(tmp_path: Path, report: ModuleType
             {"rank": rank, "steps": 222, "split_steps": split, "last_split_tokens": [64, 64]}))
     (out / "precision" / "qwen3_moe.json").write_text(json.dumps(_precision(50, 100.0, 0.0)))
     (out / "precision" / "deepseek_v2_moe.json").write_text(json.dumps(_precision(41, 88.0, 0.9)))
+    skipped = {k: v for k, v in _precision(50, 100.0, 0.0).items() if not k.startswith("control_")}
+    (out / "precision" / "qwen3.json").write_text(json.dumps({**skipped, "control": "skipped: DBO on equals off"}))
     (out / "bench.json").write_text(json.dumps({
         "started_at": "t0", "finished_at": "t1", "wall_s": 600, "git": {"commit": "abc", "dirty": False},
         "machine": {"cpu_model": "Test CPU", "cpus": 2, "cpus_usable": 2, "memory_gib": 8.0},
@@ -168,6 +170,7 @@ def test_report_has_every_table_and_real_pngs(tmp_path: Path, report: ModuleType
     assert "DBO in the `dbo-on` server: 166 of 222 engine steps split into two micro-batches (fewest over 2 ranks" in text
     assert "### DBO table" in text and "| a2 | 84% |" in text
     assert "| Qwen3-MoE | 50/50 (100.0%) | 0 | 100.0% | 0 | 16 of 17 | identical |" in text
+    assert "| 50/50 (100.0%) | 0 | not needed (on = off) | - | 16 of 17 | identical |" in text
     assert "| DeepSeek-V2 (MLA, MoE) | 41/50 (82.0%) | 0.9 | 88.0% | 0.9 | 16 of 17 | differs; the engine differs from itself too" in text
     assert "_No analyzer figures: the `profile-analyzer` step failed (msprof-analyze failed)._" in text
     assert "as reported there, not measured here" in text

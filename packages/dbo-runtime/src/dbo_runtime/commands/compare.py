@@ -46,7 +46,10 @@ def _passes(identical_pct: float, max_diff: float, min_identical_pct: float, max
               show_default=True, metavar="N")
 @click.option("--num-prompts", "--prompts", "num_prompts", type=PositiveInt(MAX_PROMPTS, what="prompts"), default=50,
               show_default=True, metavar="N", help="greedy prompts")
-@click.option("--control", is_flag=True, help="also run DBO off twice: off vs off must be identical")
+@click.option("--control", "control", flag_value="always", default="never",
+              help="also run DBO off twice: off vs off must be identical (the noise floor)")
+@click.option("--control-if-differ", "control", flag_value="if-differ",
+              help="run that control only when DBO on differs from off (identical outputs need no noise floor)")
 @click.option("--max-tokens", type=PositiveInt(MAX_TOKENS, what="tokens per completion"), default=16,
               show_default=True, metavar="N")
 @click.option("--vllm-python", metavar="PATH",
@@ -63,7 +66,7 @@ def _passes(identical_pct: float, max_diff: float, min_identical_pct: float, max
 @format_option("text", "json")
 @output_option(help="also write the JSON report to FILE (atomically)")
 @click.argument("vllm_args", nargs=-1, type=click.UNPROCESSED, metavar="[-- VLLM_ARGS...]")
-def compare_run(model: str, tensor_parallel_size: int, num_prompts: int, control: bool, max_tokens: int,
+def compare_run(model: str, tensor_parallel_size: int, num_prompts: int, control: str, max_tokens: int,
                 vllm_python: str | None, min_identical_pct: float, max_logprob_diff: float, timeout: float,
                 workdir: Path | None, format: str, output: Path | None, vllm_args: tuple[str, ...]) -> int:
     from dbo_runtime.vllm.compare import render_text, run_compare

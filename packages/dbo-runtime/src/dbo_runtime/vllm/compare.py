@@ -155,10 +155,14 @@ def _run_one(python: str, model: str, dbo: bool, workdir: Path, *, label: str = 
 
 def run_compare(model: str, *, python: str, tensor_parallel_size: int = 1, num_prompts: int = 50,
                 max_tokens: int = 16, engine_argv: Sequence[str] = (), workdir: Path | None = None,
-                timeout_s: float = 600.0, control: bool = False) -> dict[str, Any]:
+                timeout_s: float = 600.0, control: bool | str = False) -> dict[str, Any]:
     """Run vLLM with DBO off, then on; return the comparison (keys :data:`RESULT_KEYS` and more). ``control``
-    runs DBO off a second time first: off vs off must be identical, or the model (flat logits) or the platform
-    (non-deterministic kernels) makes any on/off verdict meaningless."""
+    (True or ``"always"``) runs DBO off a second time first: off vs off must be identical, or the model (flat
+    logits) or the platform (non-deterministic kernels) makes any on/off verdict meaningless. ``"if-differ"``
+    runs that control only after DBO on turned out to differ from off: identical outputs need no noise floor to
+    be read, a difference does (one engine start saved per family whose outputs agree)."""
+    if control not in (False, True, "always", "if-differ", "never"):
+        raise ValueError(f"control must be always, if-differ or never, got {control!r}")
     from dbo_runtime.ascend.compare import diff_runs
 
     looks_local = model.startswith(("/", ".", "~")) or "/" not in model  # a hub name is "org/name"
@@ -175,11 +179,15 @@ def run_compare(model: str, *, python: str, tensor_parallel_size: int = 1, num_p
                   engine_argv=[a for a in engine_argv if a != "--"], timeout_s=timeout_s, env=env)
     off, _, _ = _run_one(python, model, False, workdir, **common)
     control_diff = None
-    if control:
+    if control in (True, "always"):
         off2, _, _ = _run_one(python, model, False, workdir, label="off-control", **common)
         control_diff = diff_runs(off, off2)
     on, stats, on_log = _run_one(python, model, True, workdir, **common)
     d = diff_runs(off, on)
+    differ = d.identical < d.prompts or d.max_abs_logprob_diff > 0
+    if control == "if-differ" and differ:
+        off2, _, _ = _run_one(python, model, False, workdir, label="off-control", **common)
+        control_diff = diff_runs(off, off2)
     report = {
         "model": model, "tensor_parallel_size": tensor_parallel_size, "prompts": d.prompts,
         "identical": d.identical, "identical_pct": round(100.0 * d.identical_fraction, 2),
@@ -192,6 +200,8 @@ def run_compare(model: str, *, python: str, tensor_parallel_size: int = 1, num_p
                                 for ln in on_log.read_text(errors="replace").splitlines()),
         "workdir": None if own_tmp else str(workdir),
     }
+    report["control"] = ("ran" if control_diff is not None else
+                         "skipped: DBO on equals off" if control == "if-differ" else "not asked")
     if control_diff is not None:
         report["control_identical_pct"] = round(100.0 * control_diff.identical_fraction, 2)
         report["control_max_logprob_diff"] = control_diff.max_abs_logprob_diff
