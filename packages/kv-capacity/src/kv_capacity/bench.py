@@ -18,7 +18,8 @@ from rich.console import Console
 from rich.table import Table
 
 from kv_capacity.model_spec import load_model, preset_names
-from kv_capacity.planner import DEFAULT_BLOCK_SIZE, plan
+from kv_capacity.planner import plan
+from kv_capacity.settings import DEFAULT_BLOCK_SIZE, Settings
 from kv_capacity.sizes import GiB
 
 BUDGETS_GIB = (8, 32)
@@ -33,7 +34,7 @@ def capacity_rows(block_size: int = DEFAULT_BLOCK_SIZE) -> list[dict[str, Any]]:
         for budget in BUDGETS_GIB:
             for length in LENGTHS:
                 result = plan(
-                    spec, kv_cache_memory_bytes=budget * GiB, max_model_len=length, block_size=block_size
+                    Settings(spec, kv_cache_memory_bytes=budget * GiB, max_model_len=length, block_size=block_size)
                 )
                 rows.append(
                     {
@@ -67,7 +68,7 @@ def planner_speed(seconds: float = 1.0) -> dict[str, float]:
         start = time.perf_counter()
         deadline = start + seconds
         while time.perf_counter() < deadline:
-            plan(spec, kv_cache_memory_bytes=budget, max_model_len=length, block_size=16)
+            plan(Settings(spec, kv_cache_memory_bytes=budget, max_model_len=length, block_size=16))
             count += 1
         out[label] = count / (time.perf_counter() - start)
     return out

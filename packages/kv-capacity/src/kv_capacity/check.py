@@ -3,17 +3,12 @@
 from __future__ import annotations
 
 import os
+from typing import Any
 
 from kv_capacity.errors import InsufficientKVCacheError
 from kv_capacity.model_spec import ModelSpec
-from kv_capacity.planner import (
-    DEFAULT_BLOCK_SIZE,
-    DEFAULT_MAX_CONCURRENT_BATCHES,
-    DEFAULT_MAX_NUM_BATCHED_TOKENS,
-    CapacityPlan,
-    CheckRule,
-    plan,
-)
+from kv_capacity.planner import CapacityPlan, plan
+from kv_capacity.settings import Settings
 from kv_capacity.sizes import GiB, to_vllm_flag_value
 
 
@@ -65,33 +60,11 @@ def fix_hint(result: CapacityPlan) -> str:
     return hint + "."
 
 
-def check(
-    spec: ModelSpec,
-    *,
-    kv_cache_memory_bytes: int,
-    max_model_len: int,
-    block_size: int = DEFAULT_BLOCK_SIZE,
-    tensor_parallel_size: int = 1,
-    kv_cache_dtype: str = "auto",
-    max_num_batched_tokens: int = DEFAULT_MAX_NUM_BATCHED_TOKENS,
-    max_concurrent_batches: int = DEFAULT_MAX_CONCURRENT_BATCHES,
-    disable_hybrid_kv_cache_manager: bool = False,
-    rule: CheckRule | None = None,
-) -> CapacityPlan:
+def check(settings: Settings | ModelSpec, /, **fields: Any) -> CapacityPlan:
     """Return the plan when vLLM would start; raise InsufficientKVCacheError (vLLM's text + the fix) when not.
-    ``rule``: the start-up check of the vLLM version that will run (default the newest)."""
-    result = plan(
-        spec,
-        kv_cache_memory_bytes=kv_cache_memory_bytes,
-        max_model_len=max_model_len,
-        block_size=block_size,
-        tensor_parallel_size=tensor_parallel_size,
-        kv_cache_dtype=kv_cache_dtype,
-        max_num_batched_tokens=max_num_batched_tokens,
-        max_concurrent_batches=max_concurrent_batches,
-        disable_hybrid_kv_cache_manager=disable_hybrid_kv_cache_manager,
-        rule=rule,
-    )
+    ``settings.rule``: the start-up check of the vLLM version that will run (default the newest).
+    ``check(spec, kv_cache_memory_bytes=..., max_model_len=..., ...)`` is short for ``check(Settings(spec, ...))``."""
+    result = plan(Settings.of(settings, fields))
     if result.fits:
         return result
     vllm_message = result.vllm_error_message

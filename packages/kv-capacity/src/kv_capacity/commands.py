@@ -8,8 +8,12 @@ from __future__ import annotations
 
 import io
 import json
+import os
 import sys
+import tempfile
 from collections.abc import Callable
+from dataclasses import replace
+from pathlib import Path
 from typing import Any
 
 import click
@@ -22,20 +26,23 @@ from kv_capacity.errors import KVCapacityInputError
 from kv_capacity.model_spec import ModelSpec, load_model, load_preset_config, preset_names
 from kv_capacity.planner import (
     ACCEPTED_KV_CACHE_DTYPES,
-    DEFAULT_BLOCK_SIZE,
-    DEFAULT_MAX_CONCURRENT_BATCHES,
-    DEFAULT_MAX_NUM_BATCHED_TOKENS,
     KV_CACHE_DTYPE_BYTES,
     CapacityPlan,
     bytes_per_token,
-    check_rule,
-    installed_vllm_version,
     plan,
     required_bytes,
 )
+from kv_capacity.settings import (
+    DEFAULT_BLOCK_SIZE,
+    DEFAULT_MAX_CONCURRENT_BATCHES,
+    DEFAULT_MAX_NUM_BATCHED_TOKENS,
+    CheckRule,
+    Settings,
+    check_rule,
+    installed_vllm_version,
+)
 from kv_capacity.sizes import ACCEPTED_SIZES, format_size, parse_size, to_vllm_flag_value
 
-PROG = "kv-capacity"
 # Bounds of the integer options: far above any real setting, low enough that every figure stays exact.
 MAX_MODEL_LEN = 1 << 40
 MAX_BLOCK_SIZE = 1 << 20
@@ -117,13 +124,6 @@ def sizing_options(*, budget: bool) -> Callable[[Callable[..., Any]], Callable[.
     return decorate
 
 
-class _Args:
-    """The parsed options as attributes (the shape the helpers below read)."""
-
-    def __init__(self, **values: Any) -> None:
-        self.__dict__.update(values)
-
-
 def _console(file: io.StringIO | None = None) -> Console:
     tty = sys.stdout.isatty()
     return Console(file=file, force_terminal=tty if file is not None else None, highlight=False, soft_wrap=False,
@@ -139,25 +139,29 @@ def _emit(output: Any, render: Callable[[Console], None]) -> None:
     write_output(output, buffer.getvalue())
 
 
-def _plan_from_args(args: _Args) -> tuple[ModelSpec, CapacityPlan]:
-    spec = load_model(args.model)
-    result = plan(
-        spec,
-        kv_cache_memory_bytes=args.kv_cache_memory_bytes,
-        max_model_len=args.max_model_len,
-        block_size=args.block_size,
-        tensor_parallel_size=args.tensor_parallel_size,
-        kv_cache_dtype=args.kv_cache_dtype,
-        max_num_batched_tokens=args.max_num_batched_tokens,
-        max_concurrent_batches=args.max_concurrent_batches,
-        disable_hybrid_kv_cache_manager=args.disable_hybrid_kv_cache_manager,
-        rule=_rule(args),
+def _settings(options: dict[str, Any]) -> Settings:
+    """The sizing options as Settings (the budget is None for `required`; the check rule is set by the caller)."""
+    return Settings(
+        load_model(options["model"]),
+        max_model_len=options["max_model_len"],
+        kv_cache_memory_bytes=options.get("kv_cache_memory_bytes"),
+        block_size=options["block_size"],
+        tensor_parallel_size=options["tensor_parallel_size"],
+        kv_cache_dtype=options["kv_cache_dtype"],
+        max_num_batched_tokens=options["max_num_batched_tokens"],
+        max_concurrent_batches=options["max_concurrent_batches"],
+        disable_hybrid_kv_cache_manager=options["disable_hybrid_kv_cache_manager"],
     )
-    return spec, result
 
 
-def _rule(args: _Args) -> Any:
-    return check_rule(args.vllm_version or installed_vllm_version())
+def _rule(options: dict[str, Any]) -> CheckRule:
+    """The start-up check of --vllm-version, else of the vLLM installed here, else the newest."""
+    return check_rule(options["vllm_version"] or installed_vllm_version())
+
+
+def _plan(options: dict[str, Any]) -> tuple[ModelSpec, CapacityPlan]:
+    settings = _settings(options)
+    return settings.model, plan(replace(settings, rule=_rule(options)))
 
 
 def _plan_table(spec: ModelSpec, result: CapacityPlan) -> Table:
@@ -244,9 +248,8 @@ def _print_failure(message: str, hint: str) -> None:
 @click.command("plan", help="KV cache blocks, tokens and concurrency for a budget")
 @sizing_options(budget=True)
 def plan_command(**options: Any) -> int:
-    args = _Args(**options)
-    spec, result = _plan_from_args(args)
-    _plan_text(spec, result, args.format, args.output)
+    spec, result = _plan(options)
+    _plan_text(spec, result, options["format"], options["output"])
     if not result.fits:
         _print_failure(result.vllm_error_message or "", fix_hint(result))
         return 1
@@ -256,17 +259,16 @@ def plan_command(**options: Any) -> int:
 @click.command("check", help="exit 1 with vLLM's start-up error when vLLM would not start")
 @sizing_options(budget=True)
 def check_command(**options: Any) -> int:
-    args = _Args(**options)
-    spec, result = _plan_from_args(args)
+    spec, result = _plan(options)
     length_error = max_model_len_error(spec, result.max_model_len)
     error = length_error or result.vllm_error_message
-    if args.format == "json":
+    if options["format"] == "json":
         data: dict[str, Any] = result.to_dict()
         data["vllm_error"] = error
         data["starts"] = error is None
-        write_output(args.output, json.dumps(data, indent=2) + "\n")
+        write_output(options["output"], json.dumps(data, indent=2) + "\n")
     elif error is None:
-        write_output(args.output,
+        write_output(options["output"],
                      f"OK: {spec.name} at max_model_len {result.max_model_len:,} fits in "
                      f"{format_size(result.kv_cache_memory_bytes)} ({result.kv_cache_tokens:,} tokens, "
                      f"{result.max_concurrency:.2f}x).\n")
@@ -285,35 +287,26 @@ def check_command(**options: Any) -> int:
               default=1, show_default=True, metavar="N",
               help="concurrent requests of --max-model-len tokens (vLLM's --max-num-seqs)")
 def required_command(**options: Any) -> int:
-    args = _Args(**options)
-    spec = load_model(args.model)
-    kwargs = dict(
-        max_model_len=args.max_model_len,
-        block_size=args.block_size,
-        tensor_parallel_size=args.tensor_parallel_size,
-        kv_cache_dtype=args.kv_cache_dtype,
-        max_num_batched_tokens=args.max_num_batched_tokens,
-        max_concurrent_batches=args.max_concurrent_batches,
-        disable_hybrid_kv_cache_manager=args.disable_hybrid_kv_cache_manager,
-    )
-    needed = required_bytes(spec, concurrency=args.concurrency, **kwargs)
-    result = plan(spec, kv_cache_memory_bytes=needed, **kwargs, rule=_rule(args))
-    if args.format == "json":
+    settings = _settings(options)
+    spec, concurrency = settings.model, options["concurrency"]
+    needed = required_bytes(settings, concurrency=concurrency)
+    result = plan(replace(settings, kv_cache_memory_bytes=needed, rule=_rule(options)))
+    if options["format"] == "json":
         data = {
             "model": spec.name,
-            "max_model_len": args.max_model_len,
-            "concurrency": args.concurrency,
-            "block_size": args.block_size,
-            "tensor_parallel_size": args.tensor_parallel_size,
-            "kv_cache_dtype": args.kv_cache_dtype,
+            "max_model_len": settings.max_model_len,
+            "concurrency": concurrency,
+            "block_size": settings.block_size,
+            "tensor_parallel_size": settings.tensor_parallel_size,
+            "kv_cache_dtype": settings.kv_cache_dtype,
             "required_bytes": needed,
             "kv_cache_memory_bytes_flag": to_vllm_flag_value(needed),
             "plan": result.to_dict(),
         }
-        write_output(args.output, json.dumps(data, indent=2) + "\n")
+        write_output(options["output"], json.dumps(data, indent=2) + "\n")
         return 0
     table = Table(
-        title=f"KV cache needed: {spec.name}, {args.concurrency} x {args.max_model_len:,} tokens",
+        title=f"KV cache needed: {spec.name}, {concurrency} x {settings.max_model_len:,} tokens",
         title_justify="left",
     )
     table.add_column("quantity")
@@ -323,7 +316,7 @@ def required_command(**options: Any) -> int:
     table.add_row("flag", f"--kv-cache-memory-bytes {to_vllm_flag_value(needed)}")
     table.add_row("num_blocks at that budget", f"{result.num_blocks:,}")
     table.add_row("vLLM would report", f"{result.kv_cache_tokens:,} tokens, {result.max_concurrency:.2f}x")
-    _emit(args.output, lambda console: console.print(table))
+    _emit(options["output"], lambda console: console.print(table))
     return 0
 
 
@@ -394,10 +387,125 @@ def presets_command(format: str, output: Any) -> int:
 @click.argument("vllm_args", nargs=-1, type=click.UNPROCESSED)
 def verify_command(model: str, kv_cache_memory_bytes: int | None, max_model_len: int | None, cases: str | None,
                    format: str, timeout: float, vllm_python: str | None, vllm_args: tuple[str, ...]) -> int:
-    from kv_capacity.verify import run_verify
+    from kv_capacity.verify import (
+        VerifyError,
+        VLLMUnavailableError,
+        compare,
+        probe_vllm_python,
+        require_vllm_python,
+        run_plugin_timing,
+        run_seed_cases,
+        run_vllm,
+    )
 
-    return run_verify(model=model, kv_cache_memory_bytes=kv_cache_memory_bytes, max_model_len=max_model_len,
-                      cases=cases, fmt=format, timeout=timeout, vllm_python=vllm_python, vllm_args=list(vllm_args))
+    extra = list(vllm_args)
+    if extra and extra[0] == "--":
+        extra = extra[1:]
+    if vllm_python:
+        if not os.access(vllm_python, os.X_OK):
+            return _verify_fail(f"--vllm-python {vllm_python!r} is not an executable; expected a python with vLLM")
+        python = vllm_python
+    else:
+        try:
+            python = require_vllm_python()
+        except VLLMUnavailableError as exc:
+            return _verify_fail(str(exc))
+    if not Path(model).is_dir():
+        return _verify_fail(f"--model {model!r} is not a directory; expected a local model directory with config.json")
+    try:
+        load_model(model)
+    except KVCapacityInputError as exc:
+        return _verify_fail(str(exc))
+    problem = probe_vllm_python(python)
+    if problem:
+        return _verify_fail(problem)
+
+    console = Console(highlight=False, soft_wrap=False, width=None if sys.stdout.isatty() else 120)
+    show = console.print if format == "text" else (lambda *a, **k: None)
+    try:
+        if cases == "seed":
+            seed = run_seed_cases(
+                model, budget=kv_cache_memory_bytes, max_model_len=max_model_len, extra_args=extra,
+                python=python, timeout_s=timeout,
+                progress=lambda label: show(f"[dim]starting vLLM: {label}[/]") if sys.stdout.isatty() else None,
+            )
+            if format == "json":
+                print(json.dumps({"model": model, "cases": [c.to_dict() for c in seed],
+                                  "passed": all(c.passed for c in seed)}, indent=2))
+            else:
+                for case in seed:
+                    mark = "[green]PASS[/]" if case.passed else "[bold red]FAIL[/]"
+                    show(f"\n{mark} case {case.number}: {case.title}")
+                    for detail in case.details:
+                        show(f"  {detail}")
+                    for comparison in case.comparisons:
+                        show(_comparison_table(comparison))
+            return 0 if all(c.passed for c in seed) else 1
+
+        if cases == "plugin-timing":
+            rows = run_plugin_timing(
+                model, budget=kv_cache_memory_bytes, max_model_len=max_model_len, extra_args=extra,
+                python=python, timeout_s=timeout,
+                progress=lambda label: show(f"[dim]starting vLLM {label}[/]") if sys.stdout.isatty() else None,
+            )
+            if format == "json":
+                print(json.dumps({"model": model, "runs": rows}, indent=2))
+            else:
+                table = Table(title=f"Launch to start-up error: {Path(model).name}, "
+                              f"budget {rows[0]['kv_cache_memory_bytes']:,} B, max_model_len {rows[0]['max_model_len']:,}",
+                              title_justify="left")
+                for column in ("run", "seconds to error", "error", "weights loaded first"):
+                    table.add_column(column, overflow="fold")
+                for row in rows:
+                    table.add_row(row["label"], f"{row['seconds_to_error']}", f"{row['error_type']}: {row['error']}",
+                                  "yes" if row["weights_loaded_before_error"] else "no")
+                show(table)
+            ok = all(r["outcome"] == "startup_error" for r in rows)
+            return 0 if ok else 1
+
+        if kv_cache_memory_bytes is None:
+            return _verify_fail("--kv-cache-memory-bytes is required without --cases; expected a size such as 64M or 1G")
+        engine_args = ["--model", model, "--kv-cache-memory-bytes", str(kv_cache_memory_bytes)]
+        if max_model_len:
+            engine_args += ["--max-model-len", str(max_model_len)]
+        run = run_vllm(engine_args + extra, python=python, timeout_s=timeout)
+        comparison = compare(f"{Path(model).name}: planner vs vLLM", model, run)
+    except VerifyError as exc:
+        return _verify_fail(str(exc), exc.log_tail)
+    except KVCapacityInputError as exc:
+        return _verify_fail(str(exc))
+    if run.outcome == "startup_error" and run.error and "KV cache" not in run.error and "cache blocks" not in run.error:
+        return _verify_fail(f"vLLM failed to start for a reason other than the KV cache: {run.error_type}: {run.error}",
+                            run.log_tail)
+    if format == "json":
+        print(json.dumps(comparison.to_dict(), indent=2))
+    else:
+        show(_comparison_table(comparison))
+        show(f"vLLM {run.outcome.replace('_', ' ')} after {run.elapsed_s:.1f} s; "
+             + ("planner and vLLM agree." if comparison.agrees else "[bold red]planner and vLLM differ.[/]"))
+    return 0 if comparison.agrees else 1
+
+
+def _comparison_table(comparison: Any) -> Table:  # comparison: kv_capacity.verify.Comparison
+    table = Table(title=comparison.label, title_justify="left")
+    table.add_column("quantity")
+    table.add_column("planner", overflow="fold")
+    table.add_column("vLLM", overflow="fold")
+    table.add_column("", justify="center")
+    for quantity, planner_value, vllm_value, equal in comparison.rows:
+        table.add_row(quantity, planner_value, vllm_value, "[green]=[/]" if equal else "[bold red]DIFFERS[/]")
+    return table
+
+
+def _verify_fail(message: str, log_tail: list[str] | None = None) -> int:
+    """One line on stderr, exit status 2; vLLM's log, when there is one, goes to a file that the line names."""
+    if log_tail:
+        fd, log_path = tempfile.mkstemp(prefix="kv-capacity-verify-", suffix=".log")
+        with os.fdopen(fd, "w", encoding="utf-8") as handle:
+            handle.write("\n".join(log_tail) + "\n")
+        message = f"{message} (last {len(log_tail)} lines of vLLM's log: {log_path})"
+    print(f"kv-capacity verify: error: {' '.join(message.split())}", file=sys.stderr)
+    return 2
 
 
 __all__ = ["check_command", "plan_command", "presets_command", "required_command", "verify_command"]

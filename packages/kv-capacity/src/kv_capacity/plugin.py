@@ -22,6 +22,7 @@ before the engine core process or any worker starts.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import logging
 import os
@@ -62,10 +63,11 @@ def _error_class() -> type:
     return EarlyKVCacheCheckError
 
 
-def settings_from_config(vllm_config: Any) -> dict[str, Any] | None:
-    """The planner's inputs read off a VllmConfig; None when the check does not apply.
+def settings_from_config(vllm_config: Any):  # -> kv_capacity.Settings | None
+    """The planner's Settings read off a VllmConfig (without the check rule); None when the check does not apply.
 
-    Raises AttributeError/KeyError/TypeError/ValueError when the config is not shaped as expected.
+    Raises AttributeError/KeyError/TypeError/ValueError when the config is not shaped as expected, and
+    KVCapacityInputError when the model is not one the planner sizes.
     """
     cache = vllm_config.cache_config
     model = vllm_config.model_config
@@ -91,7 +93,9 @@ def settings_from_config(vllm_config: Any) -> dict[str, Any] | None:
         if dtype_name not in _TORCH_DTYPE_NAMES:
             raise ValueError(f"model dtype {dtype_name} is not one the planner sizes")
         kv_cache_dtype = _TORCH_DTYPE_NAMES[dtype_name]
-    return {
+    from kv_capacity.settings import Settings
+
+    fields = {
         "kv_cache_memory_bytes": int(budget),
         "max_model_len": int(model.max_model_len),
         "block_size": block_size,
@@ -101,6 +105,7 @@ def settings_from_config(vllm_config: Any) -> dict[str, Any] | None:
         "max_concurrent_batches": int(vllm_config.max_concurrent_batches),
         "disable_hybrid_kv_cache_manager": bool(scheduler.disable_hybrid_kv_cache_manager),
     }
+    return Settings(model_spec_from_config(vllm_config), **fields)
 
 
 def model_spec_from_config(vllm_config: Any):  # -> kv_capacity.ModelSpec
@@ -122,18 +127,16 @@ def early_check(vllm_config: Any) -> None:
             return
         from kv_capacity.check import check
         from kv_capacity.errors import InsufficientKVCacheError, KVCapacityInputError
-
-        spec = model_spec_from_config(vllm_config)
     except Exception as exc:  # the config is not what this plugin understands: vLLM decides alone
         _warn_once("config", "kv_capacity plugin: early KV cache check skipped, vLLM's config looks unexpected "
                    "(%s: %s); vLLM continues and checks the budget itself after loading the model",
                    type(exc).__name__, exc)
         return
     try:
-        from kv_capacity.planner import check_rule, installed_vllm_version
+        from kv_capacity.settings import check_rule, installed_vllm_version
 
         # the start-up check of the vLLM that is running (0.23 counts every block, 0.32 holds the null block back)
-        check(spec, **settings, rule=check_rule(installed_vllm_version()))
+        check(dataclasses.replace(settings, rule=check_rule(installed_vllm_version())))
     except InsufficientKVCacheError as exc:
         error = _error_class()(
             f"{exc} [kv_capacity plugin: refused before loading model weights; "
