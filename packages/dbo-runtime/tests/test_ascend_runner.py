@@ -171,7 +171,7 @@ class RecordingNPUStandin:
 
 
 def test_comm_core_limits_from_environment() -> None:
-    from dbo_runtime.ascend.runner import COMM_AIC_ENV, COMM_AIV_ENV, CommLimitedBackend, comm_core_limits
+    from dbo_runtime.devices.limits import COMM_AIC_ENV, COMM_AIV_ENV, CommLimitedBackend, comm_core_limits
     from dbo_runtime.errors import DBOConfigError
 
     assert comm_core_limits({}) == (-1, -1)
