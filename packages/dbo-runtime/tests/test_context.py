@@ -215,8 +215,10 @@ def test_fault_at_every_hook_reaches_the_caller(ubatch, site):
     fns = [_model(ubatch, site), _model(ubatch, site)]
     t0 = time.monotonic()
     with pytest.raises(DBOWorkerError) as info:
-        run_ubatches(fns, backend=CPU, timeout_s=3)
-    assert time.monotonic() - t0 < 3.0
+        run_ubatches(fns, backend=CPU, timeout_s=60)
+    # the fault arrives at once, not when the timeout runs out (a bound far below the timeout, far above the
+    # milliseconds it takes)
+    assert time.monotonic() - t0 < 20.0
     err = info.value
     # The fault fires in the thread of micro-batch `ubatch` (for "recv_hook": a hook the other one parked on it).
     expected = ubatch
