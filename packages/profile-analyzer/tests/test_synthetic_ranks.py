@@ -161,6 +161,20 @@ def test_parallel_load_equals_sequential(dbo_profile):
     assert pa.analyze(a).to_dict()["breakdown"] == pa.analyze(b).to_dict()["breakdown"]
 
 
+def test_load_and_analyze_in_workers_equals_load_then_analyze(dbo_profile):
+    """The api's pool loads each rank and analyses it in the worker; the loader itself only loads (its Timeline
+    carries no analysis results)."""
+    root, _ = dbo_profile
+    whole = pa.analyze(pa.load(root)).to_dict()
+    tl, rep = pa.load_and_analyze(root, jobs=2)
+    assert not hasattr(tl, "per_rank_results")
+    got = rep.to_dict()
+    assert got["breakdown"] == whole["breakdown"] and got["dual_batch"] == whole["dual_batch"]
+    assert got["summary"] == whole["summary"]
+    _, one = pa.load_and_analyze(root, jobs=2, rank=1)
+    assert [r["rank"] for r in one.to_dict()["breakdown"]] == [1] * len([r for r in whole["breakdown"] if r["rank"] == 1])
+
+
 def test_ranks_one_level_down(dbo_profile, tmp_path):
     """A folder per node, each holding its ranks' *_ascend_pt directories."""
     root, _ = dbo_profile

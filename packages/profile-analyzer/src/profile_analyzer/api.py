@@ -1,4 +1,6 @@
-"""``analyze(timeline, rank=None, step=None) -> Report``: every analysis over the selected ranks/steps."""
+"""``analyze(timeline, rank=None, step=None) -> Report``: every analysis over the selected ranks/steps;
+``load_and_analyze(path, jobs=N)``: load and analyse with each rank's own analyses run in the worker process that
+loaded it (the loader itself only loads)."""
 
 from __future__ import annotations
 
@@ -47,8 +49,8 @@ def _us(row: dict[str, Any], t0: int) -> dict[str, Any]:
 class RankAnalysis:
     """Everything :func:`analyze` works out from one rank alone (the cross-rank parts need every rank).
 
-    Computed by :func:`analyze_rank`: in the loader's worker processes when they run (``--jobs N``), else by
-    :func:`analyze` itself. Small: it travels back from a worker pickled.
+    Computed by :func:`analyze_rank`: in :func:`load_and_analyze`'s worker processes when they run (``--jobs N``),
+    else by :func:`analyze` itself. Small: it travels back from a worker pickled.
     """
 
     rank: int
@@ -124,10 +126,50 @@ def whole_trace_overlap(rt: RankTimeline, sets: Any = None) -> dict[str, Any]:
             "overlap_pct": (100.0 * overlapped / comm) if comm else None}
 
 
+def _load_and_analyze_entry(entry: Any, fmt: str, rank: int, patterns: tuple[Any, ...], step: int | None,
+                            top: int, wanted: tuple[int, ...] | None) -> list[tuple[RankTimeline, RankAnalysis | None]]:
+    """A worker's job: load one rank of a directory of ranks and run its per-rank analyses while it is at hand."""
+    from profile_analyzer.loaders import load_entry
+
+    return [(rt, analyze_rank(rt, step, top) if wanted is None or rt.rank in wanted else None)
+            for rt in load_entry(entry, fmt, rank, comm_patterns=patterns)]
+
+
+def load_and_analyze(path: Any, *, rank: int | None = None, step: int | None = None, top: int = 20, jobs: int = 1,
+                     comm_patterns: Any = (), progress: Any = None) -> tuple[Timeline, Report]:
+    """Load a profile and analyse it. With ``jobs`` > 1 and a directory of ranks, each rank is loaded and its
+    per-rank analyses run in one of ``jobs`` worker processes (the report is the same for any ``jobs``)."""
+    from profile_analyzer.loaders import assemble, load, load_plan
+    from profile_analyzer.loaders.comm_rules import compile_patterns
+
+    ranks = [rank] if rank is not None else None
+    plan = load_plan(path, ranks)
+    if not plan.multi_rank or jobs <= 1 or len(plan.jobs) <= 1:
+        tl = load(path, ranks=ranks, progress=progress, workers=1, comm_patterns=comm_patterns)
+        return tl, analyze(tl, rank=rank, step=step, top=top)
+    from profile_analyzer._pool import map_in_processes
+
+    patterns = compile_patterns(comm_patterns)
+    loaded: list[list[RankTimeline]] = []
+    done: dict[int, RankAnalysis] = {}
+
+    def got(i: int, pairs: list[tuple[RankTimeline, RankAnalysis | None]]) -> None:
+        loaded.append([rt for rt, _ in pairs])
+        done.update((rt.rank, ra) for rt, ra in pairs if ra is not None)
+        if progress:
+            progress(i + 1, len(plan.jobs), plan.jobs[i][0].name)
+
+    wanted = tuple(ranks) if ranks is not None else None
+    map_in_processes(_load_and_analyze_entry, [(e, f, r, patterns, step, top, wanted) for e, f, r in plan.jobs],
+                     jobs, got)
+    tl = assemble(plan, loaded, ranks)
+    return tl, analyze(tl, rank=rank, step=step, top=top, done=done)
+
+
 def analyze(timeline: Timeline, rank: int | None = None, step: int | None = None, top: int = 20,
             done: dict[int, RankAnalysis] | None = None) -> Report:
     """Run every analysis. ``rank``/``step`` restrict to one rank / one ``ProfilerStep#N``. ``done`` holds
-    per-rank results already computed (by the loader's workers) for the same ``step`` and ``top``.
+    per-rank results already computed (by :func:`load_and_analyze`'s workers) for the same ``step`` and ``top``.
 
     Raises ProfileError for a rank or step that is not in the profile, or a step with no device tasks.
     """

@@ -7,7 +7,7 @@ Option names follow msprof-analyze where it has one: ``-d/--profiling_path`` for
 
 from __future__ import annotations
 
-import functools
+import contextlib
 import os
 import sys
 from pathlib import Path
@@ -101,11 +101,12 @@ def default_jobs() -> int:
     return 2 if cpus >= 2 else 1
 
 
-def _progress_loader(path: str, ranks: list[int] | None, jobs: int = 1, per_rank=None, comm_patterns=()):
-    from profile_analyzer.loaders import load
-
+@contextlib.contextmanager
+def _progress(path: str):
+    """A progress callback ``(done, total, label)``: a transient bar on a terminal, nothing otherwise."""
     if not sys.stderr.isatty():
-        return load(path, ranks=ranks, workers=jobs, per_rank=per_rank, comm_patterns=comm_patterns)
+        yield None
+        return
     from rich.progress import Progress
 
     with Progress(transient=True, console=None) as prog:
@@ -114,7 +115,14 @@ def _progress_loader(path: str, ranks: list[int] | None, jobs: int = 1, per_rank
         def cb(done: int, total: int, label: str) -> None:
             prog.update(task, completed=done, total=total, description=f"loading {label}")
 
-        return load(path, ranks=ranks, progress=cb, workers=jobs, per_rank=per_rank, comm_patterns=comm_patterns)
+        yield cb
+
+
+def _progress_loader(path: str, ranks: list[int] | None, jobs: int = 1, comm_patterns=()):
+    from profile_analyzer.loaders import load
+
+    with _progress(path) as cb:
+        return load(path, ranks=ranks, progress=cb, workers=jobs, comm_patterns=comm_patterns)
 
 
 @click.command("report", help="Analyse one profile: a *_ascend_pt or PROF_* directory, a trace_view.json, a "
@@ -138,14 +146,14 @@ def _progress_loader(path: str, ranks: list[int] | None, jobs: int = 1, per_rank
 def report_command(path: str | None, profiling_path: str | None, format: str, output: Path | None,
                    output_path: Path | None, rank: int | None, step: int | None, top: int, jobs: int | None,
                    comm_patterns: tuple[str, ...]) -> int:
-    from profile_analyzer.api import analyze, analyze_rank
+    from profile_analyzer.api import load_and_analyze
 
     source = _profile(path, profiling_path, "profile", "-d/--profiling_path")
     target = _destination(output, output_path, DEFAULT_NAMES, format)
     # with worker processes, each rank's own analyses run in the worker that loaded it
-    per_rank = functools.partial(analyze_rank, step=step, top=top)
-    tl = _progress_loader(source, [rank] if rank is not None else None, jobs or default_jobs(), per_rank, comm_patterns)
-    rep = analyze(tl, rank=rank, step=step, top=top, done=tl.per_rank_results)
+    with _progress(source) as cb:
+        _, rep = load_and_analyze(source, rank=rank, step=step, top=top, jobs=jobs or default_jobs(),
+                                  comm_patterns=comm_patterns, progress=cb)
     d = rep.to_dict()
     text = render(d, format)
     for w in d["warnings"]:

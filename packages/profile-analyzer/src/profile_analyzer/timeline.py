@@ -179,8 +179,6 @@ class Timeline:
     format: str
     ranks: dict[int, RankTimeline]
     warnings: list[Warning_] = field(default_factory=list)
-    # what the loader's ``per_rank`` callable returned for each rank, computed where the rank was loaded
-    per_rank_results: dict[int, object] = field(default_factory=dict)
 
     def rank(self, r: int) -> RankTimeline:
         return self.ranks[r]

@@ -16,9 +16,9 @@ The rank of each entry comes from ``profiler_info_{rank}.json`` (torch_npu), ``d
 
 from __future__ import annotations
 
-import os
 import re
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 from profile_analyzer.errors import ProfileError
@@ -224,19 +224,16 @@ def _trace_file(p: Path, rank: int, host_events: bool = False,
     return rts
 
 
-def _load_and_run(p: Path, fmt: str, rank: int, host_events: bool,
-                  per_rank: Callable[[RankTimeline], object] | None,
-                  comm_patterns: tuple[re.Pattern[str], ...] = ()) -> list[tuple[RankTimeline, object]]:
-    """A worker's job: load one entry and run ``per_rank`` (if any) on each of its ranks there, while they are
-    at hand."""
-    return [(rt, per_rank(rt) if per_rank is not None else None)
-            for rt in _load_single(p, fmt, rank, host_events, comm_patterns=comm_patterns)]
+def load_entry(p: Path, fmt: str, rank: int, host_events: bool = False,
+               comm_patterns: tuple[re.Pattern[str], ...] = ()) -> list[RankTimeline]:
+    """One entry of a load plan (:func:`load_plan`) -> its ranks (a worker's job in ``load(workers=N)`` and in
+    ``profile_analyzer.api.load_and_analyze``)."""
+    return _load_single(p, fmt, rank, host_events, comm_patterns=comm_patterns)
 
 
 def load(path: str | Path, *, ranks: list[int] | None = None,
          progress: Callable[[int, int, str], None] | None = None, workers: int = 1,
-         host_events: bool = False, per_rank: Callable[[RankTimeline], object] | None = None,
-         comm_patterns: Sequence[str] = ()) -> Timeline:
+         host_events: bool = False, comm_patterns: Sequence[str] = ()) -> Timeline:
     """Load any supported profile. ``ranks`` restricts a multi-rank directory to those ranks.
 
     ``progress(done, total, label)`` reports bytes read for a single profile and ranks loaded for a
@@ -253,108 +250,95 @@ def load(path: str | Path, *, ranks: list[int] | None = None,
     p = Path(path)
     patterns = compile_patterns(comm_patterns)
     try:
-        return _load(p, ranks, progress, workers, host_events, per_rank, patterns)
+        return _load(p, ranks, progress, workers, host_events, patterns)
     except OSError as exc:
         raise _os_problem(p, exc) from None
 
 
-def _load(p: Path, ranks: list[int] | None, progress: Callable[[int, int, str], None] | None, workers: int,
-          host_events: bool, per_rank: Callable[[RankTimeline], object] | None,
-          patterns: tuple[re.Pattern[str], ...] = ()) -> Timeline:
-    fmt = detect(p)
-    if fmt != "multi_rank":
-        r = _rank_of(p, fmt)
-        rts = _load_single(p, fmt, r if r is not None else 0, host_events, progress, patterns)
-        tl = Timeline(source=str(p), format=fmt if len(rts) == 1 else "multi_rank", ranks={rt.rank: rt for rt in rts})
-        if progress:
-            progress(1, 1, p.name)
-        return tl
-    entries = _rank_entries(p)
+@dataclass(frozen=True)
+class LoadPlan:
+    """What loading a path means: its format, and for a directory of ranks one job (entry, format, rank) per rank
+    to load, in rank-directory order."""
+
+    path: Path
+    format: str
+    jobs: tuple[tuple[Path, str, int], ...]
+    entries: tuple[tuple[Path, str], ...]
+
+    @property
+    def multi_rank(self) -> bool:
+        return self.format == "multi_rank"
+
+
+def load_plan(path: str | Path, ranks: list[int] | None = None) -> LoadPlan:
+    """Detect the format and list the per-rank jobs of a directory of ranks (``ranks`` keeps only those)."""
+    p = Path(path)
+    try:
+        fmt = detect(p)
+        if fmt != "multi_rank":
+            r = _rank_of(p, fmt)
+            return LoadPlan(p, fmt, ((p, fmt, r if r is not None else 0),), ((p, fmt),))
+        entries = _rank_entries(p)
+    except OSError as exc:
+        raise _os_problem(p, exc) from None
     kinds = {"ascend" if f in ASCEND_FORMATS else f for _, f in entries}
     if len(kinds) > 1:
         listing = ", ".join(f"{e.name} ({f})" for e, f in entries[:4])
         raise ProfileError(p, f"mixed formats in one directory ({listing}); expected one profile per rank, all of one format")
-    loaded: dict[int, RankTimeline] = {}
-    results: dict[int, object] = {}
     jobs = []
     for i, (entry, f) in enumerate(entries):
         r = _rank_of(entry, f)
         if ranks is not None and r is not None and r not in ranks:
             continue
         jobs.append((entry, f, r if r is not None else i))
-    total = len(jobs)
+    return LoadPlan(p, fmt, tuple(jobs), tuple(entries))
 
-    def add(entry: Path, rts: list[RankTimeline], done: int) -> None:
+
+def assemble(plan: LoadPlan, loaded: list[list[RankTimeline]], ranks: list[int] | None = None) -> Timeline:
+    """The Timeline of a plan from each job's ranks (in job order): one profile per rank, ``ranks`` kept."""
+    if not plan.multi_rank:
+        rts = loaded[0]
+        return Timeline(source=str(plan.path), format=plan.format if len(rts) == 1 else "multi_rank",
+                        ranks={rt.rank: rt for rt in rts})
+    by_rank: dict[int, RankTimeline] = {}
+    for (entry, _, _), rts in zip(plan.jobs, loaded, strict=True):
         for rt in rts:
-            if rt.rank in loaded:
-                raise ProfileError(entry, f"rank {rt.rank} appears twice (also {loaded[rt.rank].source}); expected one "
+            if rt.rank in by_rank:
+                raise ProfileError(entry, f"rank {rt.rank} appears twice (also {by_rank[rt.rank].source}); expected one "
                                           "profile per rank")
-            loaded[rt.rank] = rt
-        if progress:
-            progress(done, total, entry.name)
-
-    if workers > 1 and total > 1:
-        import multiprocessing
-        from concurrent.futures import ProcessPoolExecutor
-
-        ctx = multiprocessing.get_context("fork" if "fork" in multiprocessing.get_all_start_methods() else "spawn")
-        pool = ProcessPoolExecutor(max_workers=min(workers, total), mp_context=ctx, initializer=_worker_init,
-                                   initargs=(os.getpid(),))
-        try:
-            futures = [(entry, pool.submit(_load_and_run, entry, f, rank, host_events, per_rank, patterns))
-                       for entry, f, rank in jobs]
-            for done, (entry, fut) in enumerate(futures, 1):
-                got = fut.result()
-                add(entry, [rt for rt, _ in got], done)
-                if per_rank is not None:
-                    results.update((rt.rank, res) for rt, res in got)
-        except BaseException:
-            # an error, Ctrl-C or SIGTERM: stop the workers now instead of waiting for the ranks they load
-            _stop_workers(pool)
-            raise
-        pool.shutdown(wait=True)
-    else:
-        for done, (entry, f, rank) in enumerate(jobs, 1):
-            add(entry, _load_single(entry, f, rank, host_events, progress if total == 1 else None, patterns), done)
+            by_rank[rt.rank] = rt
     if ranks is not None:
-        loaded = {k: v for k, v in loaded.items() if k in ranks}
-        if not loaded:
-            raise ProfileError(p, f"none of ranks {ranks} found; ranks present: {sorted(_all_ranks(entries))}")
-    fmts = {f for _, f in entries}
-    return Timeline(source=str(p), format="multi_rank" if len(loaded) > 1 else next(iter(fmts)),
-                    ranks=dict(sorted(loaded.items())), per_rank_results={k: v for k, v in results.items() if k in loaded})
+        by_rank = {k: v for k, v in by_rank.items() if k in ranks}
+        if not by_rank:
+            raise ProfileError(plan.path, f"none of ranks {ranks} found; ranks present: "
+                                          f"{sorted(_all_ranks(list(plan.entries)))}")
+    fmts = {f for _, f in plan.entries}
+    return Timeline(source=str(plan.path), format="multi_rank" if len(by_rank) > 1 else next(iter(fmts)),
+                    ranks=dict(sorted(by_rank.items())))
 
 
-def _worker_init(parent: int) -> None:
-    """In each loader worker: die with the parent. Linux delivers SIGTERM to the worker when the process that
-    started it ends (even by SIGKILL), so no worker outlives a killed `report`."""
-    import signal
+def _load(p: Path, ranks: list[int] | None, progress: Callable[[int, int, str], None] | None, workers: int,
+          host_events: bool, patterns: tuple[re.Pattern[str], ...] = ()) -> Timeline:
+    plan = load_plan(p, ranks)
+    total = len(plan.jobs)
+    loaded: list[list[RankTimeline]] = []
 
-    try:
-        import ctypes
+    def got(i: int, rts: list[RankTimeline]) -> None:
+        loaded.append(rts)
+        if progress:
+            progress(i + 1, total, plan.jobs[i][0].name)
 
-        pr_set_pdeathsig = 1
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(pr_set_pdeathsig, int(signal.SIGTERM), 0, 0, 0)
-    except (OSError, AttributeError):
-        pass
-    signal.signal(signal.SIGTERM, signal.SIG_DFL)  # a worker forked from a handler-installing parent
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the whole group: the parent decides
-    if os.getppid() != parent:  # the parent is already gone
-        os._exit(1)
+    if not plan.multi_rank:
+        entry, f, rank = plan.jobs[0]
+        got(0, _load_single(entry, f, rank, host_events, progress, patterns))
+    elif workers > 1 and total > 1:
+        from profile_analyzer._pool import map_in_processes
 
-
-def _stop_workers(pool) -> None:
-    """Terminate a ProcessPoolExecutor's processes and wait for them (the executor has no public way)."""
-    processes = list(getattr(pool, "_processes", {}).values())
-    for proc in processes:
-        if proc.is_alive():
-            proc.terminate()
-    for proc in processes:
-        proc.join(timeout=5)
-        if proc.is_alive():
-            proc.kill()
-            proc.join(timeout=5)
-    pool.shutdown(wait=False, cancel_futures=True)
+        map_in_processes(load_entry, [(e, f, r, host_events, patterns) for e, f, r in plan.jobs], workers, got)
+    else:
+        for i, (entry, f, rank) in enumerate(plan.jobs):
+            got(i, _load_single(entry, f, rank, host_events, progress if total == 1 else None, patterns))
+    return assemble(plan, loaded, ranks)
 
 
 def _all_ranks(entries: list[tuple[Path, str]]) -> list[int]:

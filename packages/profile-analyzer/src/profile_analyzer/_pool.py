@@ -1,0 +1,69 @@
+"""Run one function over many jobs in worker processes, results in job order: the process pool of the loader
+(``load(workers=N)``) and of the api (``load_and_analyze(jobs=N)``: each worker loads a rank and analyses it).
+
+Workers are forked where the platform can (they inherit the imported modules), die with their parent (Linux:
+``PR_SET_PDEATHSIG``), ignore Ctrl-C (the parent decides), and are stopped at once on an error, Ctrl-C or
+SIGTERM in the parent instead of finishing the ranks they hold.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Sequence
+from typing import Any, TypeVar
+
+__all__ = ["map_in_processes"]
+
+R = TypeVar("R")
+
+
+def map_in_processes(fn: Callable[..., R], jobs: Sequence[tuple[Any, ...]], workers: int,
+                     on_result: Callable[[int, R], None]) -> None:
+    """``on_result(i, fn(*jobs[i]))`` for every job, in job order, with ``fn`` run in ``min(workers, len(jobs))``
+    processes. An exception in a job is raised here (the other workers are stopped first)."""
+    import multiprocessing
+    from concurrent.futures import ProcessPoolExecutor
+
+    ctx = multiprocessing.get_context("fork" if "fork" in multiprocessing.get_all_start_methods() else "spawn")
+    pool = ProcessPoolExecutor(max_workers=max(1, min(workers, len(jobs))), mp_context=ctx,
+                               initializer=_worker_init, initargs=(os.getpid(),))
+    try:
+        futures = [pool.submit(fn, *job) for job in jobs]
+        for i, fut in enumerate(futures):
+            on_result(i, fut.result())
+    except BaseException:
+        _stop_workers(pool)
+        raise
+    pool.shutdown(wait=True)
+
+
+def _worker_init(parent: int) -> None:
+    """In each worker: die with the parent. Linux delivers SIGTERM to the worker when the process that started it
+    ends (even by SIGKILL), so no worker outlives a killed `report`."""
+    import signal
+
+    try:
+        import ctypes
+
+        pr_set_pdeathsig = 1
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(pr_set_pdeathsig, int(signal.SIGTERM), 0, 0, 0)
+    except (OSError, AttributeError):
+        pass
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)  # a worker forked from a handler-installing parent
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the whole group: the parent decides
+    if os.getppid() != parent:  # the parent is already gone
+        os._exit(1)
+
+
+def _stop_workers(pool: Any) -> None:
+    """Terminate a ProcessPoolExecutor's processes and wait for them (the executor has no public way)."""
+    processes = list(getattr(pool, "_processes", {}).values())
+    for proc in processes:
+        if proc.is_alive():
+            proc.terminate()
+    for proc in processes:
+        proc.join(timeout=5)
+        if proc.is_alive():
+            proc.kill()
+            proc.join(timeout=5)
+    pool.shutdown(wait=False, cancel_futures=True)
