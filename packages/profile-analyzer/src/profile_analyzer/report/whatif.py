@@ -6,13 +6,7 @@ import io
 import json
 from typing import Any
 
-
-def _f(x: object, nd: int = 1) -> str:
-    if x is None:
-        return "-"
-    if isinstance(x, float):
-        return f"{x:,.{nd}f}"
-    return str(x)
+from profile_analyzer.report.tables import _f
 
 
 def verdict(d: dict[str, Any]) -> str:
