@@ -137,3 +137,19 @@ def test_caller_modes_are_back_after_a_failed_run():
             run_ubatches([bad, lambda: None])
         assert torch.is_grad_enabled() and torch.is_autocast_enabled("cpu")
     assert torch.is_grad_enabled() and not torch.is_autocast_enabled("cpu")
+
+
+def test_caller_modes_are_back_after_a_micro_batch_failed_while_the_other_was_in_inference_mode():
+    def waits_in_inference_mode():
+        with torch.inference_mode():
+            dbo_yield("a")  # aborted here: unwinds from its own (inference) state
+            dbo_yield("b")
+
+    def fails():
+        dbo_yield("a")
+        raise RuntimeError("boom")
+
+    with pytest.raises(Exception, match="boom"):
+        run_ubatches([waits_in_inference_mode, fails])
+    assert torch.is_grad_enabled() and not torch.is_inference_mode_enabled()
+    assert not torch.zeros(1).is_inference()

@@ -221,6 +221,8 @@ class GreenletUBatchContext(UBatchContext):
         run.holder = other.id
         _THREAD_CONTEXTS[run.tid] = other
         other.glet.switch()  # returns when another greenlet (or the run loop) switches back to this one
+        if self.saved is not None:
+            self._restore()  # first, so that an abort unwinds this micro-batch's ``with`` blocks from its own state
         if run.aborted:
             raise _Aborted
         if run.holder != self.id:
@@ -228,8 +230,6 @@ class GreenletUBatchContext(UBatchContext):
                 f"micro-batch {self.id} resumed at hook site {site!r} while micro-batch {run.holder} holds the "
                 "baton: the one-at-a-time invariant is broken"
             )
-        if self.saved is not None:
-            self._restore()
         if self.on_resume is not None:
             self.on_resume()
 
