@@ -228,7 +228,7 @@ def analyze(timeline: Timeline, rank: int | None = None, step: int | None = None
     }
     warnings = [{"file": w.file, "missing": w.missing, "affects": w.affects, "message": w.message()}
                 for w in timeline.warnings + [w for rt in ranks.values() for w in rt.warnings]]
-    report = Report(
+    report = Report.from_parts(
         source={"path": timeline.source, "format": timeline.format, "ranks": sorted(ranks), "events": timeline.n_events},
         selection={"rank": rank, "step": step}, warnings=warnings, verdict="", summary=summary, breakdown=breakdown,
         profiler_agreement=agreement, exposed_communication=exposed, streams=streams, idle_gaps=gaps, dual_batch=dbo,
@@ -277,46 +277,46 @@ def _timeline_windows(ranks: dict[int, RankTimeline], exposed: list[dict[str, An
 def verdict(report: Report) -> str:
     s = report.summary
     parts = []
-    nr, ns = s["ranks"], s["steps"]
+    nr, ns = s.ranks, s.steps
     scope = f"{ns} step{'s' if ns != 1 else ''} on {nr} rank{'s' if nr != 1 else ''}"
-    wall = s["wall_us"] or 0.0
-    if s["communication_us"] <= 0:
+    wall = s.wall_us or 0.0
+    if s.communication_us <= 0:
         parts.append(f"Over {scope}, no communication operators were found: the device computed for "
-                     f"{s['computing_us']:.1f} µs and was free for {s['free_us']:.1f} µs "
-                     f"({(100 * s['free_us'] / wall) if wall else 0:.1f}% of the step time).")
+                     f"{s.computing_us:.1f} µs and was free for {s.free_us:.1f} µs "
+                     f"({(100 * s.free_us / wall) if wall else 0:.1f}% of the step time).")
     else:
-        parts.append(f"Over {scope}, communication took {s['communication_us']:.1f} µs, of which "
-                     f"{s['communication_not_overlapped_us']:.1f} µs ({100 - (s['overlap_pct'] or 0):.1f}%) ran with no "
-                     f"compute beside it; that exposed time is {s['exposed_comm_pct_of_wall'] or 0:.1f}% of the step time.")
-        worst = max((row for ex in report.exposed_communication for row in ex["by_operator"]),
-                    key=lambda r: r["exposed_us"], default=None)
-        if worst and worst["exposed_us"] > 0:
-            parts.append(f"The largest share is {worst['operator']} ({worst['exposed_us']:.1f} µs exposed over "
-                         f"{worst['count']} calls).")
-        prev = max((row for ex in report.exposed_communication for row in ex["by_preceding_compute"]),
-                   key=lambda r: r["exposed_us"], default=None)
-        if prev and prev["exposed_us"] > 0:
-            parts.append(f"Most exposed communication follows {prev['preceding_compute']}.")
-        if s.get("whole_trace_overlap_pct") is not None:
+        parts.append(f"Over {scope}, communication took {s.communication_us:.1f} µs, of which "
+                     f"{s.communication_not_overlapped_us:.1f} µs ({100 - (s.overlap_pct or 0):.1f}%) ran with no "
+                     f"compute beside it; that exposed time is {s.exposed_comm_pct_of_wall or 0:.1f}% of the step time.")
+        worst = max((row for ex in report.exposed_communication for row in ex.by_operator),
+                    key=lambda r: r.exposed_us, default=None)
+        if worst and worst.exposed_us > 0:
+            parts.append(f"The largest share is {worst.operator} ({worst.exposed_us:.1f} µs exposed over "
+                         f"{worst.count} calls).")
+        prev = max((row for ex in report.exposed_communication for row in ex.by_preceding_compute),
+                   key=lambda r: r.exposed_us, default=None)
+        if prev and prev.exposed_us > 0:
+            parts.append(f"Most exposed communication follows {prev.preceding_compute}.")
+        if s.whole_trace_overlap_pct is not None:
             parts.append(f"Over the whole trace (HTA's get_comm_comp_overlap: every kernel, not per step), "
-                         f"{s['whole_trace_overlap_pct']:.2f}% of communication overlapped compute.")
+                         f"{s.whole_trace_overlap_pct:.2f}% of communication overlapped compute.")
         if wall:
-            parts.append(f"The device was free (neither computing nor communicating) {100 * s['free_us'] / wall:.1f}% of the time.")
-    idle = sum(g["idle_us"] for x in report.idle_gaps for g in x["per_stream"])
-    host = sum(g["host_bound_us"] for x in report.idle_gaps for g in x["per_stream"])
+            parts.append(f"The device was free (neither computing nor communicating) {100 * s.free_us / wall:.1f}% of the time.")
+    idle = sum(g.idle_us for x in report.idle_gaps for g in x.per_stream)
+    host = sum(g.host_bound_us for x in report.idle_gaps for g in x.per_stream)
     if idle > 0 and host > 0:
         parts.append(f"Of the compute streams' idle time ({idle:.1f} µs), {100 * host / idle:.0f}% was spent waiting for "
                      f"the host to launch the next kernel (host-bound).")
-    det = [d for d in report.dual_batch if d["detected"]]
+    det = [d for d in report.dual_batch if d.detected]
     if det:
-        pct = [u["covered_pct"] for d in det for u in d["ubatches"]]
-        parts.append(f"Dual-batch ping-pong found ({det[0]['method']}): each micro-batch's communication is "
+        pct = [u.covered_pct or 0.0 for d in det for u in d.ubatches]
+        parts.append(f"Dual-batch ping-pong found ({det[0].method}): each micro-batch's communication is "
                      f"{min(pct):.0f}–{max(pct):.0f}% covered by the other's compute.")
-    elif s["communication_us"] > 0:
+    elif s.communication_us > 0:
         parts.append("No dual-batch ping-pong pattern was found.")
     rk = report.ranks
-    if rk.get("waited_for_rank") is not None:
-        parts.append(f"Rank {rk['waited_for_rank']} makes the others wait ({rk['explanation']})")
+    if rk.waited_for_rank is not None:
+        parts.append(f"Rank {rk.waited_for_rank} makes the others wait ({rk.explanation})")
     if report.warnings:
         parts.append(f"{len(report.warnings)} warning(s) about missing inputs apply.")
     return " ".join(parts)
