@@ -1066,6 +1066,19 @@ def match_flows(flows: dict[tuple[str, str], tuple[np.ndarray, np.ndarray]], cat
     return sts[si], fts[fi]
 
 
+_NONE_IS_MINUS_ONE = {None: -1}
+_INT_OR_NONE = frozenset({int, type(None)})
+
+
+def _int_column(values: list) -> np.ndarray:
+    """``args.stream`` / ``args.correlation`` values -> int64: -1 where absent, else as :func:`_int_or` reads them
+    (-1 for a string that is not an integer). Integers and nulls only (the usual case) go through C loops."""
+    if set(map(type, values)) <= _INT_OR_NONE:
+        # dict.get(v, v): None -> -1, an integer -> itself
+        return np.fromiter(map(_NONE_IS_MINUS_ONE.get, values, values), dtype=np.int64, count=len(values))
+    return np.fromiter((_int_or(v, -1) if v is not None else -1 for v in values), dtype=np.int64, count=len(values))
+
+
 def _int_or(v: object, default: int) -> int:
     if isinstance(v, int):
         return v
@@ -1160,12 +1173,13 @@ def _columnarise(path: Path, flow_cats: frozenset[str], kineto_args: bool, keep_
             ttype = ttypes.ids([e.args.task_type if e.args is not None else None for e in xs])
         argl = list(map(_ARGS, xs)) if kineto_args else []
         if kineto_args:
-            stream_arg = np.fromiter(
-                (_int_or(a.stream, -1) if a is not None and a.stream is not None else -1 for a in argl), dtype=np.int64,
-                count=len(xs))
-            corr = np.fromiter(
-                (_int_or(a.correlation, -1) if a is not None and a.correlation is not None else -1 for a in argl),
-                dtype=np.int64, count=len(xs))
+            try:
+                streams, corrs = [a.stream for a in argl], [a.correlation for a in argl]
+            except AttributeError:  # some event has "args": null
+                streams = [a.stream if a is not None else None for a in argl]
+                corrs = [a.correlation if a is not None else None for a in argl]
+            stream_arg, corr = _int_column(streams), _int_column(corrs)
+            del streams, corrs
         else:
             stream_arg = corr = np.full(len(xs), -1, dtype=np.int64)
         parts.append((track, start, dur, name_id, cat_id, ttype, stream_arg, corr, problem))
