@@ -60,7 +60,14 @@ Example
 
 from toolkit_cli._group import CLIError, LazyGroup, ToolGroup, one_line
 from toolkit_cli._mirror import argparse_mirror
-from toolkit_cli._output import OutputError, OutputPath, check_output, output_option, write_output
+from toolkit_cli._output import (
+    OutputError,
+    OutputPath,
+    check_output,
+    output_option,
+    write_output,
+    write_probe,
+)
 from toolkit_cli._types import (
     DEFAULT_INT_MAXIMUM,
     FORMATS,
@@ -95,4 +102,5 @@ __all__ = [
     "output_option",
     "shorten",
     "write_output",
+    "write_probe",
 ]

@@ -52,12 +52,22 @@ def output_problem(path: str | os.PathLike[str], *, probe: bool = True) -> str |
     if not parent.is_dir():
         return f"output {shown}: {shorten(str(parent), 80)} is not a directory"
     if probe:
-        try:
-            fd, scratch = tempfile.mkstemp(dir=parent, prefix=".probe-", suffix=".tmp")
-        except OSError as exc:
-            return f"cannot write in directory {shorten(str(parent), 80)}: {exc.strerror}"
-        os.close(fd)
-        os.unlink(scratch)
+        error = write_probe(parent)
+        if error is not None:
+            return f"cannot write in directory {shorten(str(parent), 80)}: {error}"
+    return None
+
+
+def write_probe(directory: str | os.PathLike[str]) -> str | None:
+    """Create and remove a scratch file in `directory`: None when that works, else why not (the OS's words).
+
+    Permission bits alone do not say it (root, ACLs, read-only mounts): the probe asks the file system itself."""
+    try:
+        fd, scratch = tempfile.mkstemp(dir=directory, prefix=".probe-", suffix=".tmp")
+    except OSError as exc:
+        return str(exc.strerror or exc)
+    os.close(fd)
+    os.unlink(scratch)
     return None
 
 

@@ -5,12 +5,11 @@ from __future__ import annotations
 import math
 import os
 import stat
-import tempfile
 from pathlib import Path
 from typing import Any
 
 import click
-from toolkit_cli import shorten
+from toolkit_cli import shorten, write_probe
 
 __all__ = ["BoundedFloat", "Seconds", "WritableDir", "dir_problem", "SECONDS"]
 
@@ -96,12 +95,9 @@ def dir_problem(path: str | os.PathLike[str]) -> str | None:
     if not stat.S_ISDIR(info.st_mode):
         where = "is a file" if probe == Path(text) else f"has {shorten(str(probe), 80)}, not a directory, on its way"
         return f"{shown} {where}; expected a directory (created if missing)"
-    try:
-        fd, scratch = tempfile.mkstemp(dir=probe, prefix=".probe-", suffix=".tmp")
-    except OSError as exc:
-        return f"cannot write in {shorten(str(probe), 80)}{' (to create ' + shown + ')' if missing else ''}: {exc.strerror}"
-    os.close(fd)
-    os.unlink(scratch)
+    error = write_probe(probe)
+    if error is not None:
+        return f"cannot write in {shorten(str(probe), 80)}{' (to create ' + shown + ')' if missing else ''}: {error}"
     return None
 
 
