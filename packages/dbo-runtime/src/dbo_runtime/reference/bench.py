@@ -150,6 +150,7 @@ def bench_task(rank: int, world_size: int, plan: BenchPlan) -> dict[str, Any]:
     )
     out: dict[str, Any] = {"rank": rank, "rows": [], "no_split": []}
     comm = Collectives(link=LinkModel(), timeout_s=120.0)
+    done, total = 0, len(plan.patterns) * (len(plan.token_counts) + len(plan.links) - 1)
     try:
         for pattern in plan.patterns:
             check_ranks_agree(config, world_size, pattern)
@@ -175,6 +176,9 @@ def bench_task(rank: int, world_size: int, plan: BenchPlan) -> dict[str, Any]:
                 out["rows"].append({"pattern": pattern, "tokens": tokens, "link": variant.name,
                                     "link_spec": comm.link.spec(), "link_text": comm.link.describe(),
                                     "off": off, "on": on, "loadavg_1m": _loadavg_1m()})  # fmt: skip
+                done += 1
+                _progress(rank, f"[{done}/{total} sweep rows] {pattern} {tokens} tokens, link {variant.name}: "
+                                f"off {off['step_s'] * 1e3:.0f} ms, on {on['step_s'] * 1e3:.0f} ms (rank 0)")
             # Below the thresholds (vLLM defaults): DBO on must take the plain path and cost nothing.
             comm.link = default_link
             spec = RunSpec(pattern=pattern, config=config, batch=_batch(plan.no_split_tokens, plan.requests),
@@ -185,6 +189,12 @@ def bench_task(rank: int, world_size: int, plan: BenchPlan) -> dict[str, Any]:
     finally:
         comm.close()
     return out
+
+
+def _progress(rank: int, line: str) -> None:
+    """One progress line on stderr from rank 0 (make bench's log shows the sweep advancing, row by row)."""
+    if rank == 0:
+        print(f"dbo-runtime bench: {line}", file=sys.stderr, flush=True)
 
 
 def _decode_rows(plan: BenchPlan, comm: Any, world_size: int) -> list[dict[str, Any]]:
