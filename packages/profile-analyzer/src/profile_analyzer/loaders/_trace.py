@@ -56,16 +56,8 @@ class Event(msgspec.Struct, gc=False):
     args: Args | None = _NO_ARGS  # one shared instance, not one per event; None only for an explicit "args": null
 
 
-_PID = attrgetter("pid")
-_TID = attrgetter("tid")
 _TS = attrgetter("ts")
-_DUR = attrgetter("dur")
-_NAME = attrgetter("name")
-_CAT = attrgetter("cat")
-_ARGS = attrgetter("args")
-_TTYPE = attrgetter("args.task_type")
 _ID = attrgetter("id")
-_FLOW_KEY = attrgetter("cat", "ph")
 _FLOW_PH = frozenset({"s", "f", "t"})
 
 
@@ -1140,11 +1132,11 @@ def _columnarise(path: Path, flow_cats: frozenset[str], kineto_args: bool, keep_
         flow_evs = [e for e in others if e.cat in flow_cats and e.ph in _FLOW_PH and e.ts]
         del others
         if flow_evs:
-            keys = list(map(_FLOW_KEY, flow_evs))
             ids_all = flow_id_array(list(map(_ID, flow_evs)))
             ts_all, ts_problem = ts_to_ns_checked(list(map(_TS, flow_evs)), path)
             key_ids = _Interner()
-            kid = key_ids.ids(keys)
+            key_index = key_ids.index
+            kid = np.array([key_index[(e.cat, e.ph)] for e in flow_evs], dtype=np.int32)
             if ts_problem.any():  # a flow end that cannot be placed links nothing
                 placed = ts_problem == 0
                 ids_all, ts_all, kid = ids_all[placed], ts_all[placed], kid[placed]
@@ -1161,17 +1153,20 @@ def _columnarise(path: Path, flow_cats: frozenset[str], kineto_args: bool, keep_
                 xs = [e for e in xs if e.pid not in host_pids or e.name.startswith("ProfilerStep#")]
         if not xs:
             continue
-        track = _track_ids(tracks, list(map(_PID, xs)), list(map(_TID, xs)))
-        start, ts_problem = ts_to_ns_checked(list(map(_TS, xs)), path)
-        dur, dur_problem = dur_to_ns_checked(list(map(_DUR, xs)), path)
+        # every field in one pass over the events (each event's memory is touched once), then one column each
+        pids, tids, tss, durs, name_l, cat_l, argl = zip(
+            *[(e.pid, e.tid, e.ts, e.dur, e.name, e.cat, e.args) for e in xs], strict=True)
+        track = _track_ids(tracks, pids, tids)
+        start, ts_problem = ts_to_ns_checked(list(tss), path)
+        dur, dur_problem = dur_to_ns_checked(durs, path)
         problem = np.where(ts_problem != 0, ts_problem, dur_problem)
-        name_id = names.ids(list(map(_NAME, xs)))
-        cat_id = cats.ids(list(map(_CAT, xs)))
+        name_id = names.ids(name_l)
+        cat_id = cats.ids(cat_l)
+        del pids, tids, tss, durs, name_l, cat_l
         try:
-            ttype = ttypes.ids(list(map(_TTYPE, xs)))
+            ttype = ttypes.ids([a.task_type for a in argl])
         except AttributeError:  # some event has "args": null
-            ttype = ttypes.ids([e.args.task_type if e.args is not None else None for e in xs])
-        argl = list(map(_ARGS, xs)) if kineto_args else []
+            ttype = ttypes.ids([a.task_type if a is not None else None for a in argl])
         if kineto_args:
             try:
                 streams, corrs = [a.stream for a in argl], [a.correlation for a in argl]
