@@ -251,6 +251,23 @@ def _open_binary(path: Path):
 
 
 _TAIL = 1 << 16
+_NEAR = 1 << 12
+_TRIED = 8  # cuts tried per slice, the last first
+
+
+def _last_cuts(buf: bytes | bytearray | mmap.mmap, lo: int, hi: int) -> list[re.Match]:
+    """The last ``_TRIED`` cuts in ``buf[lo:hi]``: those of its last 64 KiB (all of it when that holds none). The last
+    4 KiB are searched first: when they hold ``_TRIED`` cuts (the usual case) they are the same ones, found without
+    scanning the rest."""
+    near = list(_CUT.finditer(buf, max(lo, hi - _NEAR), hi))
+    if len(near) >= _TRIED:
+        # cuts cannot overlap (inside one there is no '}'), so a scan from a later start finds exactly the cuts
+        # that begin there or later
+        return near[-_TRIED:]
+    cands = list(_CUT.finditer(buf, max(lo, hi - _TAIL), hi))
+    if not cands:  # an unusually long event at the end: look further back
+        cands = list(_CUT.finditer(buf, lo, hi))
+    return cands[-_TRIED:]
 
 
 ByteProgress = Callable[[int, int, str], None]
@@ -330,10 +347,8 @@ def _stream_array_chunks(path: Path, on_bytes: ByteProgress | None = None,
             decoded = None
             # cuts before scan_from were tried in an earlier round and failed (the same bytes fail again):
             # never scanning them twice keeps a long stretch without cuts (1 GiB of blanks) linear
-            cands = [m for m in _CUT.finditer(carry, max(scan_from, len(carry) - _TAIL))]
-            if not cands:  # an unusually long event at the end: look further back
-                cands = [m for m in _CUT.finditer(carry, scan_from)]
-            for m in reversed(cands[-8:]):
+            cands = _last_cuts(carry, scan_from, len(carry))
+            for m in reversed(cands):
                 close = m.start() + 1
                 saved = carry[close]
                 carry[0] = 0x5B
@@ -443,12 +458,10 @@ def _mapped_array_chunks(path: Path, on_bytes: ByteProgress | None = None,
                 return
             target = lo + reach
             first = max(lo + 1, scan_from)  # cuts before it failed in an earlier round (see the gzip reader)
-            cands = list(_CUT.finditer(mm, max(first, target - _TAIL), target))
-            if not cands:  # an unusually long event: look further back
-                cands = list(_CUT.finditer(mm, first, target))
+            cands = _last_cuts(mm, first, target)
             decoded = None
             mm[lo] = 0x5B
-            for m in reversed(cands[-8:]):
+            for m in reversed(cands):
                 close = m.start() + 1
                 saved = mm[close]
                 mm[close] = 0x5D
