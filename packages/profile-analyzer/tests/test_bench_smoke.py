@@ -130,6 +130,8 @@ def test_bench_kineto_side_without_hta(tmp_path: Path) -> None:
     assert k["ours"]["wall_s"] > 0 and k["ours"]["jobs"] == 1 and "--jobs 1" in k["ours"]["command"]
     assert 0 < k["ours"]["whole_trace_overlap_pct"] < 100
     assert "hta" not in k
+    trace = Path(k["input"]["trace"])
+    assert list(trace.parent.iterdir()) == [trace]  # HTA reads every .json of the folder as a rank
     lines.clear()
     bench.ensure_hta_trace(tmp_path / "cache", 20_000_000, log=lines.append)
     assert any("cached" in line for line in lines)

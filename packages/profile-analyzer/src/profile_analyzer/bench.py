@@ -373,7 +373,8 @@ def ensure_hta_trace(cache: Path, target_bytes: int = HTA_TRACE_BYTES, source: P
     repeats = max(1, round(target_bytes / max(one, 1)))
     name = source.name.removesuffix(".gz").removesuffix(".json")
     root = cache / "profile-analyzer-bench" / f"hta-{name}-x{repeats}"
-    trace, info_file = root / f"{name}-x{repeats}.json", root / "made.json"
+    # the trace alone in its folder: HTA reads every .json of the folder it is given as a rank
+    trace, info_file = root / "trace" / f"{name}-x{repeats}.json", root / "made.json"
     if trace.is_file() and info_file.is_file():
         info = json.loads(info_file.read_text())
         if info.get("bytes") == trace.stat().st_size:
