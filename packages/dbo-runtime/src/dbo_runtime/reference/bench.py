@@ -199,26 +199,57 @@ def _progress(rank: int, line: str) -> None:
 
 def _decode_rows(plan: BenchPlan, comm: Any, world_size: int) -> list[dict[str, Any]]:
     """A decode step (``decode_tokens`` per rank, ``decode_layers`` layers, vLLM's default decode threshold, the
-    link calibrated on this batch as ``dbo-runtime reference --link auto`` does): DBO off vs on per scheduler."""
-    from dbo_runtime.reference.model import DTYPES, Batch, MoEConfig, ReferenceMoE, StepTimer
-    from dbo_runtime.reference.run import RunSpec, calibrate_link, check_ranks_agree, measure
+    link calibrated on this batch as ``dbo-runtime reference --link auto`` does): DBO off vs on per scheduler.
+
+    DBO off and DBO on under each scheduler run in the same loop, one step each per round, in an order that rotates
+    every round: on a machine shared with other work, the three see the same load (run one after the other they
+    did not, and the scheduler comparison was noise). Each row's ``off`` is that shared DBO-off series."""
+    import torch.distributed as dist
+
+    from dbo_runtime.reference.model import (
+        DTYPES,
+        Batch,
+        KVCache,
+        MoEConfig,
+        ReferenceMoE,
+        StepTimer,
+        batch_inputs,
+    )
+    from dbo_runtime.reference.run import calibrate_link, check_ranks_agree, forward_step
 
     config = MoEConfig(num_layers=plan.decode_layers, hidden_size=plan.hidden_size,
                        expert_intermediate=plan.expert_intermediate, shared_intermediate=plan.shared_intermediate,
                        **plan.config_overrides)  # fmt: skip
-    rows = []
     pattern = plan.patterns[0]
     check_ranks_agree(config, world_size, pattern)
-    model = ReferenceMoE(config, pattern=pattern, comm=comm, dtype=DTYPES["float32"], timer=StepTimer())
+    dtype = DTYPES["float32"]
+    model = ReferenceMoE(config, pattern=pattern, comm=comm, dtype=dtype, timer=StepTimer())
     batch = Batch.decode(plan.decode_tokens, 1)
-    comm.link = calibrate_link(model, batch, DTYPES["float32"], timeout_s=120.0)
-    for scheduler in plan.decode_schedulers:
-        spec = RunSpec(pattern=pattern, config=config, batch=batch, steps=plan.steps * 2, warmup=plan.warmup,
-                       timeout_s=120.0, scheduler=scheduler)  # fmt: skip
-        off, on = measure(model, spec, modes=(False, True))
-        rows.append({"pattern": pattern, "scheduler": scheduler, "tokens": plan.decode_tokens,
-                     "layers": plan.decode_layers, "link_text": comm.link.describe(), "off": off, "on": on})  # fmt: skip
-    return rows
+    comm.link = calibrate_link(model, batch, dtype, timeout_s=120.0)
+    modes = [("off", False, "thread")] + [(s, True, s) for s in plan.decode_schedulers]
+    series: dict[str, dict[str, Any]] = {m[0]: {"split": False, "steps_s": [], "compute": [], "comm": []} for m in modes}
+    steps = plan.steps * 2
+    for step in range(plan.warmup + steps):
+        k = step % len(modes)
+        for name, dbo, scheduler in modes[k:] + modes[:k]:
+            x = batch_inputs(config, batch, rank=model.rank, step=step, dtype=dtype)
+            kv = KVCache(config, batch, rank=model.rank, dtype=dtype)
+            dist.barrier()
+            r = forward_step(model, batch, x, kv, dbo=dbo, timeout_s=120.0, scheduler=scheduler)
+            entry = series[name]
+            entry["split"] = r.split
+            if step >= plan.warmup:
+                entry["steps_s"].append(r.step_s)
+                entry["compute"].append(r.compute_s)
+                entry["comm"].append(r.comm_s)
+
+    def run(name: str) -> dict[str, Any]:
+        e = series[name]
+        return {"split": e["split"], "steps_s": e["steps_s"], "step_s": statistics.median(e["steps_s"]),
+                "compute_s": statistics.median(e["compute"]), "comm_s": statistics.median(e["comm"])}  # fmt: skip
+
+    return [{"pattern": pattern, "scheduler": s, "tokens": plan.decode_tokens, "layers": plan.decode_layers,
+             "link_text": comm.link.describe(), "off": run("off"), "on": run(s)} for s in plan.decode_schedulers]  # fmt: skip
 
 
 def decode_task(rank: int, world_size: int, plan: BenchPlan) -> dict[str, Any]:
