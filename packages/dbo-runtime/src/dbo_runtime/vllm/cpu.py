@@ -67,6 +67,14 @@ def cpu_conflicts(vllm_config: Any) -> list[str]:
         found.append("a multimodal or encoder-decoder model; change: serve a decoder-only text model")
     if mc is not None and getattr(mc, "is_hybrid", False):
         found.append("a hybrid (Mamba / linear-attention) model; change: serve an attention-only model")
+    # A compiled model (vLLM's torch.compile, the default without --enforce-eager) traces the tensor-parallel
+    # all-reduce into its graph; DBO's site there (an async gloo all-reduce and a yield) is not traceable, and
+    # Dynamo fails on the first step with a long `Unsupported ... _thread.get_ident` (docs/dbo.md, torch.compile).
+    cc = getattr(vllm_config, "compilation_config", None)
+    compiled = int(getattr(cc, "mode", 0) or 0) != 0 and not getattr(mc, "enforce_eager", False)
+    if getattr(pc, "tensor_parallel_size", 1) > 1 and compiled:
+        found.append("a compiled model with tensor parallelism (vLLM traces the all-reduce where DBO yields); "
+                     "change: add --enforce-eager")
     return found
 
 
