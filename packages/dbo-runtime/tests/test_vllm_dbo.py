@@ -27,25 +27,19 @@ ENGINE_ARGS = ["--max-model-len", "512", "--enforce-eager", "--dtype", "bfloat16
 pytestmark = pytest.mark.vllm
 
 
-def _vllm_python() -> Path:
-    path = Path(os.environ.get("DBO_TOOLKIT_VLLM_PYTHON") or REPO_ROOT / ".venv-vllm" / "bin" / "python")
-    if not path.exists():
-        pytest.fail(f"no vLLM python at {path}: run `make vllm-env` (or set DBO_TOOLKIT_VLLM_PYTHON)")
-    return path
-
-
 @pytest.fixture(scope="module")
-def tiny_moe() -> Path:
-    proc = subprocess.run([str(_vllm_python()), "-m", "dbo_runtime.vllm.tinymodels", "qwen3_moe"],
+def tiny_moe(vllm_python: Path) -> Path:
+    proc = subprocess.run([str(vllm_python), "-m", "dbo_runtime.vllm.tinymodels", "qwen3_moe"],
                           capture_output=True, text=True, timeout=300, cwd=REPO_ROOT)
     assert proc.returncode == 0, proc.stderr[-3000:]
     return Path(proc.stdout.strip().splitlines()[-1])
 
 
-def _compare(model: Path, workdir: Path, *args: str, env: dict[str, str] | None = None) -> tuple[int, dict[str, Any]]:
+def _compare(python: Path, model: Path, workdir: Path, *args: str,
+             env: dict[str, str] | None = None) -> tuple[int, dict[str, Any]]:
     out = workdir / "report.json"
     cmd = [sys.executable, "-m", "dbo_runtime.cli", "compare", "run", "--model", str(model),
-           "--vllm-python", str(_vllm_python()), "--workdir", str(workdir), "--format", "json", "-o", str(out),
+           "--vllm-python", str(python), "--workdir", str(workdir), "--format", "json", "-o", str(out),
            "--timeout", "400", *args, "--", *ENGINE_ARGS]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=900, env=env or dict(os.environ))
     assert out.is_file(), f"exit {proc.returncode}: {proc.stderr[-3000:]}"
@@ -53,9 +47,10 @@ def _compare(model: Path, workdir: Path, *args: str, env: dict[str, str] | None 
 
 
 @pytest.fixture(scope="module")
-def tp2_report(tiny_moe: Path, tmp_path_factory: pytest.TempPathFactory) -> tuple[int, dict[str, Any], Path]:
+def tp2_report(vllm_python: Path, tiny_moe: Path,
+               tmp_path_factory: pytest.TempPathFactory) -> tuple[int, dict[str, Any], Path]:
     workdir = tmp_path_factory.mktemp("compare-tp2")
-    rc, report = _compare(tiny_moe, workdir, "--tensor-parallel-size", "2", "--num-prompts", "50", "--control")
+    rc, report = _compare(vllm_python, tiny_moe, workdir, "--tensor-parallel-size", "2", "--num-prompts", "50", "--control")
     return rc, report, workdir
 
 
@@ -87,7 +82,7 @@ def test_dbo_on_and_off_give_the_same_greedy_output(tp2_report: tuple[int, dict[
     assert rc == 0
 
 
-def test_greenlet_scheduler_in_vllm_gives_the_dbo_off_output(tiny_moe: Path,
+def test_greenlet_scheduler_in_vllm_gives_the_dbo_off_output(vllm_python: Path, tiny_moe: Path,
                                                              tp2_report: tuple[int, dict[str, Any], Path]) -> None:
     """The same DBO-on engine (TP=2, the same 50 prompts) with both micro-batches on the worker's thread as
     greenlets (DBO_RUNTIME_SCHEDULER=greenlet, read by the plugin in each worker): steps split on both ranks and
@@ -99,7 +94,7 @@ def test_greenlet_scheduler_in_vllm_gives_the_dbo_off_output(tiny_moe: Path,
     off = json.loads((workdir / "dbo-off.json").read_text())
     env = dict(os.environ, DBO_RUNTIME_SCHEDULER="greenlet", VLLM_CPU_KVCACHE_SPACE="1")
     env.setdefault("VLLM_CPU_OMP_THREADS_BIND", cpu_bind_for(2))
-    on, stats, log_path = _run_one(str(_vllm_python()), str(tiny_moe), True, workdir, label="on-greenlet",
+    on, stats, log_path = _run_one(str(vllm_python), str(tiny_moe), True, workdir, label="on-greenlet",
                                    tensor_parallel_size=2, num_prompts=report["prompts"],
                                    max_tokens=int(off["max_tokens"]), engine_argv=ENGINE_ARGS, timeout_s=400, env=env)
     log = log_path.read_text(errors="replace")
@@ -118,12 +113,13 @@ print(json.dumps(sorted(get_env_vars_to_copy())))
 """
 
 
-def test_in_process_engine_under_the_environment_ray_forwards_activates_dbo(tiny_moe: Path, tmp_path: Path) -> None:
+def test_in_process_engine_under_the_environment_ray_forwards_activates_dbo(vllm_python: Path, tiny_moe: Path,
+                                                                            tmp_path: Path) -> None:
     """Ray (not installed here) starts workers with only the variables vllm/ray/ray_env.py copies; an in-process
     engine (VLLM_ENABLE_V1_MULTIPROCESSING=0) runs the worker in the caller's process. Both: DBO activates from the
     config alone. The environment here is exactly what ray_env.py would forward (plus PATH and HOME, which a Ray
     worker has of its own)."""
-    python = str(_vllm_python())
+    python = str(vllm_python)
     probe_env = dict(os.environ, DBO_RUNTIME_PROBE="1", VLLM_ENABLE_V1_MULTIPROCESSING="0",
                      VLLM_CPU_KVCACHE_SPACE="1")
     proc = subprocess.run([python, "-c", RAY_ENV], capture_output=True, text=True, timeout=120, env=probe_env)
@@ -144,13 +140,14 @@ def test_in_process_engine_under_the_environment_ray_forwards_activates_dbo(tiny
     assert len(results) == 8 and all(r["tokens"] for r in results)
 
 
-def test_fault_in_a_micro_batch_stops_the_engine_with_the_message(tiny_moe: Path, tmp_path: Path) -> None:
+def test_fault_in_a_micro_batch_stops_the_engine_with_the_message(vllm_python: Path, tiny_moe: Path,
+                                                                  tmp_path: Path) -> None:
     """A micro-batch that raises at a hook site (test-only fault injection, micro-batch 1, both ranks) fails the
     step with its message; the engine stops instead of hanging."""
     env = dict(os.environ, DBO_RUNTIME_TEST_FAULT="tp.all_reduce:1", DBO_RUNTIME_STATS_DIR=str(tmp_path),
                VLLM_CPU_OMP_THREADS_BIND=os.environ.get("VLLM_CPU_OMP_THREADS_BIND", "0|1"),
                VLLM_CPU_KVCACHE_SPACE="1")
-    cmd = [str(_vllm_python()), "-m", "dbo_runtime.vllm.compare", "generate", "--model", str(tiny_moe), "--dbo", "on",
+    cmd = [str(vllm_python), "-m", "dbo_runtime.vllm.compare", "generate", "--model", str(tiny_moe), "--dbo", "on",
            "--out", str(tmp_path / "out.json"), "--tensor-parallel-size", "2", "--num-prompts", "4",
            "--max-tokens", "4", "--", *ENGINE_ARGS]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=400, env=env, start_new_session=True)
