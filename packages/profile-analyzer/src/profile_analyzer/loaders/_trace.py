@@ -1159,16 +1159,21 @@ def _columnarise(path: Path, flow_cats: frozenset[str], kineto_args: bool, keep_
                 entry[0].append(ids_all[sel])
                 entry[1].append(ts_all[sel])
         del flow_evs
+        host_pids = None
         if not keep_host_x and xs:
             host_pids = {pid for pid in set(process_name) | set(process_label)
                          if _is_host_process(process_name.get(pid), process_label.get(pid))}
-            if host_pids:
-                xs = [e for e in xs if e.pid not in host_pids or e.name.startswith("ProfilerStep#")]
-        if not xs:
-            continue
         # every field in one pass over the events (each event's memory is touched once), then one column each
-        pids, tids, tss, durs, name_l, cat_l, argl = zip(
-            *[(e.pid, e.tid, e.ts, e.dur, e.name, e.cat, e.args) for e in xs], strict=True)
+        if host_pids:
+            rows = [(e.pid, e.tid, e.ts, e.dur, e.name, e.cat, e.args) for e in xs
+                    if e.pid not in host_pids or e.name.startswith("ProfilerStep#")]
+        else:
+            rows = [(e.pid, e.tid, e.ts, e.dur, e.name, e.cat, e.args) for e in xs]
+        del xs
+        if not rows:
+            continue
+        pids, tids, tss, durs, name_l, cat_l, argl = zip(*rows, strict=True)
+        del rows
         track = _track_ids(tracks, pids, tids)
         start, ts_problem = ts_to_ns_checked(list(tss), path)
         dur, dur_problem = dur_to_ns_checked(durs, path)
@@ -1189,9 +1194,9 @@ def _columnarise(path: Path, flow_cats: frozenset[str], kineto_args: bool, keep_
             stream_arg, corr = _int_column(streams), _int_column(corrs)
             del streams, corrs
         else:
-            stream_arg = corr = np.full(len(xs), -1, dtype=np.int64)
+            stream_arg = corr = np.full(len(argl), -1, dtype=np.int64)
         parts.append((track, start, dur, name_id, cat_id, ttype, stream_arg, corr, problem))
-        del xs, argl
+        del argl
     flow_arrays = {k: (concat_ids(v[0]), np.concatenate(v[1])) for k, v in flows.items()}
     if parts:
         cols = [np.concatenate([p[i] for p in parts]) for i in range(9)]
