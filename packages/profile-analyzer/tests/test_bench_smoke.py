@@ -128,6 +128,8 @@ def test_bench_kineto_side_without_hta(tmp_path: Path) -> None:
                                  with_hta=False)
     assert k["input"]["repeats"] >= 2 and 10e6 < k["input"]["bytes"] < 30e6
     assert k["ours"]["wall_s"] > 0 and k["ours"]["jobs"] == 1 and "--jobs 1" in k["ours"]["command"]
+    walls = k["ours"]["wall_s_runs"]
+    assert len(walls) == 3 and k["ours"]["wall_s"] == sorted(walls)[1] and k["ours"]["same_report_every_run"] is True
     assert 0 < k["ours"]["whole_trace_overlap_pct"] < 100
     assert "hta" not in k
     trace = Path(k["input"]["trace"])
