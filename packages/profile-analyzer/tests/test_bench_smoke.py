@@ -45,6 +45,7 @@ def test_bench_measures_report_on_a_cached_profile(tmp_path: Path) -> None:
     assert ph["rss_hwm_after_import"] <= ph["rss_hwm_after_load"] <= ph["rss_hwm_after_render"]
     table = bench.format_table(res)
     assert "events/s" in table and "skipped" in table
+    assert set(res["load_average_1m"]) == {"start", "end"} and "load average" in table
     # second run: the profile comes from the cache
     lines.clear()
     bench.run_bench(out, cache=cache, ranks=2, target_bytes=400_000, with_msprof=False, timeout_s=300,

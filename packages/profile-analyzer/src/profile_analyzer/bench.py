@@ -499,6 +499,7 @@ def run_bench(out_dir: Path, *, cache: Path, ranks: int = 8, target_bytes: int =
     """Every measurement of this module; ``kineto=False`` leaves the Kineto/HTA part out, ``with_hta=False`` runs only
     our side of it."""
     out_dir.mkdir(parents=True, exist_ok=True)
+    load_start = round(os.getloadavg()[0], 2)  # the machine may be shared: how busy it was, with the figures
     truth = ensure_profile(cache, ranks, target_bytes, log, layers=layers)
     files = trace_files(truth)
     sizes = {r: f.stat().st_size for r, f in files.items()}
@@ -581,6 +582,7 @@ def run_bench(out_dir: Path, *, cache: Path, ranks: int = 8, target_bytes: int =
                              "hta_overlap_pct": k["hta"]["comp_comm_overlap_pctg"],
                              "ours_whole_trace_overlap_pct": k["ours"]["whole_trace_overlap_pct"],
                              "trace_bytes": k["input"]["bytes"]}
+    result["load_average_1m"] = {"start": load_start, "end": round(os.getloadavg()[0], 2)}
     tmp = out_dir / ".profile_analyzer.json.tmp"
     tmp.write_text(json.dumps(result, indent=1))
     os.replace(tmp, out_dir / "profile_analyzer.json")
@@ -656,6 +658,9 @@ def format_table(res: dict) -> str:
             ]
         else:
             rows.append(("HTA", "skipped (--no-hta)"))
+    if "load_average_1m" in res:
+        la = res["load_average_1m"]
+        rows.append(("load average (1 min)", f"{la['start']:.2f} at the start, {la['end']:.2f} at the end"))
     w = max(len(k) for k, _ in rows)
     return "\n".join(f"{k.ljust(w)}  {v}" for k, v in rows)
 
