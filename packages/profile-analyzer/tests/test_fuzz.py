@@ -17,7 +17,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from profile_analyzer.api import analyze
 from profile_analyzer.errors import ProfileError
-from profile_analyzer.loaders import _trace, load
+from profile_analyzer.loaders import _timestamps, load
 
 FUZZ = settings(max_examples=120, deadline=None, derandomize=True, database=None,
                 suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
@@ -30,7 +30,7 @@ decimal_us = st.builds(lambda i, f: f"{i}.{f}" if f else str(i), st.integers(min
 @given(st.lists(st.one_of(decimal_us.map(lambda t: t.encode()), decimal_us.map(lambda t: f'"{t}"'.encode())),
                 min_size=1, max_size=30))
 def test_valid_timestamps_are_exact(raws):
-    ns, problem = _trace.ts_to_ns_checked(list(raws))
+    ns, problem = _timestamps.ts_to_ns_checked(list(raws))
     expect = [int((Decimal(r.strip(b'"').decode()) * 1000).quantize(Decimal(1), rounding="ROUND_HALF_UP"))
               for r in raws]
     assert problem.tolist() == [0] * len(raws)
@@ -47,7 +47,7 @@ any_raw = st.one_of(
 @FUZZ
 @given(st.lists(any_raw, min_size=1, max_size=30))
 def test_any_timestamp_is_placed_or_flagged(raws):
-    ns, problem = _trace.ts_to_ns_checked(list(raws))
+    ns, problem = _timestamps.ts_to_ns_checked(list(raws))
     assert ns.shape == problem.shape == (len(raws),)
     assert np.all(np.abs(ns) < 9 * 10**18)
     assert np.all(ns[problem != 0] == 0)
@@ -60,11 +60,11 @@ dur_value = st.one_of(st.none(), st.booleans(), st.integers(min_value=-(10**25),
 @FUZZ
 @given(st.lists(dur_value, min_size=1, max_size=30))
 def test_any_duration_is_converted_or_flagged(values):
-    ns, problem = _trace.dur_to_ns_checked(list(values))
+    ns, problem = _timestamps.dur_to_ns_checked(list(values))
     assert np.all(ns >= 0) and np.all(ns[problem != 0] == 0)
     for v, p in zip(values, problem.tolist(), strict=True):
         if v is None:
-            assert p == _trace.NO_DUR
+            assert p == _timestamps.NO_DUR
         elif isinstance(v, int | float) and not isinstance(v, bool) and 0 <= v < 1e15:
             assert p == 0
 

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 from profile_analyzer.cli import main
-from profile_analyzer.loaders import _trace
+from profile_analyzer.loaders import _columns, _slicer, _timestamps
 
 BASE = 1_704_161_511_000_000  # µs
 DEVICE = {"matmul": -3, "add": -2, "allreduce": -1}  # index from the end of trace()
@@ -117,17 +117,17 @@ def test_a_host_event_that_cannot_be_placed_is_skipped_with_a_warning(capsys, tm
 
 
 def test_numbers_are_parsed_exactly_and_bounded():
-    ns, problem = _trace.ts_to_ns_checked([b'"1704161511422904.204"', b"1e300", b"null", b"", b'"12x"', b"-3.5",
+    ns, problem = _timestamps.ts_to_ns_checked([b'"1704161511422904.204"', b"1e300", b"null", b"", b'"12x"', b"-3.5",
                                            b"8999999999999999", b"9000000000000000"])
     assert ns.tolist()[:1] == [1704161511422904204] and ns[5] == -3500 and ns[6] == 8999999999999999000
-    assert problem.tolist() == [0, _trace.BAD_TS, _trace.NO_TS, _trace.NO_TS, _trace.BAD_TS, 0, 0, _trace.BAD_TS]
+    assert problem.tolist() == [0, _timestamps.BAD_TS, _timestamps.NO_TS, _timestamps.NO_TS, _timestamps.BAD_TS, 0, 0, _timestamps.BAD_TS]
     # found by the fuzzing suite: an exponent without digits raised, one out of range kept a sentinel value
-    ns, problem = _trace.ts_to_ns_checked([b"0e", b"1e20", b"1.5e3"])
-    assert ns.tolist() == [0, 0, 1500000] and problem.tolist() == [_trace.BAD_TS, _trace.BAD_TS, 0]
-    ns, problem = _trace.dur_to_ns_checked([1.5, None, -1.0, float("inf"), "2.25", "x", 10**30, True])
+    ns, problem = _timestamps.ts_to_ns_checked([b"0e", b"1e20", b"1.5e3"])
+    assert ns.tolist() == [0, 0, 1500000] and problem.tolist() == [_timestamps.BAD_TS, _timestamps.BAD_TS, 0]
+    ns, problem = _timestamps.dur_to_ns_checked([1.5, None, -1.0, float("inf"), "2.25", "x", 10**30, True])
     assert ns.tolist()[:1] == [1500] and ns[4] == 2250
-    assert problem.tolist() == [0, _trace.NO_DUR, _trace.NEGATIVE_DUR, _trace.BAD_DUR, 0, _trace.BAD_DUR,
-                                _trace.BAD_DUR, _trace.BAD_DUR]
+    assert problem.tolist() == [0, _timestamps.NO_DUR, _timestamps.NEGATIVE_DUR, _timestamps.BAD_DUR, 0, _timestamps.BAD_DUR,
+                                _timestamps.BAD_DUR, _timestamps.BAD_DUR]
 
 
 def test_a_gzip_with_a_random_body_is_one_line(capsys, tmp_path):
@@ -182,7 +182,7 @@ def test_a_trace_file_that_cannot_be_opened_is_not_called_not_json(capsys, tmp_p
 def test_blank_runs_inside_the_array_are_read_in_linear_time(tmp_path, monkeypatch):
     # before: every 1 MiB block re-scanned all the blanks seen so far (64 MB: 1.3 s, 128 MB: 3.9 s, 1 GiB:
     # past 120 s). With 4 KiB blocks the quadratic scan of 16 MiB would take minutes; linear, well under 10 s.
-    monkeypatch.setattr(_trace, "CHUNK_BYTES", 4096)
+    monkeypatch.setattr(_slicer, "CHUNK_BYTES", 4096)
     events = trace()
     text = json.dumps(events).encode()
     cut = text.index(b"}, {", len(text) // 2) + 2
@@ -191,7 +191,7 @@ def test_blank_runs_inside_the_array_are_read_in_linear_time(tmp_path, monkeypat
         path = tmp_path / name
         path.write_bytes(data)
         begin = time.monotonic()
-        cols = _trace.columnarise(path)
+        cols = _columns.columnarise(path)
         assert time.monotonic() - begin < 10, name
         assert cols.start_ns.size == 4
 

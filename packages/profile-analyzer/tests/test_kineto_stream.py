@@ -1,6 +1,6 @@
 """Kineto traces (``{"traceEvents": [...], ...}``) are decoded in slices, like the Ascend arrays.
 
-The streamed decode is compared with the whole-file decode (``_trace.decode_whole`` in place of ``decode_trace``) on the real
+The streamed decode is compared with the whole-file decode (``_slicer.decode_whole`` in place of ``decode_trace``) on the real
 HTA traces and on generated ones (keys before and after the array, "traceEvents" inside strings and nested
 values, unicode, ``.json`` and ``.json.gz``, arrays over many slices): same columns, same timeline, same
 report. Peak memory of a ~150 MB trace is measured in a child process; bad input stays one line, exit 2.
@@ -20,7 +20,7 @@ import numpy as np
 import pytest
 from profile_analyzer.cli import main
 from profile_analyzer.errors import ProfileError
-from profile_analyzer.loaders import _trace
+from profile_analyzer.loaders import _columns, _slicer
 from profile_analyzer.loaders.kineto import load_kineto
 
 HTA = Path(__file__).resolve().parent / "data" / "hta-kineto"
@@ -107,7 +107,7 @@ def _assert_same(a: object, b: object, what: str) -> None:
         assert a == b, what
 
 
-STREAMED = _trace.decode_trace  # the production decode (the tests swap in decode_whole for comparison)
+STREAMED = _columns.decode_trace  # the production decode (the tests swap in decode_whole for comparison)
 
 
 def _no_whole_decode(*_a, **_k):
@@ -116,14 +116,14 @@ def _no_whole_decode(*_a, **_k):
 
 def _both_ways(path: Path, monkeypatch, chunk: int):
     """(streamed columns, timeline, number of slices), (whole-file columns, timeline)."""
-    monkeypatch.setattr(_trace, "CHUNK_BYTES", chunk)
-    monkeypatch.setattr(_trace, "decode_trace", _trace.decode_whole)
-    whole = _trace.columnarise(path), load_kineto(path, 0)
-    monkeypatch.setattr(_trace, "decode_trace", STREAMED)
+    monkeypatch.setattr(_slicer, "CHUNK_BYTES", chunk)
+    monkeypatch.setattr(_columns, "decode_trace", _slicer.decode_whole)
+    whole = _columns.columnarise(path), load_kineto(path, 0)
+    monkeypatch.setattr(_columns, "decode_trace", STREAMED)
     with monkeypatch.context() as m:
-        m.setattr(_trace, "_whole_object", _no_whole_decode)
-        slices = sum(1 for _ in _trace.decode_trace(path).chunks)
-        streamed = _trace.columnarise(path), load_kineto(path, 0)
+        m.setattr(_slicer, "_whole_object", _no_whole_decode)
+        slices = sum(1 for _ in _columns.decode_trace(path).chunks)
+        streamed = _columns.columnarise(path), load_kineto(path, 0)
     return (*streamed, slices), whole
 
 
@@ -160,11 +160,11 @@ def test_report_json_is_the_same_streamed_or_whole(tmp_path, monkeypatch):
     path = _write(tmp_path / "rank3.json.gz", _doc(_steps(12), "after"))
     hta = tmp_path / "hta.json"
     hta.write_bytes(gzip.decompress(HTA_FILES[0].read_bytes()))
-    monkeypatch.setattr(_trace, "CHUNK_BYTES", 8192)
+    monkeypatch.setattr(_slicer, "CHUNK_BYTES", 8192)
     for p in (path, hta):
         outs = []
         for stream in (True, False):
-            monkeypatch.setattr(_trace, "decode_trace", STREAMED if stream else _trace.decode_whole)
+            monkeypatch.setattr(_columns, "decode_trace", STREAMED if stream else _slicer.decode_whole)
             out = tmp_path / f"{p.stem}-{stream}.json"
             assert main(["report", str(p), "--format", "json", "--output", str(out)]) == 0
             outs.append(out.read_text())
@@ -175,22 +175,22 @@ def test_report_json_is_the_same_streamed_or_whole(tmp_path, monkeypatch):
 def test_array_far_from_the_start_falls_back_to_whole_decode(tmp_path, monkeypatch):
     events = _steps(3)
     path = _write(tmp_path / "t.json", {"big": ["x" * 100] * 200, **_doc(events, "before")})
-    monkeypatch.setattr(_trace, "_HEAD_LIMIT", 4096)  # the array starts past it
+    monkeypatch.setattr(_slicer, "_HEAD_LIMIT", 4096)  # the array starts past it
     calls = []
-    whole = _trace._whole_object
-    monkeypatch.setattr(_trace, "_whole_object", lambda p, out: calls.append(p) or whole(p, out))
-    cols = _trace.columnarise(path)
+    whole = _slicer._whole_object
+    monkeypatch.setattr(_slicer, "_whole_object", lambda p, out: calls.append(p) or whole(p, out))
+    cols = _columns.columnarise(path)
     assert calls == [path] and cols.n_events == len(events) and cols.distributed_info["rank"] == 3
 
 
 def test_events_array_start_ignores_strings_and_nested_keys():
     doc = json.dumps({**BEFORE, "traceEvents": [{"ph": "X"}], **AFTER}).encode()
-    at = _trace._events_array_start(doc, 0, len(doc))
+    at = _slicer._events_array_start(doc, 0, len(doc))
     assert doc[at - 15: at + 1] == b'"traceEvents": [' and doc.count(b'"traceEvents"') > 2
     assert doc.index(b'"traceEvents"') < at - 15  # earlier occurrences (nested, in strings) were skipped
-    assert _trace._events_array_start(doc, 0, 40) == _trace._MORE  # the window ends inside the object
-    assert _trace._events_array_start(b'{"a": {"traceEvents": []}}', 0, 26) is None
-    assert _trace._events_array_start(b'{"traceEvents": {"x": []}}', 0, 26) is None
+    assert _slicer._events_array_start(doc, 0, 40) == _slicer._MORE  # the window ends inside the object
+    assert _slicer._events_array_start(b'{"a": {"traceEvents": []}}', 0, 26) is None
+    assert _slicer._events_array_start(b'{"traceEvents": {"x": []}}', 0, 26) is None
 
 
 def test_bad_event_is_named_by_its_position_in_the_file(tmp_path, monkeypatch):
@@ -199,10 +199,10 @@ def test_bad_event_is_named_by_its_position_in_the_file(tmp_path, monkeypatch):
     path = _write(tmp_path / "t.json", _doc(events, "before"))
     msgs = []
     for stream in (True, False):
-        monkeypatch.setattr(_trace, "decode_trace", STREAMED if stream else _trace.decode_whole)
-        monkeypatch.setattr(_trace, "CHUNK_BYTES", 4096)
+        monkeypatch.setattr(_columns, "decode_trace", STREAMED if stream else _slicer.decode_whole)
+        monkeypatch.setattr(_slicer, "CHUNK_BYTES", 4096)
         with pytest.raises(ProfileError) as exc:
-            _trace.columnarise(path)
+            _columns.columnarise(path)
         msgs.append(str(exc.value))
     assert msgs[0] == msgs[1] and "$.traceEvents[2345].ph" in msgs[0]
 
@@ -215,10 +215,10 @@ def test_bad_event_is_named_by_its_position_in_the_file(tmp_path, monkeypatch):
 _PEAK = """
 import sys
 from pathlib import Path
-from profile_analyzer.loaders import _trace
+from profile_analyzer.loaders import _columns, _slicer
 from profile_analyzer.loaders.kineto import load_kineto
 if sys.argv[2] != "stream":
-    _trace.decode_trace = _trace.decode_whole
+    _columns.decode_trace = _slicer.decode_whole
 tl = load_kineto(Path(sys.argv[1]), 0)
 assert len(tl) > 100_000 and tl.rank == 5
 hwm = [ln for ln in open("/proc/self/status") if ln.startswith("VmHWM:")][0]

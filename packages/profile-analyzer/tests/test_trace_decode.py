@@ -8,8 +8,9 @@ from decimal import Decimal
 import numpy as np
 import pytest
 from profile_analyzer.errors import ProfileError
-from profile_analyzer.loaders import _trace
-from profile_analyzer.loaders._trace import columnarise, parse_decimal_us_to_ns, to_ns
+from profile_analyzer.loaders import _columns, _slicer, _timestamps
+from profile_analyzer.loaders._columns import columnarise
+from profile_analyzer.loaders._timestamps import parse_decimal_us_to_ns, to_ns
 
 
 def test_decimal_strings_to_exact_ns():
@@ -42,7 +43,7 @@ def test_chunked_decode_equals_whole_decode(tmp_path, monkeypatch):
     p = tmp_path / "trace_view.json"
     p.write_text(json.dumps(_events(3000)))
     whole = columnarise(p)
-    monkeypatch.setattr(_trace, "CHUNK_BYTES", 4096)
+    monkeypatch.setattr(_slicer, "CHUNK_BYTES", 4096)
     chunked = columnarise(p)
     assert chunked.n_events == whole.n_events == 3002
     assert chunked.start_ns.tolist() == whole.start_ns.tolist()
@@ -62,10 +63,10 @@ def test_mapped_and_gzip_streams_agree_with_json(tmp_path, monkeypatch):
     with gzip.open(g, "wt") as f:
         f.write(text)
     expect = [int(Decimal(e["ts"]) * 1000) for e in events if e["ph"] == "X"]
-    monkeypatch.setattr(_trace, "CHUNK_BYTES", 4096)
+    monkeypatch.setattr(_slicer, "CHUNK_BYTES", 4096)
     seen: list[int] = []
-    mapped = _trace.columnarise(p, on_bytes=lambda done, total, name: seen.append(done))
-    streamed = _trace.columnarise(g)
+    mapped = _columns.columnarise(p, on_bytes=lambda done, total, name: seen.append(done))
+    streamed = _columns.columnarise(g)
     assert mapped.n_events == streamed.n_events == len(events)
     assert mapped.start_ns.tolist() == streamed.start_ns.tolist() == expect
     assert len(seen) > 10 and seen == sorted(seen) and seen[-1] == len(text.encode())
@@ -78,7 +79,7 @@ def test_truncated_json_is_reported(tmp_path, monkeypatch):
     p.write_text(text[: len(text) // 2])
     with pytest.raises(ProfileError, match="truncated"):
         columnarise(p)
-    monkeypatch.setattr(_trace, "CHUNK_BYTES", 4096)
+    monkeypatch.setattr(_slicer, "CHUNK_BYTES", 4096)
     with pytest.raises(ProfileError, match="truncated|invalid"):
         columnarise(p)
 
@@ -98,7 +99,7 @@ def test_args_null_and_missing(tmp_path):
 def test_fixed_format_fast_path_equals_general_parser(monkeypatch):
     vals = [f"{1704161511422904 + i}.{(i * 37) % 1000:03d}" for i in range(5000)] + ["1704161511422904.5"]
     fast = parse_decimal_us_to_ns(np.array(vals[:-1], dtype="S"))
-    monkeypatch.setattr(_trace, "_parse_fixed_format", lambda u: None)
+    monkeypatch.setattr(_timestamps, "_parse_fixed_format", lambda u: None)
     slow = parse_decimal_us_to_ns(np.array(vals[:-1], dtype="S"))
     assert fast.tolist() == slow.tolist()
     # mixed widths take the general path and stay exact
@@ -111,10 +112,10 @@ def test_json_number_ts_decoded_exactly(tmp_path):
     ts = ["1732412345678901.234", "1732412345678901.235", "1732412345678902.999", "1732412345678903"]
     assert len({round(float(v) * 1000) for v in ts[:2]}) == 1
     expect = [int(Decimal(v) * 1000) for v in ts]
-    assert _trace.raw_us_to_ns([v.encode() for v in ts]).tolist() == expect
+    assert _timestamps.raw_us_to_ns([v.encode() for v in ts]).tolist() == expect
     # mixed widths, quoted strings, null, exponent, negative and rounding digits in one column
     raw = [b'1732412345678901.234', b'"1704161511422904.204"', b"null", b"", b"-3.5", b"12.3456", b"1.5e3", b"7"]
-    assert _trace.raw_us_to_ns(raw).tolist() == [1732412345678901234, 1704161511422904204, 0, 0, -3500, 12346,
+    assert _timestamps.raw_us_to_ns(raw).tolist() == [1732412345678901234, 1704161511422904204, 0, 0, -3500, 12346,
                                                  1500000, 7000]
     # through the file decoder: a top-level array (chunked) and a Kineto object
     events = [{"ph": "X", "name": "k", "pid": 1, "tid": 2, "ts": f"@{i}@", "dur": 1.5} for i in range(len(ts))]
@@ -131,11 +132,11 @@ def test_json_number_ts_decoded_exactly(tmp_path):
 
 
 def test_track_ids_numbering():
-    tracks = _trace._Interner()
-    ids = _trace._track_ids(tracks, [9, 2**40, 9, 2**40, 1], [5, 3, 4, 3, 7])
+    tracks = _columns._Interner()
+    ids = _columns._track_ids(tracks, [9, 2**40, 9, 2**40, 1], [5, 3, 4, 3, 7])
     # new integer pairs are numbered in (pid, tid) order; repeated pairs share an id
     assert tracks.values == [(1, 7), (9, 4), (9, 5), (2**40, 3)]
     assert [tracks.values[i] for i in ids] == [(9, 5), (2**40, 3), (9, 4), (2**40, 3), (1, 7)]
-    ids2 = _trace._track_ids(tracks, ["gpu 0", 9, "gpu 0"], ["stream 7", 5, 3])  # mixed ids: first-seen order
+    ids2 = _columns._track_ids(tracks, ["gpu 0", 9, "gpu 0"], ["stream 7", 5, 3])  # mixed ids: first-seen order
     assert tracks.values[4:] == [("gpu 0", "stream 7"), ("gpu 0", 3)]
     assert [tracks.values[i] for i in ids2] == [("gpu 0", "stream 7"), (9, 5), ("gpu 0", 3)]

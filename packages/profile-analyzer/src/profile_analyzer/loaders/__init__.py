@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from profile_analyzer.errors import ProfileError
-from profile_analyzer.loaders._trace import peek_kind
+from profile_analyzer.loaders._slicer import peek_kind
 from profile_analyzer.timeline import RankTimeline, Timeline
 
 FORMATS = ("torch_npu", "msprof", "kineto", "multi_rank", "torch_npu_db", "msprof_db")
@@ -214,7 +214,7 @@ def _load_single_inner(p: Path, fmt: str, rank: int, host_events: bool = False,
 def _trace_file(p: Path, rank: int, host_events: bool = False,
                 on_bytes: Callable[[int, int, str], None] | None = None) -> list[RankTimeline]:
     from profile_analyzer.loaders import ascend
-    from profile_analyzer.loaders._trace import columnarise
+    from profile_analyzer.loaders._columns import columnarise
 
     cols = columnarise(p, kineto_args=False, keep_host_x=host_events, on_bytes=on_bytes)
     rts = ascend.columns_to_ranks(cols, rank=rank, source=str(p), fmt="torch_npu", kernel_details=None,

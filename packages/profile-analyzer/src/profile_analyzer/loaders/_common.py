@@ -15,7 +15,7 @@ __all__ = ["STEP_NAME", "VLLM_STEP_NAME", "is_step_name"]
 
 def merge_columns(parts: list) -> object:
     """Merge the Columns of several files (sliced msprof JSON) into one, re-indexing the tables."""
-    from profile_analyzer.loaders._trace import Columns, _Interner
+    from profile_analyzer.loaders._columns import Columns, _Interner
 
     if len(parts) == 1:
         return parts[0]
@@ -48,7 +48,7 @@ def merge_columns(parts: list) -> object:
             e[0].append(ids)
             e[1].append(ts)
         n += c.n_events
-    from profile_analyzer.loaders._trace import concat_ids
+    from profile_analyzer.loaders._columns import concat_ids
 
     flows = {k: (concat_ids(v[0]), np.concatenate(v[1])) for k, v in flows.items()}
     cols = [np.concatenate(a) for a in arrays]
@@ -63,7 +63,7 @@ def set_aside_unplaceable(cols, needed: np.ndarray, source: str, warnings: list)
     """The rule for events that cannot be placed (no ts, a ts or dur that is not a number in range, a
     negative dur; docs/profile-analysis.md): one that ``needed`` marks (a device task the breakdown counts) is
     an error; the others are left out and counted in one warning. Returns the columns without them."""
-    from profile_analyzer.loaders._trace import PROBLEMS
+    from profile_analyzer.loaders._timestamps import PROBLEMS
     from profile_analyzer.timeline import Warning_
 
     problem = cols.problem

@@ -27,6 +27,7 @@ import msgspec
 import numpy as np
 
 from profile_analyzer.errors import ProfileError
+from profile_analyzer.loaders._columns import Columns, columnarise, match_flows
 from profile_analyzer.loaders._common import (
     STEP_NAME,
     build_steps,
@@ -35,7 +36,7 @@ from profile_analyzer.loaders._common import (
     set_aside_unplaceable,
     to_float,
 )
-from profile_analyzer.loaders._trace import ByteProgress, Columns, columnarise, match_flows
+from profile_analyzer.loaders._slicer import ByteProgress
 from profile_analyzer.timeline import Kind, RankTimeline, TimelineBuilder, Warning_
 
 HCCL_PROCESS_NAMES = frozenset({"Communication", "HCCL"})

@@ -36,8 +36,8 @@ import numpy as np
 
 from profile_analyzer import intervals as iv
 from profile_analyzer.errors import ProfileError
+from profile_analyzer.loaders._columns import columnarise
 from profile_analyzer.loaders._common import STEP_NAME, VLLM_STEP_NAME, build_steps, set_aside_unplaceable
-from profile_analyzer.loaders._trace import columnarise
 from profile_analyzer.timeline import Kind, RankTimeline, TimelineBuilder, Warning_
 
 COMM_KERNEL = re.compile(r"(?i)(^nccl|ncclKernel|ncclDevKernel|^rccl|^hccl|^hcom_|^gloo)")

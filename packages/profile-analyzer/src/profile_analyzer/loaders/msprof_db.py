@@ -210,7 +210,7 @@ def load_db(db_path: Path, rank: int, host_events: bool = False) -> list[RankTim
 
 
 def _columns_from_db(db: sqlite3.Connection, path: Path, present: set[str], host_events: bool):
-    from profile_analyzer.loaders._trace import Columns
+    from profile_analyzer.loaders._columns import Columns
 
     strings = dict(_query(db, path, "SELECT id, value FROM STRING_IDS"))
 

@@ -1,0 +1,294 @@
+"""The columnar form of a trace's complete ('X') events, metadata and flows: parallel numpy arrays per file
+(:class:`Columns`), built from the slicer's events (:mod:`._slicer`) with timestamps from :mod:`._timestamps`."""
+
+from __future__ import annotations
+
+import gc
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from profile_analyzer.loaders._slicer import _FLOW_PH, _ID, _TS, ByteProgress, decode_trace
+from profile_analyzer.loaders._timestamps import dur_to_ns_checked, ts_to_ns_checked
+
+
+class _Index(dict):
+    """value -> id; a value not seen before gets the next id (``__missing__`` runs once per distinct value,
+    every other lookup stays in C)."""
+
+    __slots__ = ("values",)
+
+    def __missing__(self, key: object) -> int:
+        i = self[key] = len(self.values)
+        self.values.append(key)
+        return i
+
+
+class _Interner:
+    def __init__(self) -> None:
+        self.values: list = []
+        self.index = _Index()
+        self.index.values = self.values
+
+    def ids(self, items: list) -> np.ndarray:
+        """Ids of ``items``, in first-seen order."""
+        return np.fromiter(map(self.index.__getitem__, items), dtype=np.int32, count=len(items))
+
+
+@dataclass
+class Columns:
+    """Every 'X' event of a file as parallel arrays; ``track`` indexes ``tracks`` ((pid, tid) pairs)."""
+
+    track: np.ndarray
+    start_ns: np.ndarray
+    dur_ns: np.ndarray
+    name_id: np.ndarray
+    cat_id: np.ndarray
+    task_type_id: np.ndarray
+    stream_arg: np.ndarray  # int64, -1 when absent (Kineto args.stream)
+    correlation: np.ndarray  # int64, -1 when absent
+    tracks: list[tuple[object, object]]
+    names: list[str]
+    cats: list[str | None]
+    task_types: list[str | None]
+    process_name: dict[object, str]
+    process_label: dict[object, str]
+    thread_name: dict[tuple[object, object], str]
+    flows: dict[tuple[str, str], tuple[np.ndarray, np.ndarray]]  # (cat, ph) -> (flow ids, ts_ns)
+    distributed_info: dict[str, object] | None
+    n_events: int
+    # uint8 per event: 0, or why it cannot be placed (NO_TS, BAD_TS, NO_DUR, NEGATIVE_DUR, BAD_DUR)
+    problem: np.ndarray | None = None
+
+    def take(self, keep: np.ndarray) -> Columns:
+        """The same columns with only the events where ``keep`` is True (tables and metadata shared)."""
+        return Columns(track=self.track[keep], start_ns=self.start_ns[keep], dur_ns=self.dur_ns[keep],
+                       name_id=self.name_id[keep], cat_id=self.cat_id[keep], task_type_id=self.task_type_id[keep],
+                       stream_arg=self.stream_arg[keep], correlation=self.correlation[keep], tracks=self.tracks,
+                       names=self.names, cats=self.cats, task_types=self.task_types, process_name=self.process_name,
+                       process_label=self.process_label, thread_name=self.thread_name, flows=self.flows,
+                       distributed_info=self.distributed_info, n_events=self.n_events,
+                       problem=None if self.problem is None else self.problem[keep])
+
+
+def _track_ids(tracks: _Interner, pids: list, tids: list) -> np.ndarray:
+    """Per-event index of its (pid, tid) pair. Integer ids: pid and tid are interned separately (one C dict
+    lookup per event each), the pairs go through a dense table, and new pairs are numbered in (pid, tid)
+    order; other ids: the pairs themselves are interned."""
+    pi, ti = _Index(), _Index()
+    pi.values, ti.values = [], []
+    n = len(pids)
+    p = np.fromiter(map(pi.__getitem__, pids), dtype=np.int64, count=n)
+    t = np.fromiter(map(ti.__getitem__, tids), dtype=np.int64, count=n)
+    n_t = len(ti.values)
+    if (len(pi.values) * n_t > (1 << 22) or not all(type(v) is int for v in pi.values)
+            or not all(type(v) is int for v in ti.values)):
+        return tracks.ids(list(zip(pids, tids, strict=False)))
+    key = p * n_t + t
+    present = np.flatnonzero(np.bincount(key, minlength=len(pi.values) * n_t))
+    pairs = [(pi.values[k // n_t], ti.values[k % n_t]) for k in present.tolist()]
+    order = sorted(range(len(pairs)), key=pairs.__getitem__)
+    table = np.zeros(len(pi.values) * n_t, dtype=np.int32)
+    table[present[order]] = tracks.ids([pairs[i] for i in order])
+    return table[key]
+
+
+def _renumber_tracks(tracks: _Interner, track: np.ndarray) -> np.ndarray:
+    """Track ids as :func:`_track_ids` numbers them over a whole file in one go, for columns built slice by
+    slice (where each slice numbers its new tracks on its own): sorted (pid, tid) order when all ids are
+    integers and the dense table fits, else first-seen order. So a Kineto trace gives the same ids, and
+    streams in the same order, whether it was decoded in slices or at once."""
+    pairs = tracks.values
+    n = len(pairs)
+    if n < 2:
+        return track
+    pids = {p for p, _ in pairs}
+    tids = {t for _, t in pairs}
+    if (len(pids) * len(tids) <= (1 << 22) and all(type(v) is int for v in pids)
+            and all(type(v) is int for v in tids)):
+        order = sorted(range(n), key=pairs.__getitem__)
+    else:
+        ids, first = np.unique(track, return_index=True)
+        order = ids[np.argsort(first, kind="stable")].tolist()
+    if order == list(range(n)):
+        return track
+    lut = np.empty(n, dtype=np.int32)
+    lut[order] = np.arange(n, dtype=np.int32)
+    tracks.values[:] = [pairs[i] for i in order]
+    tracks.index.clear()
+    tracks.index.update((p, i) for i, p in enumerate(tracks.values))
+    return lut[track]
+
+
+def flow_id_array(ids: list[object]) -> np.ndarray:
+    """Flow ids as int64 when they all are integers that fit, else as strings."""
+    try:
+        a = np.array(ids)
+    except (OverflowError, ValueError):
+        a = None
+    if a is None or a.dtype.kind not in "iu" or a.dtype == np.uint64:
+        return np.array([str(i) for i in ids])
+    return a.astype(np.int64)
+
+
+def concat_ids(parts: list[np.ndarray]) -> np.ndarray:
+    if not parts:
+        return np.zeros(0, np.int64)
+    if any(p.dtype.kind not in "iu" for p in parts):
+        parts = [p.astype(str) for p in parts]
+    return np.concatenate(parts)
+
+
+def match_flows(flows: dict[tuple[str, str], tuple[np.ndarray, np.ndarray]], cat: str) -> tuple[np.ndarray, np.ndarray]:
+    """(start ts, end ts) of the flows of ``cat`` whose 's' and 'f' ids match."""
+    z = np.zeros(0, np.int64)
+    sid, sts = flows.get((cat, "s"), (z, z))
+    fid, fts = flows.get((cat, "f"), (z, z))
+    if sid.size == 0 or fid.size == 0:
+        return z, z
+    if sid.dtype.kind != fid.dtype.kind:
+        sid, fid = sid.astype(str), fid.astype(str)
+    _, si, fi = np.intersect1d(sid, fid, return_indices=True)
+    return sts[si], fts[fi]
+
+
+_NONE_IS_MINUS_ONE = {None: -1}
+_INT_OR_NONE = frozenset({int, type(None)})
+
+
+def _int_column(values: list) -> np.ndarray:
+    """``args.stream`` / ``args.correlation`` values -> int64: -1 where absent, else as :func:`_int_or` reads them
+    (-1 for a string that is not an integer). Integers and nulls only (the usual case) go through C loops."""
+    if set(map(type, values)) <= _INT_OR_NONE:
+        # dict.get(v, v): None -> -1, an integer -> itself
+        return np.fromiter(map(_NONE_IS_MINUS_ONE.get, values, values), dtype=np.int64, count=len(values))
+    return np.fromiter((_int_or(v, -1) if v is not None else -1 for v in values), dtype=np.int64, count=len(values))
+
+
+def _int_or(v: object, default: int) -> int:
+    if isinstance(v, int):
+        return v
+    if isinstance(v, str):
+        try:
+            return int(v)
+        except ValueError:
+            return default
+    return default
+
+
+def columnarise(path: Path, flow_cats: frozenset[str] = frozenset({"async_npu", "ac2g", "HostToDevice"}),
+                kineto_args: bool = True, keep_host_x: bool = True, on_bytes: ByteProgress | None = None) -> Columns:
+    """All 'X' events of a trace file as columns. With ``keep_host_x=False``, 'X' events of processes already
+    known (from metadata seen earlier in the file) to be CPU-side are dropped on the fly, except the
+    ``ProfilerStep#N`` ranges; events of processes not yet named are always kept."""
+    # millions of short-lived tuples and lists: the cyclic GC would rescan them over and over
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        return _columnarise(path, flow_cats, kineto_args, keep_host_x, on_bytes)
+    finally:
+        if enabled:
+            gc.enable()
+
+
+def _is_host_process(name: str | None, label: str | None) -> bool:
+    return (label or "").startswith("CPU") or (name or "").startswith(("Python", "CANN"))
+
+
+def _columnarise(path: Path, flow_cats: frozenset[str], kineto_args: bool, keep_host_x: bool,
+                 on_bytes: ByteProgress | None) -> Columns:
+    decoded = decode_trace(path, on_bytes)
+    tracks = _Interner()
+    names = _Interner()
+    cats = _Interner()
+    ttypes = _Interner()
+    process_name: dict[object, str] = {}
+    process_label: dict[object, str] = {}
+    thread_name: dict[tuple[object, object], str] = {}
+    flows: dict[tuple[str, str], tuple[list[np.ndarray], list[np.ndarray]]] = {}
+    parts: list[tuple[np.ndarray, ...]] = []
+    n_events = 0
+    for chunk in decoded.chunks:
+        n_events += len(chunk)
+        xs = [e for e in chunk if e.ph == "X"]
+        others = [e for e in chunk if e.ph != "X"] if len(xs) != len(chunk) else []
+        del chunk
+        for e in [e for e in others if e.ph == "M"]:
+            a = e.args
+            if a is None:
+                continue
+            if e.name == "process_name" and a.name is not None:
+                process_name[e.pid] = a.name
+            elif e.name == "thread_name" and a.name is not None:
+                thread_name[(e.pid, e.tid)] = a.name
+            elif e.name == "process_labels" and a.labels is not None:
+                process_label[e.pid] = a.labels
+        flow_evs = [e for e in others if e.cat in flow_cats and e.ph in _FLOW_PH and e.ts]
+        del others
+        if flow_evs:
+            ids_all = flow_id_array(list(map(_ID, flow_evs)))
+            ts_all, ts_problem = ts_to_ns_checked(list(map(_TS, flow_evs)), path)
+            key_ids = _Interner()
+            key_index = key_ids.index
+            kid = np.array([key_index[(e.cat, e.ph)] for e in flow_evs], dtype=np.int32)
+            if ts_problem.any():  # a flow end that cannot be placed links nothing
+                placed = ts_problem == 0
+                ids_all, ts_all, kid = ids_all[placed], ts_all[placed], kid[placed]
+            for k_i, key in enumerate(key_ids.values):
+                sel = kid == k_i
+                entry = flows.setdefault(key, ([], []))
+                entry[0].append(ids_all[sel])
+                entry[1].append(ts_all[sel])
+        del flow_evs
+        host_pids = None
+        if not keep_host_x and xs:
+            host_pids = {pid for pid in set(process_name) | set(process_label)
+                         if _is_host_process(process_name.get(pid), process_label.get(pid))}
+        # every field in one pass over the events (each event's memory is touched once), then one column each
+        if host_pids:
+            rows = [(e.pid, e.tid, e.ts, e.dur, e.name, e.cat, e.args) for e in xs
+                    if e.pid not in host_pids or e.name.startswith("ProfilerStep#")]
+        else:
+            rows = [(e.pid, e.tid, e.ts, e.dur, e.name, e.cat, e.args) for e in xs]
+        del xs
+        if not rows:
+            continue
+        pids, tids, tss, durs, name_l, cat_l, argl = zip(*rows, strict=True)
+        del rows
+        track = _track_ids(tracks, pids, tids)
+        start, ts_problem = ts_to_ns_checked(list(tss), path)
+        dur, dur_problem = dur_to_ns_checked(durs, path)
+        problem = np.where(ts_problem != 0, ts_problem, dur_problem)
+        name_id = names.ids(name_l)
+        cat_id = cats.ids(cat_l)
+        del pids, tids, tss, durs, name_l, cat_l
+        try:
+            ttype = ttypes.ids([a.task_type for a in argl])
+        except AttributeError:  # some event has "args": null
+            ttype = ttypes.ids([a.task_type if a is not None else None for a in argl])
+        if kineto_args:
+            try:
+                streams, corrs = [a.stream for a in argl], [a.correlation for a in argl]
+            except AttributeError:  # some event has "args": null
+                streams = [a.stream if a is not None else None for a in argl]
+                corrs = [a.correlation if a is not None else None for a in argl]
+            stream_arg, corr = _int_column(streams), _int_column(corrs)
+            del streams, corrs
+        else:
+            stream_arg = corr = np.full(len(argl), -1, dtype=np.int64)
+        parts.append((track, start, dur, name_id, cat_id, ttype, stream_arg, corr, problem))
+        del argl
+    flow_arrays = {k: (concat_ids(v[0]), np.concatenate(v[1])) for k, v in flows.items()}
+    if parts:
+        cols = [np.concatenate([p[i] for p in parts]) for i in range(9)]
+    else:
+        cols = [np.zeros(0, dtype=t) for t in (np.int32, np.int64, np.int64, np.int32, np.int32, np.int32, np.int64, np.int64,
+                                               np.uint8)]
+    if decoded.wrapped and len(parts) > 1:
+        cols[0] = _renumber_tracks(tracks, cols[0])
+    return Columns(track=cols[0], start_ns=cols[1], dur_ns=cols[2], name_id=cols[3], cat_id=cols[4],
+                   task_type_id=cols[5], stream_arg=cols[6], correlation=cols[7], tracks=tracks.values,
+                   names=names.values, cats=cats.values, task_types=ttypes.values, process_name=process_name,
+                   process_label=process_label, thread_name=thread_name, flows=flow_arrays,
+                   distributed_info=decoded.distributed_info, n_events=n_events, problem=cols[8])

@@ -1,0 +1,569 @@
+"""The slicer: Chrome-trace JSON (trace_view.json, msprof_*.json, Kineto) decoded into lists of events, in slices.
+
+Decoding uses msgspec typed structs that keep only the fields the analyses need; unknown keys are skipped
+by the C decoder. A top-level JSON array (the Ascend files) and the ``traceEvents`` array of a Kineto
+object (``{"traceEvents": [...], ...}``) are decoded in slices of about ``CHUNK_BYTES`` so that peak
+memory stays near the size of the file rather than several times it: the array is cut after a ``}`` that
+is followed by ``,`` and ``{``; a cut that lands inside a nested value makes the slice fail to decode and
+the next candidate is tried. The rest of a Kineto object (its other keys, before or after the array) is
+decoded on its own with the array left empty. Timestamps are parsed in :mod:`._timestamps`, columns built in
+:mod:`._columns`.
+"""
+
+from __future__ import annotations
+
+import gzip
+import mmap
+import os
+import re
+import zlib
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from operator import attrgetter
+from pathlib import Path
+
+import msgspec
+
+from profile_analyzer.errors import ProfileError
+
+CHUNK_BYTES = 1 << 20  # 1 MiB: measured faster than 4 MiB (the slice's objects stay in cache) and a smaller peak
+
+
+class Args(msgspec.Struct, gc=False, frozen=True):
+    name: str | None = None
+    labels: str | None = None
+    task_type: str | None = msgspec.field(default=None, name="Task Type")
+    stream_id: int | str | None = msgspec.field(default=None, name="Stream Id")
+    physic_stream_id: int | str | None = msgspec.field(default=None, name="Physic Stream Id")
+    stream: int | str | None = None
+    correlation: int | str | None = None
+    rank: int | str | None = None
+
+
+_NO_ARGS = Args()
+
+
+class Event(msgspec.Struct, gc=False):
+    ph: str = ""
+    name: str = ""
+    pid: int | str = 0
+    tid: int | str = 0
+    ts: msgspec.Raw = msgspec.Raw(b"")  # the JSON text itself: numbers are parsed exactly (see raw_us_to_ns)
+    dur: float | int | str | None = None  # None: absent (an 'X' event without dur cannot be placed)
+    cat: str | None = None
+    id: int | str | None = None
+    args: Args | None = _NO_ARGS  # one shared instance, not one per event; None only for an explicit "args": null
+
+
+_TS = attrgetter("ts")
+_ID = attrgetter("id")
+_FLOW_PH = frozenset({"s", "f", "t"})
+
+
+class KinetoFile(msgspec.Struct):
+    traceEvents: list[Event] = []
+    distributedInfo: dict[str, object] | None = None
+    deviceProperties: list[object] | None = None
+
+
+_list_decoder = msgspec.json.Decoder(list[Event])
+_kineto_decoder = msgspec.json.Decoder(KinetoFile)
+
+
+@dataclass
+class DecodedFile:
+    """All events of one file, plus file-level metadata (Kineto ``distributedInfo``)."""
+
+    chunks: Iterator[list[Event]]
+    distributed_info: dict[str, object] | None  # of a Kineto file: set once ``chunks`` is exhausted
+    wrapped: bool  # True for {"traceEvents": [...]} files
+
+
+def read_bytes(path: Path) -> bytes:
+    """The whole file, as immutable bytes (the decoded ``msgspec.Raw`` ts values point into it)."""
+    try:
+        if path.suffix == ".gz":
+            with gzip.open(path, "rb") as f:
+                return f.read()
+        with open(path, "rb", buffering=0) as f:
+            return f.read()
+    except FileNotFoundError:
+        raise ProfileError(path, "file not found") from None
+    except (OSError, EOFError, zlib.error) as exc:
+        raise ProfileError(path, f"cannot be read ({exc.__class__.__name__}: {exc})") from None
+
+
+# A cut between two events: '}' ',' '{' with at most _GAP blanks on each side (pretty printers indent by a
+# few). The bound keeps every match attempt short, so the search never walks a long run of blanks twice.
+_GAP = 256
+_CUT = re.compile(rb"\}[ \t\r\n]{0,%d},[ \t\r\n]{0,%d}\{" % (_GAP, _GAP))
+_CUT_SPAN = 2 * _GAP + 3  # the longest match: a '}' further back than this cannot start an unfinished cut
+
+
+def _decode_list(path: Path, data: bytes | memoryview, kineto: bool = False, first: int = 0) -> list[Event]:
+    """One slice; ``first``: how many events of the file came before it (for the position in messages)."""
+    try:
+        return _list_decoder.decode(data)
+    except msgspec.ValidationError as exc:
+        raise _bad_event(path, exc, kineto, first) from None
+    except msgspec.DecodeError as exc:
+        if kineto:
+            raise _bad_kineto_json(path, exc) from None
+        raise ProfileError(path, f"truncated or invalid JSON ({exc}); expected a complete Chrome trace") from None
+
+
+_AT_INDEX = re.compile(r"`\$\[(\d+)\]")
+
+
+def _bad_event(path: Path, exc: msgspec.ValidationError, kineto: bool, first: int) -> ProfileError:
+    """An event of a slice that is not a trace event, named by its position in the file."""
+    where = "$.traceEvents[" if kineto else "$["
+    msg = _AT_INDEX.sub(lambda m: f"`{where}{first + int(m.group(1))}]", str(exc))
+    if kineto:
+        return _not_kineto(path, msg)
+    return ProfileError(path, f"not a Chrome trace event list ({msg}); expected trace_view.json / msprof_*.json events")
+
+
+def _not_kineto(path: Path, exc: Exception | str) -> ProfileError:
+    return ProfileError(path, f"not a trace: {exc}; expected a Chrome/Kineto trace with traceEvents")
+
+
+def _bad_kineto_json(path: Path, exc: Exception | str) -> ProfileError:
+    return ProfileError(path, f"truncated or invalid JSON ({exc}); expected a complete Chrome/Kineto trace")
+
+
+# Locating the traceEvents array of a Kineto object. The object's tokens are walked from its '{': strings
+# whole (so a "traceEvents" inside a string, or a bracket inside one, is skipped), brackets counted (so a
+# "traceEvents" key of a nested object is not at depth 1). Only the part before the array is walked.
+_TOKEN = re.compile(rb'"[^"\\]*(?:\\.[^"\\]*)*"|[\[\]{}]|"', re.S)
+_EVENTS_KEY = b'"traceEvents"'
+_HEAD_LIMIT = 8 << 20  # the array must start within this many bytes, else the whole file is decoded at once
+_MORE = -1
+
+
+_NON_WS = re.compile(rb"[^ \t\r\n]")
+
+
+def _skip_ws(buf: bytes | bytearray | mmap.mmap, i: int, end: int) -> int:
+    """Index of the first non-blank byte of ``buf[i:end]`` (``end`` when there is none), at C speed: a
+    gigabyte of blanks is not walked byte by byte."""
+    m = _NON_WS.search(buf, i, end)
+    return m.start() if m else end
+
+
+def _last_non_ws(buf: bytes | bytearray | mmap.mmap, lo: int, end: int) -> int:
+    """Index of the last non-blank byte of ``buf[lo:end]``, ``lo - 1`` when there is none; reads backwards
+    in blocks."""
+    while end > lo:
+        start = max(lo, end - (1 << 16))
+        block = bytes(buf[start:end])
+        stripped = len(block.rstrip(_WS))
+        if stripped:
+            return start + stripped - 1
+        end = start
+    return lo - 1
+
+
+def _events_array_start(buf: bytes | bytearray | mmap.mmap, start: int, end: int) -> int | None:
+    """Index of the ``[`` that opens the value of the top-level ``"traceEvents"`` key of the object whose
+    ``{`` is at ``start``; ``None`` when the object has no such array (no such key, or its value is not an
+    array); ``_MORE`` when ``buf[start:end]`` ends before that is known."""
+    depth = 0
+    for m in _TOKEN.finditer(buf, start, end):
+        a, b = m.span()
+        c = buf[a]
+        if c == 0x22:  # '"'
+            if b - a == 1:
+                return _MORE  # a string not closed within the window
+            if depth == 1 and b - a == len(_EVENTS_KEY) and buf[a:b] == _EVENTS_KEY:
+                j = _skip_ws(buf, b, end)
+                if j == end:
+                    return _MORE
+                if buf[j] != 0x3A:  # not followed by ':': a string value "traceEvents", not a key
+                    continue
+                j = _skip_ws(buf, j + 1, end)
+                if j == end:
+                    return _MORE
+                return j if buf[j] == 0x5B else None
+        elif c in (0x7B, 0x5B):
+            depth += 1
+        else:
+            depth -= 1
+            if depth == 0:
+                return None  # the object closed without a top-level traceEvents array
+    return _MORE
+
+
+def _kineto_prefix_ok(prefix: bytes) -> bool:
+    """The part of the object before the array (ending with its ``[``), closed right after, decodes."""
+    try:
+        _kineto_decoder.decode(prefix + b"]}")
+    except (msgspec.DecodeError, msgspec.ValidationError):
+        return False
+    return True
+
+
+def _decode_kineto(path: Path, data: bytes) -> KinetoFile:
+    try:
+        return _kineto_decoder.decode(data)
+    except msgspec.ValidationError as exc:
+        raise _not_kineto(path, exc) from None
+    except msgspec.DecodeError as exc:
+        raise _bad_kineto_json(path, exc) from None
+
+
+def _kineto_rest(path: Path, out: DecodedFile, prefix: bytes, suffix: bytes | memoryview) -> None:
+    """Decode the object without the array's contents (``prefix`` ends with its ``[``, ``suffix`` starts
+    with its ``]``) and take the file-level metadata from it."""
+    out.distributed_info = _decode_kineto(path, prefix + bytes(suffix)).distributedInfo
+
+
+def _whole_object(path: Path, out: DecodedFile) -> Iterator[list[Event]]:
+    """A Kineto object decoded at once: for files whose traceEvents array could not be located as above."""
+    f = _decode_kineto(path, read_bytes(path))  # the ts values keep what they need of the bytes alive
+    out.distributed_info = f.distributedInfo
+    yield f.traceEvents
+
+
+_TRAILING = re.compile(r"trailing characters \(byte (\d+)\)")
+
+
+def _list_end(exc: msgspec.DecodeError, data: bytes | bytearray | memoryview) -> int | None:
+    """When decoding ``data`` (a list) failed on bytes after the complete list: the index of the list's
+    closing ``]``. msgspec reports the offset just past the first such byte."""
+    m = _TRAILING.search(str(exc))
+    if m is None:
+        return None
+    i = int(m.group(1)) - 2  # the byte before the first trailing one
+    while i > 0 and data[i] in _WS:
+        i -= 1
+    return i if i > 0 and data[i] == 0x5D else None
+
+
+def _open_binary(path: Path):
+    try:
+        return gzip.open(path, "rb") if path.suffix == ".gz" else open(path, "rb")
+    except FileNotFoundError:
+        raise ProfileError(path, "file not found") from None
+    except OSError as exc:
+        raise ProfileError(path, f"cannot be read ({exc.__class__.__name__}: {exc})") from None
+
+
+_TAIL = 1 << 16
+_NEAR = 1 << 12
+_TRIED = 8  # cuts tried per slice, the last first
+
+
+def _last_cuts(buf: bytes | bytearray | mmap.mmap, lo: int, hi: int) -> list[re.Match]:
+    """The last ``_TRIED`` cuts in ``buf[lo:hi]``: those of its last 64 KiB (all of it when that holds none). The last
+    4 KiB are searched first: when they hold ``_TRIED`` cuts (the usual case) they are the same ones, found without
+    scanning the rest."""
+    near = list(_CUT.finditer(buf, max(lo, hi - _NEAR), hi))
+    if len(near) >= _TRIED:
+        # cuts cannot overlap (inside one there is no '}'), so a scan from a later start finds exactly the cuts
+        # that begin there or later
+        return near[-_TRIED:]
+    cands = list(_CUT.finditer(buf, max(lo, hi - _TAIL), hi))
+    if not cands:  # an unusually long event at the end: look further back
+        cands = list(_CUT.finditer(buf, lo, hi))
+    return cands[-_TRIED:]
+
+
+ByteProgress = Callable[[int, int, str], None]
+
+
+def _stream_array_chunks(path: Path, on_bytes: ByteProgress | None = None,
+                         out: DecodedFile | None = None) -> Iterator[list[Event]]:
+    """Decode a top-level JSON array while reading it in ``CHUNK_BYTES`` blocks: memory stays at a few
+    blocks whatever the file size. Each slice ends at a ``}`` followed by ``,`` and ``{`` near the end of the
+    data read so far; the byte after that ``}`` is overwritten with ``]`` and the first byte of the slice
+    with ``[`` for decoding. A cut inside a nested value fails to decode and an earlier one is tried.
+
+    With ``out`` the file is a Kineto object: the ``traceEvents`` array is streamed the same way, the
+    array's end is where msgspec reports bytes after a complete list, and the rest of the object is decoded
+    at the end into ``out.distributed_info``."""
+    f = _open_binary(path)
+    try:
+        size = path.stat().st_size if on_bytes is not None and path.suffix != ".gz" else 0
+        done = 0
+        carry = bytearray()
+        started = False
+        prefix = b""  # Kineto: the object up to and including the array's '['
+        last = -1  # Kineto: index in carry of the array's ']' once it is known
+        n_done = 0  # events decoded so far
+        scan_from = 1  # index in carry where the search for cuts starts
+        while True:
+            try:
+                block = f.read(CHUNK_BYTES)
+            except (OSError, EOFError, zlib.error) as exc:
+                raise ProfileError(path, f"cannot be read ({exc.__class__.__name__}: {exc})") from None
+            if block:
+                carry += block
+                done += len(block)
+                if size:
+                    on_bytes(min(done, size), size, path.name)  # type: ignore[misc]
+            if not started:
+                stripped = carry.lstrip()
+                if not stripped and block:
+                    carry.clear()  # only blanks so far: keep nothing, so that each block is looked at once
+                    continue
+                if out is None:
+                    if not stripped.startswith(b"["):
+                        raise ProfileError(path, "not a JSON array of trace events; expected trace_view.json / msprof_*.json")
+                    del carry[: len(carry) - len(stripped)]
+                else:
+                    del carry[: len(carry) - len(stripped)]
+                    arr = _events_array_start(carry, 0, len(carry)) if carry.startswith(b"{") else None
+                    if arr == _MORE and block and len(carry) < _HEAD_LIMIT:
+                        continue
+                    if arr is None or arr == _MORE or not _kineto_prefix_ok(bytes(carry[: arr + 1])):
+                        # no top-level traceEvents array found near the start: decode the file at once
+                        f.close()
+                        yield from _whole_object(path, out)
+                        return
+                    prefix = bytes(carry[: arr + 1])
+                    del carry[:arr]  # carry[0] is the array's '['
+                started = True
+            if last >= 0 and block:
+                continue  # Kineto: the array has ended, the rest of the object is being read
+            if not block:  # end of file: the rest must close the array
+                if out is not None:
+                    carry[0] = 0x5B
+                    if last < 0:
+                        last = _kineto_array_end(path, bytes(carry), 0, n_done)
+                    yield _decode_list(path, bytes(carry[: last + 1]), True, n_done)
+                    _kineto_rest(path, out, prefix, carry[last:])
+                    return
+                end = len(carry.rstrip())
+                if end == 0 or carry[end - 1] != 0x5D:
+                    raise ProfileError(path, "truncated JSON: the top-level array is not closed; expected a complete "
+                                             "Chrome trace (JSON list of events)")
+                carry[0] = 0x5B
+                yield _decode_list(path, bytes(carry[:end]), False, n_done)
+                return
+            if len(carry) < CHUNK_BYTES:
+                continue
+            decoded = None
+            # cuts before scan_from were tried in an earlier round and failed (the same bytes fail again):
+            # never scanning them twice keeps a long stretch without cuts (1 GiB of blanks) linear
+            cands = _last_cuts(carry, scan_from, len(carry))
+            for m in reversed(cands):
+                close = m.start() + 1
+                saved = carry[close]
+                carry[0] = 0x5B
+                carry[close] = 0x5D
+                try:
+                    # a bytes copy: the msgspec.Raw ts values keep it alive, and carry stays resizable
+                    with memoryview(carry) as view:
+                        piece = bytes(view[: close + 1])
+                    decoded = _list_decoder.decode(piece)
+                except msgspec.ValidationError as exc:  # an event that is not one, whatever the cut
+                    raise _bad_event(path, exc, out is not None, n_done) from None
+                except msgspec.DecodeError as exc:
+                    decoded = None
+                    at = _list_end(exc, carry) if out is not None else None
+                    if at is not None:  # Kineto: the array ended before this cut
+                        carry[close] = saved
+                        last = at
+                        break
+                carry[close] = saved
+                if decoded is not None:
+                    del carry[: m.end() - 2]  # keep from the byte just before the next '{'
+                    break
+            if decoded is not None:
+                scan_from = 1
+                n_done += len(decoded)
+                yield decoded
+            elif last < 0:  # only a cut within the last _CUT_SPAN bytes can still complete
+                scan_from = max(scan_from, len(carry) - _CUT_SPAN)
+    finally:
+        f.close()
+
+
+def _kineto_array_end(path: Path, data: bytes | memoryview, base: int, first: int) -> int:
+    """Index (``base`` + offset) of the ``]`` that closes the array starting at ``data[0]``, which the
+    rest of the object follows: msgspec reports where the bytes after the complete list begin."""
+    try:
+        _list_decoder.decode(data)
+    except msgspec.ValidationError as exc:
+        raise _bad_event(path, exc, True, first) from None
+    except msgspec.DecodeError as exc:
+        at = _list_end(exc, data)
+        if at is None:
+            raise _bad_kineto_json(path, exc) from None
+        return base + at
+    raise _bad_kineto_json(path, "the top-level object is not closed")
+
+
+_WS = b" \t\r\n"
+
+
+def _mapped_array_chunks(path: Path, on_bytes: ByteProgress | None = None,
+                         out: DecodedFile | None = None) -> Iterator[list[Event]]:
+    """Like :func:`_stream_array_chunks`, for an uncompressed file, without copying it: the file is mapped
+    copy-on-write (the brackets written at the cuts never reach the file) and each slice is decoded straight
+    from the mapping. Pages already decoded are handed back (``MADV_DONTNEED``) so resident memory stays at
+    about one slice; a private mapping re-reads such a page from the file if it is touched again.
+
+    With ``out`` the file is a Kineto object: its ``traceEvents`` array is decoded in slices the same way
+    (its end is found where msgspec reports bytes after a complete list), then the rest of the object."""
+    try:
+        with open(path, "rb") as fh:
+            size = os.fstat(fh.fileno()).st_size
+            if size == 0:
+                raise ProfileError(path, "empty file; expected a Chrome trace (JSON list of events)")
+            mm = mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_COPY)
+    except FileNotFoundError:
+        raise ProfileError(path, "file not found") from None
+    except OSError as exc:
+        raise ProfileError(path, f"cannot be read ({exc.__class__.__name__}: {exc})") from None
+    view = memoryview(mm)
+    can_drop = hasattr(mm, "madvise") and hasattr(mmap, "MADV_DONTNEED")
+    kineto = out is not None
+    try:
+        lo = _skip_ws(mm, 0, size)
+        prefix = b""
+        last: int | None
+        if not kineto:
+            if lo == size or mm[lo] != 0x5B:
+                raise ProfileError(path, "not a JSON array of trace events; expected trace_view.json / msprof_*.json")
+            last = max(_last_non_ws(mm, lo, size), lo)
+            if last == lo or mm[last] != 0x5D:
+                raise ProfileError(path, "truncated JSON: the top-level array is not closed; expected a complete "
+                                         "Chrome trace (JSON list of events)")
+        else:
+            arr = _events_array_start(mm, lo, min(size, lo + _HEAD_LIMIT)) if lo < size and mm[lo] == 0x7B else None
+            if arr is None or arr == _MORE or not _kineto_prefix_ok(mm[lo: arr + 1]):
+                # no top-level traceEvents array found near the start: decode the file at once
+                yield from _whole_object(path, out)  # type: ignore[arg-type]
+                return
+            prefix = mm[lo: arr + 1]
+            lo = arr
+            last = None  # found when a decode runs past the array's end
+        dropped = 0
+        reach = CHUNK_BYTES
+        scan_from = 0
+        n_done = 0  # events decoded so far
+        while True:
+            if (size if last is None else last + 1) - lo <= reach + (reach >> 2):  # the rest, up to the closing bracket
+                mm[lo] = 0x5B
+                if last is None:
+                    last = _kineto_array_end(path, view[lo:], lo, n_done)
+                yield _decode_list(path, view[lo: last + 1], kineto, n_done)
+                if kineto:
+                    _kineto_rest(path, out, prefix, view[last:])  # type: ignore[arg-type]
+                if on_bytes is not None:
+                    on_bytes(size, size, path.name)
+                return
+            target = lo + reach
+            first = max(lo + 1, scan_from)  # cuts before it failed in an earlier round (see the gzip reader)
+            cands = _last_cuts(mm, first, target)
+            decoded = None
+            mm[lo] = 0x5B
+            for m in reversed(cands):
+                close = m.start() + 1
+                saved = mm[close]
+                mm[close] = 0x5D
+                try:
+                    decoded = _list_decoder.decode(view[lo: close + 1])
+                except msgspec.ValidationError as exc:  # an event that is not one, whatever the cut
+                    raise _bad_event(path, exc, kineto, n_done) from None
+                except msgspec.DecodeError as exc:
+                    decoded = None
+                    at = _list_end(exc, view[lo: close + 1]) if kineto else None
+                    if at is not None:  # Kineto: the array ended before this cut
+                        mm[close] = saved
+                        last = lo + at
+                        break
+                mm[close] = saved
+                if decoded is not None:
+                    lo = m.end() - 2  # the byte just before the next '{'
+                    break
+            if decoded is None:
+                if last is None or last >= lo + reach:  # no usable cut in this stretch: take a longer one
+                    scan_from = max(scan_from, target - _CUT_SPAN)
+                    reach += CHUNK_BYTES
+                continue  # else the Kineto array's end was found in it: the rest is its last slice
+            reach = CHUNK_BYTES
+            n_done += len(decoded)
+            yield decoded
+            del decoded
+            if on_bytes is not None:
+                on_bytes(lo, size, path.name)
+            page_end = (lo // mmap.PAGESIZE) * mmap.PAGESIZE
+            if can_drop and page_end > dropped:
+                mm.madvise(mmap.MADV_DONTNEED, dropped, page_end - dropped)
+                dropped = page_end
+    finally:
+        try:
+            view.release()
+            mm.close()
+        except BufferError:  # decoded values still point into it: it closes when they go
+            pass
+
+
+def decode_trace(path: Path, on_bytes: ByteProgress | None = None) -> DecodedFile:
+    """The events of a trace file in slices. For a Kineto object ``distributed_info`` is filled in once
+    ``chunks`` has been consumed (the rest of the object is decoded after the array)."""
+    return _decode(path, on_bytes, whole_objects=False)
+
+
+def decode_whole(path: Path, on_bytes: ByteProgress | None = None) -> DecodedFile:
+    """Like :func:`decode_trace`, but a Kineto object is decoded at once (the reference the streamed decode
+    is compared with; also what the streamed decode falls back to)."""
+    return _decode(path, on_bytes, whole_objects=True)
+
+
+def _decode(path: Path, on_bytes: ByteProgress | None, whole_objects: bool) -> DecodedFile:
+    kind = peek_kind(path, strict=False)
+    if kind == "list":
+        chunks = _stream_array_chunks(path, on_bytes) if path.suffix == ".gz" else _mapped_array_chunks(path, on_bytes)
+        return DecodedFile(chunks, None, False)
+    if kind == "object":
+        out = DecodedFile(iter(()), None, True)
+        if whole_objects:
+            out.chunks = _whole_object(path, out)
+        elif path.suffix == ".gz":
+            out.chunks = _stream_array_chunks(path, on_bytes, out)
+        else:
+            out.chunks = _mapped_array_chunks(path, on_bytes, out)
+        return out
+    if not path.exists():
+        raise ProfileError(path, "file not found")
+    raise ProfileError(path, "not JSON; expected a Chrome trace (trace_view.json, msprof_*.json or a Kineto trace)")
+
+
+def peek_kind(path: Path, strict: bool = True) -> str:
+    """'list' (Ascend style top-level array), 'object' (Kineto style), or 'other', from the first bytes.
+    With ``strict`` an object must show a ``traceEvents`` key in its first 64 KiB to count as Kineto; one
+    that does not is 'object_without_events'. A file that cannot be read (no permission, a corrupt or
+    truncated gzip) raises ProfileError saying so."""
+    try:
+        if path.suffix == ".gz":
+            with gzip.open(path, "rb") as f:
+                head = f.read(1 << 16)
+        else:
+            with open(path, "rb") as f:
+                head = f.read(1 << 16)
+    except FileNotFoundError:
+        return "other"
+    except (OSError, EOFError, zlib.error) as exc:
+        raise ProfileError(path, _read_problem(path, exc)) from None
+    head = head.lstrip()
+    if head.startswith(b"["):
+        return "list"
+    if head.startswith(b"{"):
+        if b'"traceEvents"' in head or not strict:
+            return "object"
+        return "object_without_events"
+    return "other"
+
+
+def _read_problem(path: Path, exc: BaseException) -> str:
+    """Why a file could not be read, as the tail of a one-line message."""
+    if isinstance(exc, zlib.error | EOFError | gzip.BadGzipFile):
+        return (f"not a complete gzip file ({exc.__class__.__name__}: {exc}); expected a .json.gz written whole "
+                "by the profiler")
+    if isinstance(exc, OSError):
+        return f"cannot be read ({exc.strerror or exc})"
+    return f"cannot be read ({exc.__class__.__name__}: {exc})"
