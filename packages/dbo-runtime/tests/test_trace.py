@@ -13,7 +13,7 @@ from dbo_runtime.reference.profiling import SPAN_PATTERN
 
 def _trace(out_dir: Path, dbo: str, link: str, scheduler: str = "thread") -> subprocess.CompletedProcess:
     cmd = [sys.executable, "-m", "dbo_runtime", "reference", "--pattern", "a2", "--enable-dbo" if dbo == "on" else "--no-enable-dbo", "--ranks", "2",
-           "--tokens", "96", "--requests", "3", "--layers", "2", "--hidden", "64", "--intermediate", "128",
+           "--tokens", "96", "--requests", "3", "--layers", "2", "--hidden", "128", "--intermediate", "512",
            "--experts", "4", "--dbo-prefill-token-threshold", "2", "--steps", "1", "--warmup", "1", "--link", link,
            "--trace", str(out_dir), "--dbo-scheduler", scheduler]  # fmt: skip
     return subprocess.run(cmd, capture_output=True, text=True, timeout=240)
@@ -23,7 +23,10 @@ def _trace(out_dir: Path, dbo: str, link: str, scheduler: str = "thread") -> sub
 def traced_run(tmp_path_factory, request):
     out_dir = tmp_path_factory.mktemp(f"trace_{request.param}")
     # A slow modelled link (500 us + bytes / 10 MB/s) so that every collective is still in flight while the
-    # other micro-batch computes. Both schedulers: with greenlets, both micro-batches' compute is on one thread
+    # other micro-batch computes. The layers are wide enough (hidden 128, intermediate 512) that compute spends
+    # most of its time in matmuls, which release the GIL: with hidden 64 a micro-batch's compute was mostly
+    # Python, the communication thread waited for the GIL to start the collective, and on a loaded machine a
+    # rank's collectives could all start after the other micro-batch's compute (overlap 0 seen in CI-like runs). Both schedulers: with greenlets, both micro-batches' compute is on one thread
     # and only the span names tell them apart.
     return _trace(out_dir, "on", "500,0.01", request.param), out_dir, request.param
 
