@@ -272,112 +272,232 @@ def _last_cuts(buf: bytes | bytearray | mmap.mmap, lo: int, hi: int) -> list[re.
 ByteProgress = Callable[[int, int, str], None]
 
 
-def _stream_array_chunks(path: Path, on_bytes: ByteProgress | None = None,
-                         out: DecodedFile | None = None) -> Iterator[list[Event]]:
-    """Decode a top-level JSON array while reading it in ``CHUNK_BYTES`` blocks: memory stays at a few
-    blocks whatever the file size. Each slice ends at a ``}`` followed by ``,`` and ``{`` near the end of the
-    data read so far; the byte after that ``}`` is overwritten with ``]`` and the first byte of the slice
-    with ``[`` for decoding. A cut inside a nested value fails to decode and an earlier one is tried.
+class _Source:
+    """The bytes of one file as the chunk loop sees them: ``buf[lo:hi]`` has been read and is not decoded yet;
+    ``eof`` once nothing more will come. The loop writes brackets into ``buf`` at the cuts."""
 
-    With ``out`` the file is a Kineto object: the ``traceEvents`` array is streamed the same way, the
-    array's end is where msgspec reports bytes after a complete list, and the rest of the object is decoded
-    at the end into ``out.distributed_info``."""
-    f = _open_binary(path)
+    buf: bytearray | mmap.mmap
+    lo: int = 0
+    hi: int = 0
+    eof: bool = False
+    total: int = 0  # the file's size for progress reports; 0: unknown (gzip)
+
+    def more(self) -> bool:
+        """Read about ``CHUNK_BYTES`` more into ``buf``; False (and ``eof``) when there is nothing more."""
+        raise NotImplementedError
+
+    def piece(self, a: int, b: int) -> bytes | memoryview:
+        """``buf[a:b]`` to decode; the decoded ``msgspec.Raw`` values keep it alive."""
+        raise NotImplementedError
+
+    def drop(self, upto: int) -> None:
+        """The bytes before ``upto`` are decoded: ``lo`` moves there (indices may shift: read ``lo`` again)."""
+        raise NotImplementedError
+
+    def position(self) -> int:
+        """Bytes of the file done with so far."""
+        raise NotImplementedError
+
+    def close(self) -> None:
+        raise NotImplementedError
+
+
+class _Streamed(_Source):
+    """A compressed (or otherwise unmappable) file read in blocks into a bytearray; what is decoded is deleted
+    from its front, so memory stays at a few blocks whatever the file size."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.f = _open_binary(path)
+        self.buf = bytearray()
+        self.base = 0  # file offset of buf[0]
+        self.total = path.stat().st_size if path.suffix != ".gz" else 0
+
+    def more(self) -> bool:
+        if self.eof:
+            return False
+        try:
+            block = self.f.read(CHUNK_BYTES)
+        except (OSError, EOFError, zlib.error) as exc:
+            raise ProfileError(self.path, f"cannot be read ({exc.__class__.__name__}: {exc})") from None
+        if not block:
+            self.eof = True
+            return False
+        self.buf += block
+        self.hi = len(self.buf)
+        return True
+
+    def piece(self, a: int, b: int) -> bytes:
+        # a bytes copy: the msgspec.Raw ts values keep it alive, and buf stays resizable
+        with memoryview(self.buf) as view:
+            return bytes(view[a:b])
+
+    def drop(self, upto: int) -> None:
+        del self.buf[:upto]
+        self.base += upto
+        self.lo = 0
+        self.hi = len(self.buf)
+
+    def position(self) -> int:
+        return self.base + self.lo
+
+    def close(self) -> None:
+        self.f.close()
+
+
+class _Mapped(_Source):
+    """An uncompressed file, not copied: mapped copy-on-write (the brackets written at the cuts never reach the
+    file), each slice decoded straight from the mapping. Pages already decoded are handed back
+    (``MADV_DONTNEED``) so resident memory stays at about one slice; a private mapping re-reads such a page
+    from the file if it is touched again."""
+
+    def __init__(self, path: Path) -> None:
+        try:
+            with open(path, "rb") as fh:
+                size = os.fstat(fh.fileno()).st_size
+                if size == 0:
+                    raise ProfileError(path, "empty file; expected a Chrome trace (JSON list of events)")
+                self.buf = mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_COPY)
+        except FileNotFoundError:
+            raise ProfileError(path, "file not found") from None
+        except OSError as exc:
+            raise ProfileError(path, f"cannot be read ({exc.__class__.__name__}: {exc})") from None
+        self.view = memoryview(self.buf)
+        self.hi = self.total = size
+        self.eof = True  # all of it is mapped from the start
+        self.dropped = 0
+        self.can_drop = hasattr(self.buf, "madvise") and hasattr(mmap, "MADV_DONTNEED")
+
+    def more(self) -> bool:
+        return False
+
+    def piece(self, a: int, b: int) -> memoryview:
+        return self.view[a:b]
+
+    def drop(self, upto: int) -> None:
+        self.lo = upto
+        page_end = (upto // mmap.PAGESIZE) * mmap.PAGESIZE
+        if self.can_drop and page_end > self.dropped:
+            self.buf.madvise(mmap.MADV_DONTNEED, self.dropped, page_end - self.dropped)  # type: ignore[union-attr]
+            self.dropped = page_end
+
+    def position(self) -> int:
+        return self.lo
+
+    def close(self) -> None:
+        try:
+            self.view.release()
+            self.buf.close()
+        except BufferError:  # decoded values still point into it: it closes when they go
+            pass
+
+
+def _array_chunks(path: Path, on_bytes: ByteProgress | None = None,
+                  out: DecodedFile | None = None) -> Iterator[list[Event]]:
+    """Decode a top-level JSON array in slices of about ``CHUNK_BYTES``: a file is mapped, a ``.gz`` read in
+    blocks (:class:`_Mapped`, :class:`_Streamed`); one loop serves both. Each slice ends at a ``}`` followed
+    by ``,`` and ``{`` near ``CHUNK_BYTES`` past its start; the byte after that ``}`` is overwritten with ``]``
+    and the slice's first byte with ``[`` for decoding. A cut inside a nested value fails to decode and an
+    earlier one is tried; when none in the stretch decodes, a longer stretch is taken.
+
+    With ``out`` the file is a Kineto object: its ``traceEvents`` array is decoded in slices the same way (its
+    end is found where msgspec reports bytes after a complete list), then the rest of the object into
+    ``out.distributed_info``."""
+    src: _Source = _Streamed(path) if path.suffix == ".gz" else _Mapped(path)
+    kineto = out is not None
     try:
-        size = path.stat().st_size if on_bytes is not None and path.suffix != ".gz" else 0
-        done = 0
-        carry = bytearray()
-        started = False
+        while True:  # leading blanks: dropped as they are read, so each block is looked at once
+            src.drop(_skip_ws(src.buf, src.lo, src.hi))
+            if src.lo < src.hi or not src.more():
+                break
+        buf = src.buf
         prefix = b""  # Kineto: the object up to and including the array's '['
-        last = -1  # Kineto: index in carry of the array's ']' once it is known
-        n_done = 0  # events decoded so far
-        scan_from = 1  # index in carry where the search for cuts starts
-        while True:
-            try:
-                block = f.read(CHUNK_BYTES)
-            except (OSError, EOFError, zlib.error) as exc:
-                raise ProfileError(path, f"cannot be read ({exc.__class__.__name__}: {exc})") from None
-            if block:
-                carry += block
-                done += len(block)
-                if size:
-                    on_bytes(min(done, size), size, path.name)  # type: ignore[misc]
-            if not started:
-                stripped = carry.lstrip()
-                if not stripped and block:
-                    carry.clear()  # only blanks so far: keep nothing, so that each block is looked at once
+        if not kineto:
+            if src.lo == src.hi or buf[src.lo] != 0x5B:
+                raise ProfileError(path, "not a JSON array of trace events; expected trace_view.json / msprof_*.json")
+        else:
+            while True:
+                lo = src.lo
+                arr = (_events_array_start(buf, lo, min(src.hi, lo + _HEAD_LIMIT))
+                       if lo < src.hi and buf[lo] == 0x7B else None)
+                if arr == _MORE and src.hi - lo < _HEAD_LIMIT and src.more():
                     continue
-                if out is None:
-                    if not stripped.startswith(b"["):
-                        raise ProfileError(path, "not a JSON array of trace events; expected trace_view.json / msprof_*.json")
-                    del carry[: len(carry) - len(stripped)]
-                else:
-                    del carry[: len(carry) - len(stripped)]
-                    arr = _events_array_start(carry, 0, len(carry)) if carry.startswith(b"{") else None
-                    if arr == _MORE and block and len(carry) < _HEAD_LIMIT:
-                        continue
-                    if arr is None or arr == _MORE or not _kineto_prefix_ok(bytes(carry[: arr + 1])):
-                        # no top-level traceEvents array found near the start: decode the file at once
-                        f.close()
-                        yield from _whole_object(path, out)
-                        return
-                    prefix = bytes(carry[: arr + 1])
-                    del carry[:arr]  # carry[0] is the array's '['
-                started = True
-            if last >= 0 and block:
-                continue  # Kineto: the array has ended, the rest of the object is being read
-            if not block:  # end of file: the rest must close the array
-                if out is not None:
-                    carry[0] = 0x5B
-                    if last < 0:
-                        last = _kineto_array_end(path, bytes(carry), 0, n_done)
-                    yield _decode_list(path, bytes(carry[: last + 1]), True, n_done)
-                    _kineto_rest(path, out, prefix, carry[last:])
-                    return
-                end = len(carry.rstrip())
-                if end == 0 or carry[end - 1] != 0x5D:
-                    raise ProfileError(path, "truncated JSON: the top-level array is not closed; expected a complete "
-                                             "Chrome trace (JSON list of events)")
-                carry[0] = 0x5B
-                yield _decode_list(path, bytes(carry[:end]), False, n_done)
+                break
+            if arr is None or arr == _MORE or not _kineto_prefix_ok(bytes(buf[lo: arr + 1])):
+                # no top-level traceEvents array found near the start: decode the file at once
+                src.close()
+                yield from _whole_object(path, out)  # type: ignore[arg-type]
                 return
-            if len(carry) < CHUNK_BYTES:
-                continue
+            prefix = bytes(buf[lo: arr + 1])
+            src.drop(arr)  # buf[src.lo] is the array's '['
+        last: int | None = None  # index in buf of the array's closing ']' once known
+        reach = CHUNK_BYTES
+        scan_from = src.lo + 1  # cuts before it failed in an earlier round (the same bytes fail again): never
+        # scanning them twice keeps a long stretch without cuts (1 GiB of blanks) linear
+        n_done = 0  # events decoded so far
+        while True:
+            if last is None:  # more than a slice's worth, or all there is
+                while src.hi - src.lo <= reach and src.more():
+                    pass
+            else:  # Kineto: the array has ended; the rest of the object is read whole
+                while src.more():
+                    pass
+            lo = src.lo
+            if src.eof and (last is not None or src.hi - lo <= reach + (reach >> 2)):  # the last slice
+                buf[lo] = 0x5B
+                if last is None and kineto:
+                    last = _kineto_array_end(path, src.piece(lo, src.hi), lo, n_done)
+                elif last is None:
+                    last = _last_non_ws(buf, lo, src.hi)
+                    if last == lo or buf[last] != 0x5D:
+                        raise ProfileError(path, "truncated JSON: the top-level array is not closed; expected a "
+                                                 "complete Chrome trace (JSON list of events)")
+                yield _decode_list(path, src.piece(lo, last + 1), kineto, n_done)
+                if kineto:
+                    _kineto_rest(path, out, prefix, src.piece(last, src.hi))  # type: ignore[arg-type]
+                if on_bytes is not None and src.total:
+                    on_bytes(src.total, src.total, path.name)
+                return
+            target = min(src.hi, lo + reach)
+            cands = _last_cuts(buf, max(lo + 1, scan_from), target)
             decoded = None
-            # cuts before scan_from were tried in an earlier round and failed (the same bytes fail again):
-            # never scanning them twice keeps a long stretch without cuts (1 GiB of blanks) linear
-            cands = _last_cuts(carry, scan_from, len(carry))
+            buf[lo] = 0x5B
             for m in reversed(cands):
                 close = m.start() + 1
-                saved = carry[close]
-                carry[0] = 0x5B
-                carry[close] = 0x5D
+                saved = buf[close]
+                buf[close] = 0x5D
+                piece = src.piece(lo, close + 1)
                 try:
-                    # a bytes copy: the msgspec.Raw ts values keep it alive, and carry stays resizable
-                    with memoryview(carry) as view:
-                        piece = bytes(view[: close + 1])
                     decoded = _list_decoder.decode(piece)
                 except msgspec.ValidationError as exc:  # an event that is not one, whatever the cut
-                    raise _bad_event(path, exc, out is not None, n_done) from None
+                    raise _bad_event(path, exc, kineto, n_done) from None
                 except msgspec.DecodeError as exc:
                     decoded = None
-                    at = _list_end(exc, carry) if out is not None else None
+                    at = _list_end(exc, piece) if kineto else None
                     if at is not None:  # Kineto: the array ended before this cut
-                        carry[close] = saved
-                        last = at
+                        buf[close] = saved
+                        last = lo + at
                         break
-                carry[close] = saved
+                finally:
+                    del piece
+                buf[close] = saved
                 if decoded is not None:
-                    del carry[: m.end() - 2]  # keep from the byte just before the next '{'
                     break
-            if decoded is not None:
-                scan_from = 1
-                n_done += len(decoded)
-                yield decoded
-            elif last < 0:  # only a cut within the last _CUT_SPAN bytes can still complete
-                scan_from = max(scan_from, len(carry) - _CUT_SPAN)
+            if decoded is None:
+                if last is None:  # no usable cut in this stretch: take a longer one
+                    scan_from = max(scan_from, target - _CUT_SPAN)
+                    reach += CHUNK_BYTES
+                continue  # else the Kineto array's end was found in it: the rest is its last slice
+            reach = CHUNK_BYTES
+            n_done += len(decoded)
+            yield decoded
+            del decoded
+            src.drop(m.end() - 2)  # keep from the byte just before the next '{'
+            scan_from = src.lo + 1
+            if on_bytes is not None and src.total:
+                on_bytes(src.position(), src.total, path.name)
     finally:
-        f.close()
+        src.close()
 
 
 def _kineto_array_end(path: Path, data: bytes | memoryview, base: int, first: int) -> int:
@@ -398,110 +518,6 @@ def _kineto_array_end(path: Path, data: bytes | memoryview, base: int, first: in
 _WS = b" \t\r\n"
 
 
-def _mapped_array_chunks(path: Path, on_bytes: ByteProgress | None = None,
-                         out: DecodedFile | None = None) -> Iterator[list[Event]]:
-    """Like :func:`_stream_array_chunks`, for an uncompressed file, without copying it: the file is mapped
-    copy-on-write (the brackets written at the cuts never reach the file) and each slice is decoded straight
-    from the mapping. Pages already decoded are handed back (``MADV_DONTNEED``) so resident memory stays at
-    about one slice; a private mapping re-reads such a page from the file if it is touched again.
-
-    With ``out`` the file is a Kineto object: its ``traceEvents`` array is decoded in slices the same way
-    (its end is found where msgspec reports bytes after a complete list), then the rest of the object."""
-    try:
-        with open(path, "rb") as fh:
-            size = os.fstat(fh.fileno()).st_size
-            if size == 0:
-                raise ProfileError(path, "empty file; expected a Chrome trace (JSON list of events)")
-            mm = mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_COPY)
-    except FileNotFoundError:
-        raise ProfileError(path, "file not found") from None
-    except OSError as exc:
-        raise ProfileError(path, f"cannot be read ({exc.__class__.__name__}: {exc})") from None
-    view = memoryview(mm)
-    can_drop = hasattr(mm, "madvise") and hasattr(mmap, "MADV_DONTNEED")
-    kineto = out is not None
-    try:
-        lo = _skip_ws(mm, 0, size)
-        prefix = b""
-        last: int | None
-        if not kineto:
-            if lo == size or mm[lo] != 0x5B:
-                raise ProfileError(path, "not a JSON array of trace events; expected trace_view.json / msprof_*.json")
-            last = max(_last_non_ws(mm, lo, size), lo)
-            if last == lo or mm[last] != 0x5D:
-                raise ProfileError(path, "truncated JSON: the top-level array is not closed; expected a complete "
-                                         "Chrome trace (JSON list of events)")
-        else:
-            arr = _events_array_start(mm, lo, min(size, lo + _HEAD_LIMIT)) if lo < size and mm[lo] == 0x7B else None
-            if arr is None or arr == _MORE or not _kineto_prefix_ok(mm[lo: arr + 1]):
-                # no top-level traceEvents array found near the start: decode the file at once
-                yield from _whole_object(path, out)  # type: ignore[arg-type]
-                return
-            prefix = mm[lo: arr + 1]
-            lo = arr
-            last = None  # found when a decode runs past the array's end
-        dropped = 0
-        reach = CHUNK_BYTES
-        scan_from = 0
-        n_done = 0  # events decoded so far
-        while True:
-            if (size if last is None else last + 1) - lo <= reach + (reach >> 2):  # the rest, up to the closing bracket
-                mm[lo] = 0x5B
-                if last is None:
-                    last = _kineto_array_end(path, view[lo:], lo, n_done)
-                yield _decode_list(path, view[lo: last + 1], kineto, n_done)
-                if kineto:
-                    _kineto_rest(path, out, prefix, view[last:])  # type: ignore[arg-type]
-                if on_bytes is not None:
-                    on_bytes(size, size, path.name)
-                return
-            target = lo + reach
-            first = max(lo + 1, scan_from)  # cuts before it failed in an earlier round (see the gzip reader)
-            cands = _last_cuts(mm, first, target)
-            decoded = None
-            mm[lo] = 0x5B
-            for m in reversed(cands):
-                close = m.start() + 1
-                saved = mm[close]
-                mm[close] = 0x5D
-                try:
-                    decoded = _list_decoder.decode(view[lo: close + 1])
-                except msgspec.ValidationError as exc:  # an event that is not one, whatever the cut
-                    raise _bad_event(path, exc, kineto, n_done) from None
-                except msgspec.DecodeError as exc:
-                    decoded = None
-                    at = _list_end(exc, view[lo: close + 1]) if kineto else None
-                    if at is not None:  # Kineto: the array ended before this cut
-                        mm[close] = saved
-                        last = lo + at
-                        break
-                mm[close] = saved
-                if decoded is not None:
-                    lo = m.end() - 2  # the byte just before the next '{'
-                    break
-            if decoded is None:
-                if last is None or last >= lo + reach:  # no usable cut in this stretch: take a longer one
-                    scan_from = max(scan_from, target - _CUT_SPAN)
-                    reach += CHUNK_BYTES
-                continue  # else the Kineto array's end was found in it: the rest is its last slice
-            reach = CHUNK_BYTES
-            n_done += len(decoded)
-            yield decoded
-            del decoded
-            if on_bytes is not None:
-                on_bytes(lo, size, path.name)
-            page_end = (lo // mmap.PAGESIZE) * mmap.PAGESIZE
-            if can_drop and page_end > dropped:
-                mm.madvise(mmap.MADV_DONTNEED, dropped, page_end - dropped)
-                dropped = page_end
-    finally:
-        try:
-            view.release()
-            mm.close()
-        except BufferError:  # decoded values still point into it: it closes when they go
-            pass
-
-
 def decode_trace(path: Path, on_bytes: ByteProgress | None = None) -> DecodedFile:
     """The events of a trace file in slices. For a Kineto object ``distributed_info`` is filled in once
     ``chunks`` has been consumed (the rest of the object is decoded after the array)."""
@@ -517,16 +533,13 @@ def decode_whole(path: Path, on_bytes: ByteProgress | None = None) -> DecodedFil
 def _decode(path: Path, on_bytes: ByteProgress | None, whole_objects: bool) -> DecodedFile:
     kind = peek_kind(path, strict=False)
     if kind == "list":
-        chunks = _stream_array_chunks(path, on_bytes) if path.suffix == ".gz" else _mapped_array_chunks(path, on_bytes)
-        return DecodedFile(chunks, None, False)
+        return DecodedFile(_array_chunks(path, on_bytes), None, False)
     if kind == "object":
         out = DecodedFile(iter(()), None, True)
         if whole_objects:
             out.chunks = _whole_object(path, out)
-        elif path.suffix == ".gz":
-            out.chunks = _stream_array_chunks(path, on_bytes, out)
         else:
-            out.chunks = _mapped_array_chunks(path, on_bytes, out)
+            out.chunks = _array_chunks(path, on_bytes, out)
         return out
     if not path.exists():
         raise ProfileError(path, "file not found")
