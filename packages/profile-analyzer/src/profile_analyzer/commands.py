@@ -226,25 +226,31 @@ def _finite(lo: float, hi: float, *, min_open: bool = False) -> click.FloatRange
 @click.option("--measured-off-us", type=_finite(0, 1e12, min_open=True), default=None,
               help="the DBO-off step time measured without the profiler, µs: compute is scaled to it (a CPU "
                    "profiler's own cost lands on host compute)")
+@click.option("--measured-on", "measured_on", metavar="PATH",
+              help="a profile of the same work taken with DBO on: the prediction is compared with its steps, and the "
+                   "communication operators of both profiles are put side by side")
 @format_option("text", "json", "md")
 @output_option()
 @_output_path_option
 @click.option("--rank", type=NonNegativeInt(1 << 31, what="rank"), help="only this rank")
 @click.option("--step", type=NonNegativeInt(1 << 62, what="step"),
-              help="the step to simulate (ProfilerStep#N, or the N-th vLLM step annotation; default: the last)")
+              help="the step to simulate (ProfilerStep#N, or the N-th vLLM step annotation; default: every step)")
 @_comm_pattern_option
 def whatif_command(path: str | None, profiling_path: str | None, ubatches: int, switch_us: float,
                    compute_scale: float | None, comm_scale: float | None, comm_fixed_us: float,
-                   measured_off_us: float | None, format: str, output: Path | None, output_path: Path | None,
-                   rank: int | None, step: int | None, comm_patterns: tuple[str, ...]) -> int:
+                   measured_off_us: float | None, measured_on: str | None, format: str, output: Path | None,
+                   output_path: Path | None, rank: int | None, step: int | None, comm_patterns: tuple[str, ...]) -> int:
     from profile_analyzer.report.whatif import render_whatif
     from profile_analyzer.whatif import whatif
 
     source = _profile(path, profiling_path, "profile", "-d/--profiling_path")
     target = _destination(output, output_path, WHATIF_NAMES, format)
     tl = _progress_loader(source, [rank] if rank is not None else None, default_jobs(), comm_patterns=comm_patterns)
+    on_tl = (_progress_loader(measured_on, [rank] if rank is not None else None, default_jobs(),
+                              comm_patterns=comm_patterns) if measured_on is not None else None)
     d = whatif(tl, ubatches=ubatches, switch_us=switch_us, rank=rank, step=step, compute_scale=compute_scale,
-               comm_scale=comm_scale, comm_fixed_us=comm_fixed_us, measured_off_us=measured_off_us)
+               comm_scale=comm_scale, comm_fixed_us=comm_fixed_us, measured_off_us=measured_off_us,
+               measured_on=on_tl)
     write_output(target, render_whatif(d, format))
     return 0
 

@@ -56,7 +56,7 @@ from profile_analyzer.errors import ProfileError
 from profile_analyzer.timeline import COMM_KINDS, COMPUTE_KINDS, RankTimeline, Timeline
 
 __all__ = ["Segment", "Schedule", "LayerResult", "simulate", "split_parts", "segments_from_rank", "step_windows", "whatif",
-           "LAYER_NAME"]
+           "measured", "collectives_by_name", "LAYER_NAME"]
 
 LAYER_NAME = re.compile(r"(?<![a-z])layers?[._#-]?(\d+)(?!\d)", re.IGNORECASE)
 """A layer index in a task name: ``layer3``, ``attn_layer_3``, ``model.layers.3.mlp``, ``Layer#3``."""
@@ -398,9 +398,40 @@ def _strip_digits(name: str) -> str:
     return re.sub(r"\d+", "#", name)
 
 
+def collectives_by_name(timeline: Timeline, ranks: Sequence[int], top: int = 4) -> list[dict[str, Any]]:
+    """The communication operators of ``ranks`` by name, the longest in total first: count, mean and total µs."""
+    totals: dict[str, list[float]] = {}
+    for r in ranks:
+        rt = timeline.ranks[r]
+        idx = np.nonzero(rt.of_kind(*COMM_KINDS))[0]
+        durs = (rt.end_ns[idx] - rt.start_ns[idx]) / 1000.0
+        for name_id, dur in zip(rt.name_id[idx].tolist(), durs.tolist(), strict=True):
+            t = totals.setdefault(rt.names[name_id], [0, 0.0])
+            t[0] += 1
+            t[1] += dur
+    rows = [{"name": n, "count": int(c), "mean_us": tot / c, "total_us": tot} for n, (c, tot) in totals.items()]
+    return sorted(rows, key=lambda x: -x["total_us"])[:top]
+
+
+def measured(timeline: Timeline, rank: int | None = None) -> dict[str, Any]:
+    """The steps of a profile as measured (a profile taken with DBO on, to check a prediction against): per step
+    the slowest rank's step window; a profile without step ranges is one step from its first to its last task."""
+    if rank is not None and rank not in timeline.ranks:
+        raise ProfileError(timeline.source, f"rank {rank} not in the profile; ranks present: {sorted(timeline.ranks)}")
+    ranks = [rank] if rank is not None else sorted(timeline.ranks)
+    per_step: dict[int | None, float] = {}
+    for r in ranks:
+        for lo, hi, sid in step_windows(timeline.ranks[r]):
+            per_step[sid] = max(per_step.get(sid, 0.0), (hi - lo) / 1000.0)
+    total = sum(per_step.values())
+    return {"path": timeline.source, "ranks": ranks, "steps": len(per_step), "on_us": total,
+            "mean_step_us": total / len(per_step), "collectives": collectives_by_name(timeline, ranks)}
+
+
 def whatif(timeline: Timeline, *, ubatches: int = 2, switch_us: float = 30.0, rank: int | None = None,
            step: int | None = None, compute_scale: float | None = None, comm_scale: float | None = None,
-           comm_fixed_us: float = 0.0, measured_off_us: float | None = None) -> dict[str, Any]:
+           comm_fixed_us: float = 0.0, measured_off_us: float | None = None,
+           measured_on: Timeline | None = None) -> dict[str, Any]:
     """Every step of every rank simulated with DBO on; a step is as slow as its slowest rank.
 
     ``ranks[*].steps``: per step off/on; ``ranks[*]`` itself carries the full schedule summary and the per-layer
@@ -408,6 +439,10 @@ def whatif(timeline: Timeline, *, ubatches: int = 2, switch_us: float = 30.0, ra
     without the profiler (one step; with several steps, their mean). A CPU profiler's own cost lands on
     host-side compute (every operator is recorded), not on a collective's transfer, so the compute segments are
     scaled to make the step add up to it; device kernel times (NPU, GPU) need no such help.
+
+    ``measured_on``: a profile of the same work taken with DBO on; the result's ``measured_on`` compares the
+    predicted mean step with its measured one, and puts each profile's communication operators side by side
+    (the prediction assumes DBO runs the same collectives; where DBO changes them it cannot know).
     """
     if rank is not None and rank not in timeline.ranks:
         raise ProfileError(timeline.source, f"rank {rank} not in the profile; ranks present: {sorted(timeline.ranks)}")
@@ -449,7 +484,7 @@ def whatif(timeline: Timeline, *, ubatches: int = 2, switch_us: float = 30.0, ra
     # a step ends when its slowest rank does
     off = sum(max(o for o, _ in v) for v in per_step.values())
     on = sum(max(n for _, n in v) for v in per_step.values())
-    return {
+    result: dict[str, Any] = {
         "source": {"path": timeline.source, "format": timeline.format, "ranks": ranks},
         "settings": {"ubatches": ubatches, "switch_us": switch_us,
                      "compute_scale": 1.0 / ubatches if compute_scale is None else compute_scale,
@@ -459,3 +494,10 @@ def whatif(timeline: Timeline, *, ubatches: int = 2, switch_us: float = 30.0, ra
                     "pays": on < off, "exposed_comm_us": max(sum(s["comm_us"] for s in x["steps"]) for x in rows)},
         "ranks": rows,
     }
+    if measured_on is not None:
+        m = measured(measured_on, rank)
+        predicted = on / len(per_step)
+        m.update(predicted_mean_step_us=predicted, error=predicted / m["mean_step_us"] - 1,
+                 collectives_off=collectives_by_name(timeline, ranks))
+        result["measured_on"] = m
+    return result

@@ -22,6 +22,11 @@ def verdict(d: dict[str, Any]) -> str:
         head += f" Layers where it cannot pay: {', '.join(layers[:12])}{' ...' if len(layers) > 12 else ''}."
     if s["exposed_comm_us"] == 0:
         head += " The DBO-off step has no exposed communication: there is nothing to hide."
+    m = d.get("measured_on")
+    if m is not None:
+        head += (f" Measured with DBO on ({m['path']}): {m['steps']} steps, {m['on_us'] / 1000:,.3f} ms, "
+                 f"{m['mean_step_us'] / 1000:,.3f} ms per step against {m['predicted_mean_step_us'] / 1000:,.3f} "
+                 f"predicted ({m['error']:+.1%}).")
     return head
 
 
@@ -33,6 +38,12 @@ def tables(d: dict[str, Any]) -> list[tuple[str, list[str], list[list[str]]]]:
     steps = [[_f(r["rank"]), _f(x["step"]), _f(x["collectives"]), _f(x["comm_us"]), _f(x["off_us"]), _f(x["on_us"]),
               _f(x["speedup"], 2) + "x"] for r in d["ranks"] for x in r["steps"]]
     out = []
+    m = d.get("measured_on")
+    if m is not None:
+        colls = [[which, c["name"], _f(c["count"]), _f(c["mean_us"]), _f(c["total_us"])]
+                 for which, key in (("DBO off", "collectives_off"), ("DBO on", "collectives")) for c in m[key]]
+        out.append(("Communication operators with DBO off and on (the prediction assumes DBO runs the same ones)",
+                    ["profile", "operator", "count", "mean µs", "total µs"], colls))
     if len(steps) > len(d["ranks"]):
         out.append(("Every step (µs)", ["rank", "step", "collectives", "exposed comm (off)", "step off", "step on",
                                         "speed-up"], steps))
@@ -72,7 +83,7 @@ def render_whatif(d: dict[str, Any], fmt: str, width: int = 120) -> str:
     for title, headers, rows in tables(d):
         t = Table(title=title, title_justify="left")
         for h in headers:
-            t.add_column(h, justify="left" if h == "pays" else "right")
+            t.add_column(h, justify="left" if h in ("pays", "profile", "operator") else "right")
         for r in rows:
             t.add_row(*r)
         console.print()
