@@ -20,7 +20,6 @@ import math
 import os
 import shutil
 import sys
-import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -153,29 +152,19 @@ def _write_weights(out: Path, config: dict[str, Any], seed: int) -> None:
 
 def ensure_family_model(family: str, cache_dir: Path | None = None, *, seed: int = 0) -> Path:
     """The folder of the tiny ``family`` model, generated first when the cache does not hold it."""
+    from kv_capacity.testing.tinymodels import publish_model_folder
+
     cache_dir = Path(cache_dir) if cache_dir is not None else default_cache_dir()
     target = cache_dir / _key(family)
     if (target / "config.json").is_file():
         return target
-    cache_dir.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{family}-", dir=cache_dir))
-    os.chmod(tmp, 0o755)
-    try:
-        config = family_config(family)
-        (tmp / "config.json").write_text(json.dumps(config, indent=1))
-        _copy_tokenizer(tmp)
-        _write_weights(tmp, config, seed)
-        (tmp / "generation_config.json").write_text(json.dumps({"bos_token_id": 1, "eos_token_id": 2,
-                                                                "pad_token_id": 0}))
-        try:
-            tmp.rename(target)
-        except OSError:  # another process finished the same model first
-            if not (target / "config.json").is_file():
-                raise
-    finally:
-        if tmp.exists():
-            shutil.rmtree(tmp, ignore_errors=True)
-    return target
+    config = family_config(family)
+
+    def fill(folder: Path) -> None:
+        _copy_tokenizer(folder)
+        _write_weights(folder, config, seed)
+
+    return publish_model_folder(target, config, fill)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -25,6 +25,7 @@ import os
 import shutil
 import sys
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -232,20 +233,16 @@ def _write_weights(out: Path, config_dict: dict[str, Any], seed: int, shard_byte
     return total
 
 
-def ensure_model(arch: str, cache_dir: Path | None = None, *, seed: int = 0) -> Path:
-    """Return the folder of tiny model `arch`, generating it first if the cache does not hold it."""
-    cache_dir = Path(cache_dir) if cache_dir is not None else default_cache_dir()
-    target = cache_dir / model_key(arch)
-    if (target / "config.json").is_file():
-        return target
-    cache_dir.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{arch}-", dir=cache_dir))
+def publish_model_folder(target: Path, config: dict[str, Any], fill: Callable[[Path], None]) -> Path:
+    """Write the model folder ``target`` whole or not at all: ``config.json``, ``generation_config.json`` and what
+    ``fill(folder)`` writes (tokenizer, weights) go into a temporary folder beside it that is renamed into place
+    at the end; another process that finished the same model first wins. Returns ``target``."""
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}-", dir=target.parent))
     os.chmod(tmp, 0o755)  # mkdtemp makes it private; the cache is shared like any model folder
     try:
-        config = model_config(arch)
         (tmp / "config.json").write_text(json.dumps(config, indent=1))
-        _write_tokenizer(tmp)
-        _write_weights(tmp, config, seed)
+        fill(tmp)
         (tmp / "generation_config.json").write_text(
             json.dumps({"bos_token_id": 1, "eos_token_id": 2, "pad_token_id": 0}, indent=1)
         )
@@ -258,6 +255,21 @@ def ensure_model(arch: str, cache_dir: Path | None = None, *, seed: int = 0) -> 
         if tmp.exists():
             shutil.rmtree(tmp, ignore_errors=True)
     return target
+
+
+def ensure_model(arch: str, cache_dir: Path | None = None, *, seed: int = 0) -> Path:
+    """Return the folder of tiny model `arch`, generating it first if the cache does not hold it."""
+    cache_dir = Path(cache_dir) if cache_dir is not None else default_cache_dir()
+    target = cache_dir / model_key(arch)
+    if (target / "config.json").is_file():
+        return target
+    config = model_config(arch)
+
+    def fill(folder: Path) -> None:
+        _write_tokenizer(folder)
+        _write_weights(folder, config, seed)
+
+    return publish_model_folder(target, config, fill)
 
 
 def main(argv: list[str] | None = None) -> int:
