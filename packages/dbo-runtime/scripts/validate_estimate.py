@@ -34,7 +34,8 @@ def validate(bench: dict) -> dict:
     config = MoEConfig(num_layers=m["layers"], hidden_size=m["hidden"], num_experts=m["experts"], top_k=m["top_k"],
                        expert_intermediate=m["expert_intermediate"], shared_intermediate=m["shared_intermediate"])
     spec = compute_spec_from_config(est.reference_config(config), name="reference")
-    hw = est.with_measured_cpu(est.HARDWARE["cpu-link"], spec)
+    hw = est.with_measured_cpu(est.HARDWARE["cpu-link"], spec, ranks=RANKS, reference=config,
+                               layer_requests=m["requests"])
     switch = float(bench.get("handoff_us", {}).get("median_us") or hw.switch_us["thread"])
     par = est.Parallel(1, RANKS, True)
     rows = []
@@ -66,8 +67,14 @@ def validate(bench: dict) -> dict:
 
 def markdown(result: dict) -> str:
     rates = result["rates"]
-    out = [f"Rates measured now: {rates['gflops']:.1f} GFLOP/s ({rates['shape']}, fp32, one thread), copy "
-           f"{rates['copy_gbps']:.1f} GB/s; switch {result['switch_us']:.1f} us (the bench's handoff median).", "",
+    out = [f"Rates measured now ({rates['ranks']} ranks at once, one thread each, on {rates['cores']} cores; the "
+           f"slowest rank's medians): {rates['gflops']:.1f} GFLOP/s ({rates['shape']}, fp32), copy "
+           f"{rates['copy_gbps']:.1f} GB/s, elementwise {rates['elementwise_gbps']:.1f} GB/s (SwiGLU), "
+           f"{rates['op_us']:.2f} us per operator; one reference layer of {rates['layer_tokens']} tokens timed at "
+           f"{rates['layer_ms']:.1f} ms against {rates['layer_predicted_ms']:.1f} ms at those rates, so the matrix "
+           f"products reach {100 * rates['compute_efficiency']:.1f}% of the timed rate; switch "
+           f"{result['switch_us']:.1f} us (the bench's handoff median).",
+           "",
            "| pattern | tokens | link | off ms (meas / pred) | compute ms (meas / pred) | comm ms (meas / pred) "
            "| speed-up measured | speed-up predicted | error | |",
            "|---|---:|---|---:|---:|---:|---:|---:|---:|---|"]

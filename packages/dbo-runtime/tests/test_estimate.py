@@ -20,9 +20,10 @@ TINY = {"model_type": "deepseek_v2", "hidden_size": 8, "num_hidden_layers": 1, "
         "num_key_value_heads": 2, "head_dim": 4, "intermediate_size": 16, "moe_intermediate_size": 16,
         "n_routed_experts": 4, "n_shared_experts": 1, "num_experts_per_tok": 2, "first_k_dense_replace": 0,
         "moe_layer_freq": 1, "torch_dtype": "float32"}
-# 1 FLOP per us, 1 byte per us of memory and of link, 10 us per collective: a segment's time is its count
+# 1 FLOP per us, 1 byte per us of memory, of elementwise operators and of link, 10 us per collective, no cost per
+# operator: a segment's time is its count
 UNIT = est.hardware_from_dict({"tflops": 1e-6, "mem_bw_gbps": 1e-3, "link_gbps": 1e-3, "latency_us": 10.0,
-                               "switch_us": 0.0})
+                               "switch_us": 0.0, "elementwise_gbps": 1e-3, "op_us": 0.0})
 
 
 def _tiny():
@@ -39,13 +40,20 @@ def test_one_moe_layer_by_hand_a2():
     assert attn.flops == 2 * 256 * 4 + 32 * 4 * 2.5 + 2 * 32 * 4 + 2 * 384 * 4  # 5696
     # weights (256 + 32 + 384) x 4 bytes, 4 hidden reads/writes per token (4 x 8 x 4 B), the KV written (4 x 64 B)
     assert attn.bytes == (256 + 32 + 384) * 4 + 4 * 128 + 4 * 64  # 3456
-    assert attn.full_us == attn.flops  # compute-bound at 1 FLOP/us and 1 B/us
+    # elementwise, per token: two norms (2 x 2 x 8 x 4 B), two residual adds (2 x 3 x 8 x 4 B), RoPE on the 2 + 2
+    # heads of 4 (read, write: 2 x 16 x 4 B), the router's softmax (2 x 4 experts x 4 B), the shared expert's
+    # activation (read gate and up, write: 3 x 16 x 4 B); fused attention: no scores in memory
+    assert attn.elementwise_bytes == 4 * (128 + 192 + 128 + 32 + 192)  # 2688
+    assert attn.full_us == attn.flops + attn.elementwise_bytes  # compute-bound at 1 FLOP/us and 1 B/us
     # all-gather: 4 tokens x (8 hidden + 2 ids + 2 weights) x 4 B to the one other rank
     assert gather.bytes == 4 * 12 * 4 and gather.full_us == 10 + 192 and gather.part_us == 10 + 96
     # experts: 4 tokens x top-2 x 384 weights x 2 FLOPs; weights read: every expert hit by one of the group's 8
     # tokens (1 - (1/2)^8) of this rank's 2 experts x 384 x 4 B, plus 4 x 2 rows in and out of 8 x 4 B
     assert experts.flops == 2 * 4 * 2 * 384
     assert experts.bytes == pytest.approx(4 * (1 - 0.5**8) * 384 * 4 / 2 + 2 * 4 * 2 * 8 * 4)
+    # 4 x 2 rows gathered (2 x 8 x 4 B), activated (3 x 16 x 4 B), combined (3 x 8 x 4 B)
+    assert experts.elementwise_bytes == 4 * 2 * (16 + 48 + 24) * 4
+    assert experts.full_us == experts.flops + experts.elementwise_bytes
     assert scatter.bytes == 4 * 8 * 4 and scatter.full_us == 10 + 128
 
 
@@ -105,7 +113,7 @@ def test_pays_from_matches_a_brute_force_scan():
                                      "intermediate_size": 512, "num_hidden_layers": 2}, name="small")
     # one crossing among the counts checked one by one, one on the geometric grid (then bisected)
     for hw, par, pattern, kind, hi in ((est.HARDWARE["cpu-link"], est.Parallel(1, 2, True), "a3", "prefill", 300),
-                                       (est.HARDWARE["910B"], est.Parallel(1, 4, True), "a2", "decode", 3000)):
+                                       (est.HARDWARE["910B"], est.Parallel(1, 4, True), "a2", "decode", 5000)):
         gain = _gain(spec, hw, par, pattern, kind, 30.0)
         values = {n: gain(n) > 0 for n in range(2, hi + 1)}
         brute = next((n for n in range(2, hi + 1) if all(values[m] for m in range(n, hi + 1))), None)
@@ -132,7 +140,8 @@ def test_pays_from_rises_with_the_switch_cost():
 def test_presets_have_every_field(name):
     hw = est.HARDWARE[name]
     assert hw.name == name and hw.description and hw.sources
-    assert all(x > 0 for x in (hw.tflops, hw.mem_bw_gbps, hw.link_gbps, hw.peer_gbps))
+    assert all(x > 0 for x in (hw.tflops, hw.mem_bw_gbps, hw.link_gbps, hw.peer_gbps, hw.elementwise_gbps, hw.op_us))
+    assert hw.fused == (name != "cpu-link")  # serving kernels on devices; the reference's plain torch here
     assert set(hw.latency_us) == set(est.COLLECTIVES) and all(v >= 0 for v in hw.latency_us.values())
     assert set(hw.switch_us) == {"thread", "greenlet"} and hw.switch_us["greenlet"] < hw.switch_us["thread"]
     assert all(0 < x <= 1 for x in (hw.compute_efficiency, hw.mem_efficiency, hw.link_efficiency))
@@ -146,14 +155,26 @@ def test_full_mesh_bandwidth_grows_with_the_peers():
     assert hw.link("all_gather", 64).gbps == pytest.approx(392 * hw.link_efficiency)
 
 
+_NEW = {"elementwise_gbps": 1, "op_us": 1}
+
+
 @pytest.mark.parametrize("data, needle", [
-    ({"tflops": 1, "mem_bw_gbps": 1, "link_gbps": 1, "latency_us": 1, "switch_us": 1, "colour": 1}, "colour"),
-    ({"tflops": 1, "mem_bw_gbps": 1, "latency_us": 1, "switch_us": 1}, "link_gbps"),
-    ({"tflops": 0, "mem_bw_gbps": 1, "link_gbps": 1, "latency_us": 1, "switch_us": 1}, "tflops"),
-    ({"tflops": 1, "mem_bw_gbps": 1, "link_gbps": 1, "latency_us": {"all_gather": 1}, "switch_us": 1}, "latency_us"),
-    ({"tflops": 1, "mem_bw_gbps": 1, "link_gbps": 1, "latency_us": -1, "switch_us": 1}, "latency_us"),
-    ({"tflops": 1, "mem_bw_gbps": 1, "link_gbps": 1, "latency_us": 1, "switch_us": 1, "link_efficiency": 2},
+    ({"tflops": 1, "mem_bw_gbps": 1, "link_gbps": 1, "latency_us": 1, "switch_us": 1, "colour": 1, **_NEW}, "colour"),
+    ({"tflops": 1, "mem_bw_gbps": 1, "latency_us": 1, "switch_us": 1, **_NEW}, "link_gbps"),
+    ({"tflops": 0, "mem_bw_gbps": 1, "link_gbps": 1, "latency_us": 1, "switch_us": 1, **_NEW}, "tflops"),
+    ({"tflops": 1, "mem_bw_gbps": 1, "link_gbps": 1, "latency_us": {"all_gather": 1}, "switch_us": 1, **_NEW},
+     "latency_us"),
+    ({"tflops": 1, "mem_bw_gbps": 1, "link_gbps": 1, "latency_us": -1, "switch_us": 1, **_NEW}, "latency_us"),
+    ({"tflops": 1, "mem_bw_gbps": 1, "link_gbps": 1, "latency_us": 1, "switch_us": 1, "link_efficiency": 2, **_NEW},
      "link_efficiency"),
+    # a hardware description from before the elementwise rate and the cost per operator existed
+    ({"tflops": 1, "mem_bw_gbps": 1, "link_gbps": 1, "latency_us": 1, "switch_us": 1}, "elementwise_gbps, op_us"),
+    ({"tflops": 1, "mem_bw_gbps": 1, "link_gbps": 1, "latency_us": 1, "switch_us": 1, "elementwise_gbps": 0,
+      "op_us": 1}, "elementwise_gbps"),
+    ({"tflops": 1, "mem_bw_gbps": 1, "link_gbps": 1, "latency_us": 1, "switch_us": 1, "elementwise_gbps": 1,
+      "op_us": -1}, "op_us"),
+    ({"tflops": 1, "mem_bw_gbps": 1, "link_gbps": 1, "latency_us": 1, "switch_us": 1, **_NEW, "fused": "yes"},
+     "fused"),
 ])
 def test_bad_hardware_numbers_are_refused(data, needle):
     with pytest.raises(DBOConfigError, match=needle):
@@ -249,3 +270,79 @@ def test_cpu_link_measures_this_cpu():
     hw = est.with_measured_cpu(est.HARDWARE["cpu-link"], spec)
     assert hw.measured["gflops"] > 0 and hw.tflops == pytest.approx(hw.measured["gflops"] / 1e3)
     assert replace(hw, measured={}) != est.HARDWARE["cpu-link"]
+
+
+# -- the work besides the matrix products: elementwise operators and the fixed cost per operator --------------
+
+
+def _attention(hw, work):
+    spec = compute_spec_from_config(est.reference_config(MoEConfig()), name="reference")
+    return est.layer_costs(spec, hw, work, est.Parallel(1, 2, True), "a2")[0].segments[0]
+
+
+def test_unfused_attention_scores_grow_with_the_keys():
+    unfused = replace(UNIT, fused=False)
+    short, long = (_attention(unfused, est.Workload(64, "decode", context_len=n)) for n in (1024, 4096))
+    # 4 heads x 3,072 more keys per query, fp32 scores read and written by the softmax, for each of 64 tokens
+    assert long.elementwise_bytes - short.elementwise_bytes == pytest.approx(64 * 4 * 3072 * 2 * 4)
+    assert long.full_us > short.full_us
+    # fused attention (FlashAttention, FIA) keeps its scores on chip: only the KV cache read grows
+    f_short, f_long = (_attention(UNIT, est.Workload(64, "decode", context_len=n)) for n in (1024, 4096))
+    assert f_long.elementwise_bytes == f_short.elementwise_bytes
+
+
+def test_each_micro_batch_pays_the_cost_per_operator_again():
+    hw = replace(UNIT, op_us=100.0)
+    attn = _attention(hw, est.Workload(1024, "prefill", prompt_len=1024))
+    free = _attention(UNIT, est.Workload(1024, "prefill", prompt_len=1024))
+    assert attn.ops > 0 and attn.full_us == pytest.approx(free.full_us + attn.ops * 100.0)
+    # the fused layer's operators do not shrink with the tokens: two halves pay them twice
+    assert 2 * attn.part_us - attn.full_us == pytest.approx(2 * free.part_us - free.full_us + attn.ops * 100.0)
+    # unfused, attention runs per request: a half of the requests launches half the attention operators
+    per_request = replace(hw, fused=False)
+    work = est.Workload(1024, "prefill", prompt_len=256)  # 4 prompts; a micro-batch has 2
+    whole, half = (_attention(per_request, replace(work, tokens=n)).ops for n in (1024, 512))
+    assert whole - half == 2 * 4  # scores, mask, softmax, values per request
+
+
+def test_hardware_file_without_the_new_rates_is_one_line_exit_2(capsys, tmp_path):
+    old = {k: v for k, v in est.HARDWARE["910B"].to_dict().items() if k not in ("elementwise_gbps", "op_us")}
+    path = tmp_path / "old.json"
+    path.write_text(json.dumps(old))
+    code = main(["estimate", "--model", "deepseek-v3", "--hardware-file", str(path)])
+    err = capsys.readouterr().err
+    lines = [x for x in err.splitlines() if x.strip()]
+    assert code == 2 and len(lines) == 1 and "elementwise_gbps, op_us missing" in lines[0], err
+
+
+def test_cpu_link_times_the_ranks_at_once_and_a_reference_layer():
+    cfg = MoEConfig(hidden_size=64, num_heads=2, head_dim=32, num_layers=2, num_experts=4, expert_intermediate=128,
+                    shared_intermediate=128)
+    spec = compute_spec_from_config(est.reference_config(cfg), name="reference")
+    hw = est.with_measured_cpu(est.HARDWARE["cpu-link"], spec, ranks=2, reference=cfg, layer_tokens=64,
+                               layer_requests=2)
+    m = hw.measured
+    assert m["ranks"] == 2 and m["layer_ms"] > 0 and m["layer_predicted_ms"] > 0
+    assert hw.elementwise_gbps == m["elementwise_gbps"] > 0 and hw.op_us == m["op_us"] > 0
+    assert 0 < hw.compute_efficiency == m["compute_efficiency"] <= 1
+    assert hw.mem_efficiency == 1.0 and hw.tflops == pytest.approx(m["gflops"] / 1e3)
+
+
+def _validate_script():
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[1] / "scripts" / "validate_estimate.py"
+    spec = importlib.util.spec_from_file_location("validate_estimate", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.mark.parametrize("text", ["not json", "{}", '{"rows": []}', "[1, 2]"])
+def test_validate_estimate_bad_input_is_one_line_exit_2(capsys, tmp_path, text):
+    bad = tmp_path / "bench.json"
+    bad.write_text(text)
+    assert _validate_script().main([str(bad)]) == 2
+    err = capsys.readouterr().err
+    assert len(err.strip().splitlines()) == 1 and "not a readable `dbo-runtime bench` JSON" in err

@@ -6,9 +6,13 @@ segments, each with its time for the whole batch (``full_us``) and for one micro
 (``part_us``). ``profile_analyzer.whatif.simulate`` (the toolkit's one schedule simulation) then runs the two
 micro-batches' ping-pong over that chain, with the micro-batch switch cost.
 
-Compute: a roofline, ``max(FLOPs / matrix rate, bytes read / memory bandwidth)``, where the bytes are the weights
-the segment reads (read once whatever the token count: a decode micro-batch of half the tokens costs nearly as
-much as the whole batch) plus activations and, in attention, the KV cache. Communication: ``latency + wire bytes /
+Compute: a roofline for the matrix products, ``max(FLOPs / matrix rate, bytes read / memory bandwidth)``, where the
+bytes are the weights the segment reads (read once whatever the token count: a decode micro-batch of half the
+tokens costs nearly as much as the whole batch) plus activations and, in attention, the KV cache; plus the bytes
+the elementwise and data-movement operators must read and write (norms, residual adds, RoPE, the router's softmax,
+the SwiGLU activations, the gathers and combines of the experts' rows and, where attention is not fused, the
+softmax over the scores: it grows with the keys) at the hardware's elementwise rate; plus a fixed cost per
+operator, which each micro-batch pays again (the per-micro-batch overhead of DBO). Communication: ``latency + wire bytes /
 bandwidth``, wire bytes per rank as the reference model's link model counts them (all-gather: input x (n - 1);
 reduce-scatter: output x (n - 1); all-to-all: bytes sent to the other ranks; ring all-reduce: 2 (n - 1) / n x
 bytes).
@@ -31,6 +35,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field, replace
@@ -70,6 +75,14 @@ class Hardware:
     ``link_gbps`` is what one rank can inject into the fabric; ``peer_gbps`` what one rank-to-rank link carries
     (a full mesh, as HCCS on Atlas A2: a collective over ``n`` ranks uses ``n - 1`` links at once). The bandwidth a
     collective gets is ``min(link_gbps, peer_gbps x (n - 1)) x link_efficiency``.
+
+    The work besides the matrix products: ``elementwise_gbps`` is the rate (GB/s, reached, not a peak) at which the
+    elementwise and data-movement operators (norms, RoPE, softmax, the SwiGLU activation, the gathers and scatters
+    of the experts' rows) move the bytes they must read and write; ``op_us`` the fixed cost of one operator (kernel
+    launch, framework dispatch), paid per operator whatever its size, so a micro-batch pays it again. ``fused``:
+    attention keeps its scores on chip (FlashAttention, FIA) and the routed experts run as one grouped kernel each
+    step (vLLM's serving paths); False: one operator per step, the attention scores written to memory and the
+    experts looped over, as the reference model's plain torch does.
     """
 
     name: str
@@ -80,6 +93,9 @@ class Hardware:
     peer_gbps: float
     latency_us: dict[str, float]
     switch_us: dict[str, float]
+    elementwise_gbps: float
+    op_us: float
+    fused: bool = True
     compute_efficiency: float = 1.0
     mem_efficiency: float = 1.0
     link_efficiency: float = 1.0
@@ -96,6 +112,9 @@ class Hardware:
     def bytes_per_us(self) -> float:
         return self.mem_bw_gbps * 1e3 * self.mem_efficiency
 
+    def elementwise_bytes_per_us(self) -> float:
+        return self.elementwise_gbps * 1e3
+
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
         d["sources"] = list(self.sources)
@@ -107,10 +126,25 @@ class Hardware:
 # is the same kind of OS-thread wake-up: ASSUMPTION that it costs what it costs here.
 _SWITCH_HOST = {"thread": 30.0, "greenlet": 1.0}
 
+
+def _accelerator(name: str, description: str, *, latency: tuple[float, float, float, float], mem_efficiency: float,
+                 **rates: Any) -> Hardware:
+    """A device preset: ``latency`` per collective kind in COLLECTIVES order; the host's switch costs; fused serving
+    kernels. Elementwise operators on HBM devices are bandwidth-bound: ASSUMPTION that they reach the same fraction
+    of the HBM bandwidth as the weights' reads (``mem_efficiency``)."""
+    return Hardware(name=name, description=description, latency_us=dict(zip(COLLECTIVES, latency, strict=True)),
+                    switch_us=dict(_SWITCH_HOST), mem_efficiency=mem_efficiency,
+                    elementwise_gbps=rates["mem_bw_gbps"] * mem_efficiency, fused=True, **rates)
+
+
+# ASSUMPTION (op_us, devices): the fixed cost per operator on the device under vLLM's graph capture (ACL graph on
+# Ascend, CUDA graphs on NVIDIA: the host's launch cost, 5-50 us per eager kernel (NVIDIA's Nsight Systems
+# measurement of a PyTorch elementwise kernel: ~20 us on V100), is captured away and a few microseconds between
+# kernels remain). Ascend: https://www.hiascend.com/document/detail/en/CANNCommunityEdition/900/programug/acldevg/
+# runtime_doc_dev_0029.html (eager delivery overhead is "the bottleneck"; graphs remove it), no per-kernel figure.
 HARDWARE: dict[str, Hardware] = {
-    "910B": Hardware(
-        name="910B",
-        description="Ascend 910B (Atlas 800T/800I A2: 8 NPUs, HCCS full mesh), one NPU per rank",
+    "910B": _accelerator(
+        "910B", "Ascend 910B (Atlas 800T/800I A2: 8 NPUs, HCCS full mesh), one NPU per rank",
         # ~320 TFLOPS FP16 dense: https://boardor.com/blog/huawei-ascend-910b-outperforms-h20-910c-approaches-h100
         # (third-party; Huawei publishes no per-SKU datasheet figure we could reach: 910B1..B4 range ~280-400).
         tflops=320.0,
@@ -121,55 +155,52 @@ HARDWARE: dict[str, Hardware] = {
         # widely reported for Atlas 800T A2; the Ascend docs reached (npu-smi info -t hccs-bw,
         # hiascend.com/document/detail/zh/Atlas%20200I%20A2/2550/re/npu/topic_0000002481386228.html) say how to
         # measure it, not the figure.
-        link_gbps=392.0,
-        peer_gbps=56.0,
+        link_gbps=392.0, peer_gbps=56.0,
         # ASSUMPTION: HCCL launch + synchronisation latency per collective, order of tens of microseconds.
-        latency_us={"all_gather": 30.0, "reduce_scatter": 30.0, "all_reduce": 40.0, "all_to_all": 50.0},
-        switch_us=dict(_SWITCH_HOST),
+        latency=(30.0, 30.0, 40.0, 50.0),
+        op_us=5.0,  # ASSUMPTION, see above
         compute_efficiency=0.6, mem_efficiency=0.8, link_efficiency=0.7,  # ASSUMPTION: fractions of peak reached
         sources=("https://boardor.com/blog/huawei-ascend-910b-outperforms-h20-910c-approaches-h100",),
     ),
-    "910C": Hardware(
-        name="910C",
-        description="Ascend 910C die (Atlas 900 A3 SuperPoD / CloudMatrix384: each die is one NPU rank, UB fabric)",
+    "910C": _accelerator(
+        "910C", "Ascend 910C die (Atlas 900 A3 SuperPoD / CloudMatrix384: each die is one NPU rank, UB fabric)",
         # The 910C package gives 752 TFLOPS BF16 dense over its two dies, 376 per die; 128 GB HBM at 3.2 TB/s per
         # package, 1.6 TB/s per die; UB 196 GB/s per NPU (Zuo et al., "Serving Large Language Models on Huawei
         # CloudMatrix384", arXiv 2506.12708, section 3; the per-NPU UB figure also in
         # https://chinaresearchcollective.substack.com/p/huawei-ascend-cloudmatrix-384-supernode).
-        tflops=376.0,
-        mem_bw_gbps=1600.0,
-        link_gbps=196.0,
-        peer_gbps=196.0,  # switched (UB switches): one rank's injection is the limit
+        tflops=376.0, mem_bw_gbps=1600.0,
+        link_gbps=196.0, peer_gbps=196.0,  # switched (UB switches): one rank's injection is the limit
         # ASSUMPTION: UB collectives' fixed latency, a few tens of microseconds for HCCL/MC2 dispatch and combine.
-        latency_us={"all_gather": 25.0, "reduce_scatter": 25.0, "all_reduce": 30.0, "all_to_all": 40.0},
-        switch_us=dict(_SWITCH_HOST),
+        latency=(25.0, 25.0, 30.0, 40.0),
+        op_us=5.0,  # ASSUMPTION, see above
         compute_efficiency=0.6, mem_efficiency=0.8, link_efficiency=0.7,  # ASSUMPTION
         sources=("https://arxiv.org/abs/2506.12708",
                  "https://chinaresearchcollective.substack.com/p/huawei-ascend-cloudmatrix-384-supernode"),
     ),
-    "H200": Hardware(
-        name="H200",
-        description="NVIDIA H200 SXM (HGX 8-GPU, NVLink 4 through NVSwitch), one GPU per rank",
+    "H200": _accelerator(
+        "H200", "NVIDIA H200 SXM (HGX 8-GPU, NVLink 4 through NVSwitch), one GPU per rank",
         # NVIDIA H200 datasheet: BF16 Tensor Core 1,979 TFLOPS *with sparsity*, i.e. 989 dense; HBM3e 4.8 TB/s;
         # NVLink 900 GB/s bidirectional = 450 GB/s each way (https://www.nvidia.com/en-us/data-center/h200/;
         # the same figures at https://lzwjava.github.io/nvidia-h200-gpu-specs-en).
-        tflops=989.0,
-        mem_bw_gbps=4800.0,
-        link_gbps=450.0,
-        peer_gbps=450.0,  # NVSwitch: injection-limited
+        tflops=989.0, mem_bw_gbps=4800.0,
+        link_gbps=450.0, peer_gbps=450.0,  # NVSwitch: injection-limited
         # ASSUMPTION: NCCL intranode latency ~10-20 us; all-to-all (DeepEP low-latency kernels) a few tens of us.
-        latency_us={"all_gather": 15.0, "reduce_scatter": 15.0, "all_reduce": 20.0, "all_to_all": 30.0},
-        switch_us=dict(_SWITCH_HOST),
+        latency=(15.0, 15.0, 20.0, 30.0),
+        op_us=3.0,  # ASSUMPTION, see above
         compute_efficiency=0.7, mem_efficiency=0.8, link_efficiency=0.75,  # ASSUMPTION
         sources=("https://www.nvidia.com/en-us/data-center/h200/",),
     ),
     "cpu-link": Hardware(
         name="cpu-link",
         description="this CPU, one thread per rank (the reference model's ranks), with the reference's modelled link",
-        # tflops and mem_bw_gbps are MEASURED when the preset is used (measure_cpu_rates: a timed matmul of the
-        # model's MLP shapes and a timed copy, one thread); these are placeholders until then.
+        # tflops, mem_bw_gbps, elementwise_gbps and op_us are MEASURED when the preset is used (measure_cpu_rates:
+        # a timed matmul of the model's MLP shapes, a timed copy, a timed SwiGLU activation of the model's width and
+        # a timed tiny operator, one thread per rank, the ranks at once); these are placeholders until then.
         tflops=0.05,
         mem_bw_gbps=10.0,
+        elementwise_gbps=10.0,
+        op_us=5.0,
+        fused=False,  # the reference model: plain torch, attention per request, experts in a loop
         # The reference's link model (dbo_runtime.reference.comm.LinkModel) as `make bench` calibrates it on this
         # machine (bench-results/dbo_runtime.json default_links: 20 us + bytes / 0.01205 GB/s for A2, 0.0135 for
         # A3); pass --link-gbps/--link-latency-us for another setting.
@@ -191,8 +222,9 @@ def hardware_preset(name: str) -> Hardware:
     raise DBOConfigError(f"--hardware {name!r} is unknown; accepted: {', '.join(HARDWARE)} (or --hardware-file)")
 
 
-_HW_NUMBERS = ("tflops", "mem_bw_gbps", "link_gbps", "peer_gbps", "compute_efficiency", "mem_efficiency",
-               "link_efficiency")
+_HW_NUMBERS = ("tflops", "mem_bw_gbps", "link_gbps", "peer_gbps", "elementwise_gbps", "compute_efficiency",
+               "mem_efficiency", "link_efficiency")
+_HW_REQUIRED = ("tflops", "mem_bw_gbps", "link_gbps", "latency_us", "switch_us", "elementwise_gbps", "op_us")
 
 
 def _positive(what: str, value: Any, *, at_most: float | None = None) -> float:
@@ -200,6 +232,12 @@ def _positive(what: str, value: Any, *, at_most: float | None = None) -> float:
     if not ok or (at_most is not None and value > at_most):
         bound = f" and <= {at_most:g}" if at_most is not None else ""
         raise DBOConfigError(f"{what} {value!r} is invalid; accepted: a number > 0{bound}")
+    return float(value)
+
+
+def _non_negative(what: str, value: Any) -> float:
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value) or value < 0:
+        raise DBOConfigError(f"{what} {value!r} is invalid; accepted: a number >= 0")
     return float(value)
 
 
@@ -216,7 +254,7 @@ def hardware_from_dict(data: dict[str, Any], *, base: Hardware | None = None, wh
         raise DBOConfigError(f"{where}: unknown field(s) {', '.join(unknown)}; accepted: {', '.join(sorted(known))}")
     values: dict[str, Any] = asdict(base) if base is not None else {}
     values.update(data)
-    missing = [f for f in ("tflops", "mem_bw_gbps", "link_gbps", "latency_us", "switch_us") if f not in values]
+    missing = [f for f in _HW_REQUIRED if f not in values]
     if missing:
         raise DBOConfigError(f"{where}: field(s) {', '.join(missing)} missing; accepted: the fields of a preset "
                              f"(see `dbo-runtime estimate --format json`'s hardware)")
@@ -226,6 +264,9 @@ def hardware_from_dict(data: dict[str, Any], *, base: Hardware | None = None, wh
     for key in _HW_NUMBERS:
         if key in values:
             values[key] = _positive(f"{where} {key}", values[key], at_most=1.0 if key.endswith("efficiency") else None)
+    values["op_us"] = _non_negative(f"{where} op_us", values["op_us"])
+    if not isinstance(values.get("fused", True), bool):
+        raise DBOConfigError(f"{where} fused {values['fused']!r} is invalid; accepted: true or false")
     lat, sw = values["latency_us"], values["switch_us"]
     if not isinstance(lat, dict):
         lat = {k: lat for k in COLLECTIVES}
@@ -235,8 +276,7 @@ def hardware_from_dict(data: dict[str, Any], *, base: Hardware | None = None, wh
         if set(table) != set(kinds):
             raise DBOConfigError(f"{where} {key} must give {', '.join(kinds)} (or one number for all)")
         for k, v in table.items():
-            if isinstance(v, bool) or not isinstance(v, int | float) or not math.isfinite(v) or v < 0:
-                raise DBOConfigError(f"{where} {key}.{k} {v!r} is invalid; accepted: a number >= 0")
+            _non_negative(f"{where} {key}.{k}", v)
     values["latency_us"] = {k: float(lat[k]) for k in COLLECTIVES}
     values["switch_us"] = {k: float(sw[k]) for k in SCHEDULERS}
     values["sources"] = tuple(values.get("sources") or ())
@@ -265,16 +305,67 @@ def hardware_from_file(path: str | Path) -> Hardware:
     return hardware_from_dict(data, where=f"--hardware-file {p.name}")
 
 
-def measure_cpu_rates(hidden: int, intermediate: int, dtype_bytes: int = 4, *, rows: int = 512,
-                      repeats: int = 5) -> dict[str, float]:
-    """This CPU's matrix rate (GFLOP/s) on the model's MLP shapes and its copy bandwidth (GB/s), one thread.
+def measure_cpu_rates(hidden: int, intermediate: int, dtype_bytes: int = 4, *, rows: int = 512, repeats: int = 9,
+                      ranks: int = 1, seconds: float = 1.5, layer: dict[str, Any] | None = None) -> dict[str, Any]:
+    """This CPU's rates for one rank of the reference model, one thread per rank, ``ranks`` ranks computing at once.
 
-    The reference model's ranks run one thread each; the best of ``repeats`` timings is taken (a shared machine
-    only ever makes a timing slower).
+    Timed on the model's shapes: the matrix rate (GFLOP/s) of its MLP matmuls, the copy bandwidth (GB/s), the
+    elementwise rate (GB/s of the bytes a SwiGLU activation of the model's width must read and write) and the fixed
+    cost of one operator (``op_us``, a tiny add). The reference's ranks are processes sharing this CPU's cores, its
+    caches and its memory, so with ``ranks > 1`` the timing runs in that many processes at once (up to one per
+    core) over a common window of ``seconds``, and the slowest rank's rates are kept (a step waits for it); with
+    more ranks than cores the ranks also share the cores, and the rates are scaled by cores / ranks. Medians of the
+    timed repeats, as the bench reports medians of steps.
+
+    ``layer`` (``{"config": MoEConfig fields, "tokens": n, "requests": r}``): also time one layer of the reference
+    model itself, every operator of its compute (``layer_ms``, the slowest rank's median), with the same ranks at
+    once: what a whole layer reaches of the timed rates (``with_measured_cpu``).
     """
+    cores = os.cpu_count() or 1
+    if ranks <= 1:
+        m = _time_cpu_rates(hidden, intermediate, dtype_bytes, rows, repeats, 0.0, None, layer, 1)
+    else:
+        import multiprocessing as mp
+
+        ctx = mp.get_context("spawn")
+        workers = min(ranks, cores)
+        barrier, results = ctx.Barrier(workers), ctx.Queue()
+        procs = [ctx.Process(target=_cpu_rates_worker, daemon=True,
+                             args=(hidden, intermediate, dtype_bytes, rows, repeats, seconds, barrier, results,
+                                   layer, ranks))
+                 for _ in range(workers)]
+        for proc in procs:
+            proc.start()
+        try:
+            got = [results.get(timeout=120 + 10 * seconds) for _ in procs]
+        finally:
+            for proc in procs:
+                proc.join(10)
+        share = min(1.0, cores / ranks)
+        m = {"gflops": min(x["gflops"] for x in got) * share, "copy_gbps": min(x["copy_gbps"] for x in got) * share,
+             "elementwise_gbps": min(x["elementwise_gbps"] for x in got) * share,
+             "op_us": max(x["op_us"] for x in got) / share, "shape": got[0]["shape"]}
+        if layer is not None:
+            m["layer_ms"] = max(x["layer_ms"] for x in got) / share
+    return {**m, "ranks": ranks, "cores": cores}
+
+
+def _cpu_rates_worker(hidden: int, intermediate: int, dtype_bytes: int, rows: int, repeats: int, seconds: float,
+                      barrier: Any, results: Any, layer: dict[str, Any] | None, ranks: int) -> None:
+    results.put(_time_cpu_rates(hidden, intermediate, dtype_bytes, rows, repeats, seconds, barrier, layer, ranks))
+
+
+def _time_cpu_rates(hidden: int, intermediate: int, dtype_bytes: int, rows: int, repeats: int, seconds: float,
+                    barrier: Any = None, layer: dict[str, Any] | None = None, ranks: int = 1) -> dict[str, Any]:
+    """One rank's timings (see measure_cpu_rates): ``repeats`` rounds at least, for ``seconds`` at least after the
+    ranks meet at ``barrier``."""
+    import statistics
+
     import torch
+    import torch.nn.functional as F
 
     dtype = {2: torch.bfloat16, 4: torch.float32}.get(dtype_bytes, torch.float32)
+    b = torch.finfo(dtype).bits // 8
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
@@ -282,26 +373,84 @@ def measure_cpu_rates(hidden: int, intermediate: int, dtype_bytes: int = 4, *, r
         w13 = torch.randn(hidden, 2 * intermediate, dtype=dtype)
         w2 = torch.randn(intermediate, hidden, dtype=dtype)
         mid = torch.randn(rows, intermediate, dtype=dtype)
-        flops = 2 * rows * hidden * 3 * intermediate
-        x @ w13, mid @ w2  # warm-up  # noqa: B018
-        best = math.inf
-        for _ in range(repeats):
+        gate_up = torch.randn(rows, 2 * intermediate, dtype=dtype)
+        src = torch.randn(8 << 20)  # 32 MiB of float32
+        dst = torch.empty_like(src)
+        tiny = torch.randn(8, hidden, dtype=dtype)
+        ops = 64
+
+        def swiglu() -> torch.Tensor:
+            gate, up = gate_up.chunk(2, dim=-1)
+            return F.silu(gate) * up
+
+        x @ w13, mid @ w2, swiglu(), dst.copy_(src), tiny + tiny  # warm-up  # noqa: B018
+        if barrier is not None:
+            barrier.wait()
+        mm, act, copy, op = [], [], [], []
+        end = time.perf_counter() + seconds
+        while len(mm) < repeats or time.perf_counter() < end:
             t0 = time.perf_counter()
             x @ w13
             mid @ w2
-            best = min(best, time.perf_counter() - t0)
-        src = torch.randn(8 << 20)  # 32 MiB of float32
-        dst = torch.empty_like(src)
-        dst.copy_(src)
-        copy = math.inf
-        for _ in range(repeats):
-            t0 = time.perf_counter()
+            t1 = time.perf_counter()
+            swiglu()
+            t2 = time.perf_counter()
             dst.copy_(src)
-            copy = min(copy, time.perf_counter() - t0)
+            t3 = time.perf_counter()
+            for _ in range(ops):
+                tiny + tiny  # noqa: B018
+            t4 = time.perf_counter()
+            mm.append(t1 - t0), act.append(t2 - t1), copy.append(t3 - t2), op.append((t4 - t3) / ops)
+        layer_s = _time_reference_layer(layer, ranks, repeats, seconds, barrier) if layer is not None else None
     finally:
         torch.set_num_threads(threads)
-    return {"gflops": flops / best / 1e9, "copy_gbps": 2 * src.numel() * 4 / copy / 1e9,
+    med = statistics.median
+    return {**({"layer_ms": layer_s * 1e3} if layer_s is not None else {}),"gflops": 2 * rows * hidden * 3 * intermediate / med(mm) / 1e9,
+            "copy_gbps": 2 * src.numel() * 4 / med(copy) / 1e9,
+            "elementwise_gbps": 3 * rows * intermediate * b / med(act) / 1e9,  # read gate and up, write the product
+            "op_us": med(op) * 1e6,
             "shape": f"[{rows}x{hidden}]@[{hidden}x{2 * intermediate}] + [{rows}x{intermediate}]@[{intermediate}x{hidden}]"}
+
+
+def _time_reference_layer(layer: dict[str, Any], ranks: int, repeats: int, seconds: float, barrier: Any) -> float:
+    """Median seconds of the compute of one reference-model layer on one rank of ``ranks`` (A2 layout: the experts
+    run over every rank's tokens, as the all-gather delivers them; no collective is run)."""
+    import statistics
+    import types
+
+    import torch
+
+    from dbo_runtime.reference.model import Batch, KVCache, MoEConfig, ReferenceMoE, batch_inputs
+
+    config = MoEConfig(**{**layer["config"], "num_layers": 1})
+    model = ReferenceMoE(config, pattern="a2", comm=types.SimpleNamespace(rank=0, world_size=ranks),
+                         dtype=torch.float32)
+    tokens, requests = int(layer["tokens"]), int(layer["requests"])
+    batch = Batch.prefill([tokens // requests + (i < tokens % requests) for i in range(requests)])
+    kv = KVCache(config, batch, rank=0, dtype=torch.float32)
+    x0 = batch_inputs(config, batch, rank=0, step=0, dtype=torch.float32)
+    part = model.whole_part(x0, batch)
+    p, hs, k = model.layers[0], config.hidden_size, config.top_k
+
+    def run() -> None:
+        x = x0 + model._attention(part, model._rms_norm(x0, p["norm1"]), 0, kv)
+        h = model._rms_norm(x, p["norm2"])
+        ids, weights = model._route(h, 0)
+        shared = model._mlp(h, p["shared13"], p["shared2"])
+        gathered = torch.cat([torch.cat([h, ids.to(h.dtype), weights], dim=1)] * ranks)
+        partial = model._local_experts(gathered[:, :hs], gathered[:, hs:hs + k].long(), gathered[:, hs + k:], 0)
+        x + shared + partial[:tokens]  # noqa: B018 - the reduce-scatter would return this rank's rows
+
+    run()  # warm-up
+    if barrier is not None:
+        barrier.wait()
+    times: list[float] = []
+    end = time.perf_counter() + seconds
+    while len(times) < repeats or time.perf_counter() < end:
+        t0 = time.perf_counter()
+        run()
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times)
 
 
 # ------------------------------------------------------------------------------------------------- cost model
@@ -318,6 +467,12 @@ class Workload:
     prompt_len: int = 2048
     # the reference model computes attention over its whole (padded) KV length, masking instead of skipping
     full_keys: bool = False
+
+    def requests(self, tokens: float) -> float:
+        """Requests among ``tokens`` (decode: one token each; prefill: prompts of ``prompt_len``)."""
+        if self.kind == "decode":
+            return max(1.0, tokens)
+        return max(1.0, math.ceil(tokens / self.prompt_len))
 
     def keys_per_token(self, tokens: float) -> float:
         """Keys one query attends to on average (per request)."""
@@ -350,8 +505,10 @@ class SegmentCost:
     full_us: float
     part_us: float
     flops: float = 0.0
-    bytes: float = 0.0  # memory bytes read/written (compute) or wire bytes (comm)
+    bytes: float = 0.0  # memory bytes the matrix products read/write (compute) or wire bytes (comm)
     collective: str | None = None
+    elementwise_bytes: float = 0.0  # bytes the elementwise and data-movement operators read/write (compute)
+    ops: float = 0.0  # operators (kernels) launched (compute)
 
 
 @dataclass(frozen=True)
@@ -364,17 +521,21 @@ class LayerCost:
         return sum(s.full_us for s in self.segments)
 
 
-def _compute(name: str, hw: Hardware, tokens: float, parts: int, flops_per_token: float, weight_bytes: float,
-             act_bytes_per_token: float, kv_bytes: Callable[[float], float] | None = None,
-             flops_of: Callable[[float], float] | None = None) -> SegmentCost:
-    def cost(t: float) -> tuple[float, float, float]:
-        flops = flops_of(t) if flops_of else flops_per_token * t
-        mem = weight_bytes + act_bytes_per_token * t + (kv_bytes(t) if kv_bytes else 0.0)
-        return max(flops / hw.flops_per_us(), mem / hw.bytes_per_us()), flops, mem
+def _compute(name: str, hw: Hardware, tokens: float, parts: int, *, flops_of: Callable[[float], float],
+             mem_of: Callable[[float], float], elementwise_of: Callable[[float], float] = lambda t: 0.0,
+             ops_of: Callable[[float], float] = lambda t: 0.0) -> SegmentCost:
+    """A compute segment of ``tokens`` (and of a micro-batch of ``tokens / parts``): the matrix products' roofline,
+    ``max(FLOPs / rate, bytes / bandwidth)``, plus the elementwise operators' bytes at their rate, plus the fixed
+    cost of every operator (which a micro-batch pays again: it does not shrink with the tokens)."""
+    def cost(t: float) -> tuple[float, float, float, float, float]:
+        flops, mem, ew, ops = flops_of(t), mem_of(t), elementwise_of(t), ops_of(t)
+        us = max(flops / hw.flops_per_us(), mem / hw.bytes_per_us()) + ew / hw.elementwise_bytes_per_us() \
+            + ops * hw.op_us
+        return us, flops, mem, ew, ops
 
-    full, flops, mem = cost(tokens)
-    part, _, _ = cost(tokens / parts)
-    return SegmentCost("compute", name, full, part, flops, mem)
+    full, flops, mem, ew, ops = cost(tokens)
+    part = cost(tokens / parts)[0]
+    return SegmentCost("compute", name, full, part, flops, mem, elementwise_bytes=ew, ops=ops)
 
 
 def _comm(name: str, collective: str, hw: Hardware, ranks: int, wire_bytes: float, parts: int) -> SegmentCost:
@@ -422,6 +583,8 @@ def layer_costs(spec: ComputeSpec, hw: Hardware, work: Workload, par: Parallel, 
     tp, g = par.tensor_parallel_size, par.group
     h = spec.hidden_size
     nh, nkv, hd, vd = spec.num_attention_heads, spec.num_kv_heads, spec.head_dim, spec.v_head_dim
+    fused = hw.fused
+    act_ops = 1 if fused else 2  # SwiGLU: one fused kernel, or silu then multiply
     # -- attention projections (per token, whole model; sharded by tp below)
     if spec.is_mla:
         rope = spec.qk_rope_head_dim or 0
@@ -431,10 +594,14 @@ def layer_costs(spec: ComputeSpec, hw: Hardware, work: Workload, par: Parallel, 
         proj_params = q + kv_down + kv_up + nh * vd * h
         kv_cache_per_token = (spec.kv_lora_rank + rope) * b  # replicated over tp (MLA's latent cache)
         kv_shard = 1
+        rope_values = (nh / tp + 1) * rope  # the queries' rope part and the one shared rope key
+        proj_ops = 4 if spec.q_lora_rank else 3  # q (down, up), kv down, kv up
     else:
         proj_params = h * (nh * hd + 2 * nkv * hd) + nh * vd * h
         kv_cache_per_token = 2 * nkv * hd * b
         kv_shard = tp
+        rope_values = (nh + nkv) * hd / tp
+        proj_ops = 1  # fused qkv
     score_flops_per_key = 2 * nh * hd + 2 * nh * vd
     gate_params = h * spec.num_experts if spec.is_moe else 0
 
@@ -449,9 +616,34 @@ def layer_costs(spec: ComputeSpec, hw: Hardware, work: Workload, par: Parallel, 
     attn_weights = proj_params * b / tp + gate_params * b
     act = 4 * h * b  # norm in/out, residual: a few reads and writes of the hidden state per token
 
-    def attention(extra_flops_per_token: float = 0.0, extra_weights: float = 0.0, name: str = "attention"):
-        return _compute(name, hw, T, parts, 0.0, attn_weights + extra_weights, act, attn_kv_bytes,
-                        flops_of=lambda t: attn_flops(t) + extra_flops_per_token * t)
+    def attn_elementwise(t: float) -> float:
+        """Per token: two RMSNorms (read, write the hidden state), two residual adds (two reads, one write), RoPE
+        (read, write), the router's softmax over the experts (fp32) and, unfused, the attention scores' softmax
+        (fp32, read and write, per head and key: it grows with the keys)."""
+        per_token = 4 * h * b + 6 * h * b + 2 * rope_values * b + (2 * spec.num_experts * 4 if gate_params else 0)
+        if not fused:
+            per_token += 2 * 4 * (nh / tp) * work.keys_per_token(t)
+        return t * per_token
+
+    def attn_ops(t: float) -> float:
+        """Norm, projections, RoPE (q, k), KV-cache write, attention, output projection, residual, norm, residual;
+        attention is one kernel fused, or scores, mask, softmax and values per request unfused; the router's gate,
+        softmax and top-k."""
+        core = 1 if fused else 4 * work.requests(t)
+        return 2 + proj_ops + 2 + 1 + core + 1 + 3 + (3 if gate_params else 0)
+
+    def attention(shared_params: float = 0.0, shared_width: float = 0.0, name: str = "attention"):
+        return _compute(name, hw, T, parts,
+                        flops_of=lambda t: attn_flops(t) + 2 * shared_params * t,
+                        mem_of=lambda t: attn_weights + shared_params * b + act * t + attn_kv_bytes(t),
+                        elementwise_of=lambda t: attn_elementwise(t) + 3 * shared_width * b * t,
+                        ops_of=lambda t: attn_ops(t) + (2 + act_ops if shared_params else 0))
+
+    def mlp(name: str, params: float, width: float) -> SegmentCost:
+        """A dense (or shared-expert) SwiGLU MLP of ``params`` weights and ``width`` intermediate, this rank's share:
+        the activation reads gate and up and writes their product."""
+        return _compute(name, hw, T, parts, flops_of=lambda t: 2 * params * t, mem_of=lambda t: params * b + act * t,
+                        elementwise_of=lambda t: 3 * width * b * t, ops_of=lambda t: 2 + act_ops)
 
     def all_reduce(name: str) -> SegmentCost:
         return _comm(name, "all_reduce", hw, tp, 2 * (tp - 1) / tp * T * h * b, parts)
@@ -464,7 +656,7 @@ def layer_costs(spec: ComputeSpec, hw: Hardware, work: Workload, par: Parallel, 
             segs.append(attention())
             if tp > 1:
                 segs.append(all_reduce("attention all-reduce"))
-            segs.append(_compute("mlp", hw, T, parts, 2 * dense_params / tp, dense_params * b / tp, act))
+            segs.append(mlp("mlp", dense_params / tp, (spec.intermediate_size or 0) / tp))
             if tp > 1:
                 segs.append(all_reduce("mlp all-reduce"))
             layers.append(LayerCost("dense", tuple(segs)))
@@ -477,23 +669,29 @@ def layer_costs(spec: ComputeSpec, hw: Hardware, work: Workload, par: Parallel, 
         if tp > 1:
             segs.append(attention())
             segs.append(all_reduce("attention all-reduce"))
-            segs.append(_compute("shared experts + router", hw, T, parts, 2 * shared_params / tp,
-                                 shared_params * b / tp, act))
+            segs.append(mlp("shared experts + router", shared_params / tp, spec.shared_intermediate_size / tp))
         else:
-            segs.append(attention(2 * shared_params, shared_params * b, "attention + router + shared experts"))
+            segs.append(attention(shared_params, spec.shared_intermediate_size, "attention + router + shared experts"))
         expert_params = 3 * h * width
 
-        def expert_weights(t: float, k: int = k, E: int = E, expert_params: float = expert_params) -> float:
-            # every expert hit by at least one of the group's t * g tokens is read; this rank holds 1/g of them
-            hit = 1 - (1 - k / E) ** (t * g)
-            return E * hit * expert_params * b / g
+        def hit(t: float, k: int = k, E: int = E) -> float:
+            """The fraction of the experts hit by at least one of the group's ``t * g`` tokens."""
+            return 1 - (1 - k / E) ** (t * g)
 
-        e_full = max(2 * _ep_flops(t_moe, k, expert_params) / hw.flops_per_us(),
-                     (expert_weights(t_moe) + 2 * t_moe * k * h * b) / hw.bytes_per_us())
-        e_part = max(2 * _ep_flops(t_moe / parts, k, expert_params) / hw.flops_per_us(),
-                     (expert_weights(t_moe / parts) + 2 * t_moe / parts * k * h * b) / hw.bytes_per_us())
-        expert_seg = SegmentCost("compute", "routed experts", e_full, e_part, 2 * _ep_flops(t_moe, k, expert_params),
-                                 expert_weights(t_moe) + 2 * t_moe * k * h * b)
+        def expert_ops(t: float, E: int = E) -> float:
+            # fused: dispatch (permute), grouped gate-up, activation, grouped down, combine; unfused, per local
+            # expert hit: select its rows, gather, gate-up, activation, down, scale, scatter-add, and one zeroing
+            return 4 + act_ops if fused else 1 + E / g * hit(t) * (6 + act_ops)
+
+        # balanced routing: this rank computes t x k (token, expert) rows; every one is gathered in (read, write the
+        # hidden state), activated (read gate and up, write) and combined back (read it and the sum, write the sum);
+        # every expert hit is read once, this rank holds 1/g of them
+        expert_seg = _compute(
+            "routed experts", hw, t_moe, parts,
+            flops_of=lambda t, k=k, p=expert_params: 2 * _ep_flops(t, k, p),
+            mem_of=lambda t, k=k, E=E, p=expert_params: E * hit(t) * p * b / g + 2 * t * k * h * b,
+            elementwise_of=lambda t, k=k, w=width: t * k * (2 * h + 3 * w + 3 * h) * b,
+            ops_of=expert_ops)
         payload = (h + 2 * k) * b  # hidden + top-k ids + weights (what the reference sends)
         if pattern == "a2":
             segs.append(_comm("moe prepare all-gather", "all_gather", hw, g, t_moe * payload * (g - 1), parts))
@@ -634,19 +832,41 @@ def with_overrides(hw: Hardware, **over: float | None) -> Hardware:
         bw = _positive("--link-gbps", over["link_gbps"])
         changes.update(link_gbps=bw, peer_gbps=bw, link_efficiency=1.0)
     if over.get("link_latency_us") is not None:
-        lat = over["link_latency_us"]
-        if isinstance(lat, bool) or not isinstance(lat, int | float) or not math.isfinite(lat) or lat < 0:
-            raise DBOConfigError(f"--link-latency-us {lat!r} is invalid; accepted: a number >= 0")
-        changes["latency_us"] = {k: float(lat) for k in COLLECTIVES}
+        lat = _non_negative("--link-latency-us", over["link_latency_us"])
+        changes["latency_us"] = {k: lat for k in COLLECTIVES}
     return replace(hw, **changes) if changes else hw
 
 
-def with_measured_cpu(hw: Hardware, spec: ComputeSpec) -> Hardware:
-    """cpu-link with this CPU's rates measured now on the model's MLP shapes."""
+def with_measured_cpu(hw: Hardware, spec: ComputeSpec, *, ranks: int = 1, reference: Any = None,
+                      layer_tokens: int = 512, layer_requests: int = 4) -> Hardware:
+    """cpu-link with this CPU's rates measured now on the model's shapes, ``ranks`` ranks sharing the CPU (the
+    reference model runs every rank here: pass its rank count).
+
+    ``reference`` (the reference model's ``MoEConfig``, whose config ``spec`` is): also time one of its layers,
+    every operator of its compute, on ``layer_tokens`` tokens per rank in ``layer_requests`` prompts, the ranks at
+    once, and set ``compute_efficiency`` to the fraction of the timed matrix rate that the layer's matrix products
+    reach: the layer's FLOPs at the timed rate over the timed layer less what the cost model gives its elementwise
+    operators and operator overheads (capped at 1). It is what a preset's ``compute_efficiency`` assumes (the
+    fraction of the peak a real layer reaches), measured here on the model that runs here.
+    """
     width = spec.moe_intermediate_size or spec.intermediate_size or 4 * spec.hidden_size
-    m = measure_cpu_rates(spec.hidden_size, width, spec.dtype_bytes)
-    return replace(hw, tflops=m["gflops"] / 1e3, mem_bw_gbps=m["copy_gbps"], compute_efficiency=1.0,
-                   mem_efficiency=1.0, measured=m)
+    layer = None
+    if reference is not None:
+        layer = {"config": asdict(reference), "tokens": layer_tokens, "requests": layer_requests}
+    m = measure_cpu_rates(spec.hidden_size, width, spec.dtype_bytes, ranks=ranks, layer=layer)
+    out = replace(hw, tflops=m["gflops"] / 1e3, mem_bw_gbps=m["copy_gbps"], elementwise_gbps=m["elementwise_gbps"],
+                  op_us=m["op_us"], compute_efficiency=1.0, mem_efficiency=1.0, measured=m)
+    if layer is None:
+        return out
+    work = Workload(layer_tokens, "prefill", prompt_len=max(1, layer_tokens // layer_requests), full_keys=True)
+    first = layer_costs(spec, out, work, Parallel(1, ranks, True), "a2")[0]
+    compute = [x for x in first.segments if x.kind == "compute"]
+    matrix_us = sum(x.flops for x in compute) / out.flops_per_us()
+    rest_us = sum(x.elementwise_bytes / out.elementwise_bytes_per_us() + x.ops * out.op_us for x in compute)
+    efficiency = min(1.0, matrix_us / max(m["layer_ms"] * 1e3 - rest_us, 1e-9))
+    m = {**m, "layer_tokens": layer_tokens, "layer_predicted_ms": (matrix_us + rest_us) / 1e3,
+         "compute_efficiency": efficiency}
+    return replace(out, compute_efficiency=efficiency, measured=m)
 
 
 def reference_config(config: Any) -> dict[str, Any]:
