@@ -193,15 +193,16 @@ class GreenletUBatchContext(UBatchContext):
         if run.aborted:
             raise _Aborted
         if run.holder != self.id:
-            raise DBOError(
-                f"micro-batch {self.id} resumed at hook site {site!r} while micro-batch {run.holder} holds the "
-                "baton: the one-at-a-time invariant is broken"
-            )
+            raise self._baton_broken(site)
         self._restore()
         run.last_progress = time.monotonic()
         self.site = site
         if self.on_resume is not None:
             self.on_resume()
+
+    def _baton_broken(self, site: str) -> DBOError:
+        return DBOError(f"micro-batch {self.id} resumed at hook site {site!r} while micro-batch {self._run.holder} "
+                        "holds the baton: the one-at-a-time invariant is broken")
 
     def cpu_yield(self, site: str = "") -> None:
         # The hot path of the scheduler (every handoff): kept flat, no time stamps (no watchdog reads them here).
@@ -226,10 +227,7 @@ class GreenletUBatchContext(UBatchContext):
         if run.aborted:
             raise _Aborted
         if run.holder != self.id:
-            raise DBOError(
-                f"micro-batch {self.id} resumed at hook site {site!r} while micro-batch {run.holder} holds the "
-                "baton: the one-at-a-time invariant is broken"
-            )
+            raise self._baton_broken(site)
         if self.on_resume is not None:
             self.on_resume()
 
