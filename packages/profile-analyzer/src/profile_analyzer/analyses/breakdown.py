@@ -22,6 +22,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from profile_analyzer import intervals as iv
+from profile_analyzer.analyses import _sets
 from profile_analyzer.timeline import COMM_KINDS, COMPUTE_KINDS, Kind, RankTimeline
 
 # (json key, msprof column name)
@@ -62,7 +63,7 @@ def overlap_sets(rt: RankTimeline) -> OverlapSets:
     comp = iv.union(*rt.select(rt.of_kind(*COMPUTE_KINDS)))
     comm_mask = rt.of_kind(*COMM_KINDS)
     comm = iv.union(*rt.select(comm_mask))
-    cno = iv.difference(comm, comp)
+    cno = _sets.difference(comm, comp)
     dev = rt.device_mask
     if dev.any():
         begin = int(rt.start_ns[dev].min())

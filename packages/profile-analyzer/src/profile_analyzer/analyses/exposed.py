@@ -13,7 +13,6 @@ to the one that started last, so the per-operator figures add up to the total ``
 from __future__ import annotations
 
 import re
-from collections import defaultdict
 from functools import lru_cache
 
 import numpy as np
@@ -117,13 +116,17 @@ def exclusive_exposure(starts: np.ndarray, ends: np.ndarray, exposed: iv.Interva
     es, ee = exposed
     if n == 0 or es.size == 0:
         return out
+    order = np.argsort(starts, kind="stable")
+    s_sorted, e_sorted = starts[order], ends[order]
+    if (e_sorted >= s_sorted).all() and (e_sorted[:-1] <= s_sorted[1:]).all():
+        # no two operators run at once (the usual case): each is charged the exposed time inside its own span,
+        # which is what the sweep below gives then
+        return iv.overlap_with_each(starts, ends, exposed)
     bounds = np.unique(np.concatenate([starts, ends, es, ee]))
     mids_lo, mids_hi = bounds[:-1], bounds[1:]
     k = np.searchsorted(es, mids_lo, side="right") - 1
     is_exp = (k >= 0) & (mids_lo < ee[np.maximum(k, 0)])
     seg_lo, seg_hi = mids_lo[is_exp], mids_hi[is_exp]
-    order = np.argsort(starts, kind="stable")
-    s_sorted = starts[order]
     import heapq
 
     heap: list[tuple[int, int]] = []  # (-start, op index)
@@ -140,6 +143,30 @@ def exclusive_exposure(starts: np.ndarray, ends: np.ndarray, exposed: iv.Interva
     return out
 
 
+def _groups(labels: list[str], of_item: np.ndarray) -> tuple[np.ndarray, list[str]]:
+    """Items labelled ``labels[of_item[i]]`` (labels may repeat) -> (group of each item, the distinct labels), the
+    groups numbered in the order their label first appears among the items (the order a dict filled item by item
+    keeps)."""
+    ids: dict[str, int] = {}
+    lab_group = np.array([ids.setdefault(x, len(ids)) for x in labels], dtype=np.int64)
+    group = lab_group[of_item] if of_item.size else np.zeros(0, np.int64)
+    if group.size == 0:
+        return group, []
+    present, first = np.unique(group, return_index=True)
+    order = present[np.argsort(first, kind="stable")]
+    renumber = np.empty(len(ids), dtype=np.int64)
+    renumber[order] = np.arange(order.size)
+    values = list(ids)
+    return renumber[group], [values[i] for i in order.tolist()]
+
+
+def _group_sums(group: np.ndarray, values: np.ndarray, n: int) -> np.ndarray:
+    """Integer sums of ``values`` per group (int64, exact)."""
+    out = np.zeros(n, dtype=np.int64)
+    np.add.at(out, group, values.astype(np.int64))
+    return out
+
+
 def exposed_communication(rt: RankTimeline, comp: iv.IntervalSet, comm_not_overlapped: iv.IntervalSet,
                           lo: int, hi: int, top: int = 20) -> dict[str, object]:
     exposed = iv.clip(comm_not_overlapped, lo, hi)
@@ -151,21 +178,26 @@ def exposed_communication(rt: RankTimeline, comp: iv.IntervalSet, comm_not_overl
     comp_end_order = comp_idx[np.argsort(rt.end_ns[comp_idx], kind="stable")]
     comp_ends = rt.end_ns[comp_end_order]
     before = np.searchsorted(comp_ends, os_, side="right") - 1
-    by_op: dict[str, list[float]] = defaultdict(lambda: [0, 0.0, 0.0])
-    by_prev: dict[str, list[float]] = defaultdict(lambda: [0, 0.0, 0.0])
-    kinds = [op_kind(rt.names[int(i)]) for i in rt.name_id[ops]]
+    # the kind of each op, worked out once per distinct name
+    name_ids, name_of_op = np.unique(rt.name_id[ops], return_inverse=True)
+    kind_group, kind_values = _groups([op_kind(rt.names[i]) for i in name_ids.tolist()], name_of_op)
+    kinds = [kind_values[g] for g in kind_group.tolist()]
     label = _CodeRegion(rt)
-    prev_names = [label(int(comp_end_order[b])) if b >= 0 else "(start of trace)" for b in before]
-    for k, p, ex, s, e in zip(kinds, prev_names, per_op, os_, oe, strict=False):
-        for d, key in ((by_op, k), (by_prev, p)):
-            row = d[key]
-            row[0] += 1
-            row[1] += float(ex)
-            row[2] += float(e - s)
+    # the label of the compute before each op, worked out once per distinct compute task
+    befores, before_of_op = np.unique(before, return_inverse=True)
+    prev_group, prev_values = _groups([label(int(comp_end_order[b])) if b >= 0 else "(start of trace)"
+                                       for b in befores.tolist()], before_of_op)
+    span = oe - os_
 
-    def table(d: dict[str, list[float]], label: str) -> list[dict[str, object]]:
-        rows = [{label: k, "count": int(v[0]), "exposed_us": v[1] / 1000.0, "total_us": v[2] / 1000.0,
-                 "exposed_pct": (100.0 * v[1] / v[2]) if v[2] else 0.0} for k, v in d.items()]
+    def table(group: np.ndarray, values: list[str], label: str) -> list[dict[str, object]]:
+        # per group, in the order groups first appear among the ops: count, exposed and total time (integer ns
+        # summed exactly, as the float sums of whole ns they replace)
+        count = np.bincount(group, minlength=len(values))
+        ex = _group_sums(group, per_op, len(values))
+        tot = _group_sums(group, span, len(values))
+        rows = [{label: k, "count": int(c), "exposed_us": float(x) / 1000.0, "total_us": float(t) / 1000.0,
+                 "exposed_pct": (100.0 * float(x) / float(t)) if t else 0.0}
+                for k, c, x, t in zip(values, count.tolist(), ex.tolist(), tot.tolist(), strict=True)]
         rows.sort(key=lambda r: -r["exposed_us"])  # type: ignore[operator]
         return rows[:top]
 
@@ -174,11 +206,16 @@ def exposed_communication(rt: RankTimeline, comp: iv.IntervalSet, comm_not_overl
     worst = np.argsort(-(ge - gs), kind="stable")[:top]
     op_order = np.argsort(os_, kind="stable")
     sorted_os = os_[op_order]
-    occurrence: dict[str, int] = defaultdict(int)
+    # each op's occurrence among the ops of its kind, in start order
     occ_of = np.zeros(ops.size, dtype=np.int64)
-    for j in op_order:
-        occ_of[j] = occurrence[kinds[j]]
-        occurrence[kinds[j]] += 1
+    if ops.size:
+        g = kind_group[op_order]
+        by_kind = np.argsort(g, kind="stable")
+        counts = np.bincount(g, minlength=len(kind_values))
+        first = np.cumsum(counts) - counts
+        occ_sorted = np.empty(ops.size, dtype=np.int64)
+        occ_sorted[by_kind] = np.arange(ops.size) - first[g[by_kind]]
+        occ_of[op_order] = occ_sorted
     t0 = rt.t0_ns()
     gaps = []
     for w in worst:
@@ -205,7 +242,7 @@ def exposed_communication(rt: RankTimeline, comp: iv.IntervalSet, comm_not_overl
         })
     return {
         "exposed_us": total_exposed / 1000.0,
-        "by_operator": table(by_op, "operator"),
-        "by_preceding_compute": table(by_prev, "preceding_compute"),
+        "by_operator": table(kind_group, kind_values, "operator"),
+        "by_preceding_compute": table(prev_group, prev_values, "preceding_compute"),
         "worst_gaps": gaps,
     }

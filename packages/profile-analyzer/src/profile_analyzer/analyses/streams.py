@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 
 from profile_analyzer import intervals as iv
+from profile_analyzer.analyses import _sets
 from profile_analyzer.timeline import COMPUTE_KINDS, Kind, RankTimeline
 
 
@@ -22,7 +23,7 @@ def stream_utilisation(rt: RankTimeline, lo: int, hi: int) -> list[dict[str, obj
             continue
         waiting = on & (rt.kind == int(Kind.IDLE_WAIT))
         busy = iv.clip(iv.union(*rt.select(on & ~waiting)), lo, hi)
-        wait = iv.difference(iv.clip(iv.union(*rt.select(waiting)), lo, hi), busy)
+        wait = _sets.difference(iv.clip(iv.union(*rt.select(waiting)), lo, hi), busy)
         compute = iv.clip(iv.union(*rt.select(on & rt.of_kind(*COMPUTE_KINDS))), lo, hi)
         out.append({
             "rank": rt.rank, "stream": s.label, "kind": s.kind, "tasks": int(np.count_nonzero(on)),

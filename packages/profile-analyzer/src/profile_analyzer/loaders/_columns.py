@@ -122,14 +122,43 @@ def _renumber_tracks(tracks: _Interner, track: np.ndarray) -> np.ndarray:
 
 
 def flow_id_array(ids: list[object]) -> np.ndarray:
-    """Flow ids as int64 when they all are integers that fit, else as strings."""
+    """Flow ids as int64 when they all are integers that fit, or strings that are such integers written the way
+    ``str`` writes them (msprof's ``"id": "4563402751"``: matched as numbers, the same pairs as matching their
+    text, since :func:`match_flows` compares ids of mixed kinds as ``str`` of each), else as strings."""
     try:
         a = np.array(ids)
     except (OverflowError, ValueError):
         a = None
+    if a is not None and a.dtype.kind == "U" and a.size:
+        v = _canonical_ints(a)
+        if v is not None:
+            return v
     if a is None or a.dtype.kind not in "iu" or a.dtype == np.uint64:
         return np.array([str(i) for i in ids])
     return a.astype(np.int64)
+
+
+def _canonical_ints(a: np.ndarray) -> np.ndarray | None:
+    """A string array whose every value is a non-negative integer of at most 18 digits written without a sign or
+    leading zeros (so ``str`` of the number gives it back) -> int64; else None. Vectorised over the code points."""
+    width = a.dtype.itemsize // 4
+    if width > 18:
+        return None
+    c = np.ascontiguousarray(a).view(np.uint32).reshape(a.size, width)
+    digit = (c >= 48) & (c <= 57)
+    pad = c == 0  # values shorter than the array's width end in NULs
+    length = digit.sum(axis=1)
+    if not (digit | pad).all() or not (length > 0).all() or (pad[:, 0]).any():
+        return None
+    if not (digit.argmin(axis=1) == np.where(pad.any(axis=1), length, 0)).all():  # a NUL before a digit
+        return None
+    if ((c[:, 0] == 48) & (length > 1)).any():  # a leading zero
+        return None
+    acc = np.zeros(a.size, dtype=np.int64)
+    for j in range(width):
+        d = digit[:, j]
+        acc = np.where(d, acc * 10 + (c[:, j].astype(np.int64) - 48), acc)
+    return acc
 
 
 def concat_ids(parts: list[np.ndarray]) -> np.ndarray:

@@ -310,8 +310,9 @@ def columns_to_rank(cols: Columns, *, rank: int, source: str, fmt: str, kernel_d
     host_sel = ev_role == 4
     step_ids_l, hs_l, he_l = [], [], []
     if host_sel.any():
-        host_name_ids = np.unique(cols.name_id[host_sel])
-        step_name_ids = {int(i): int(m.group(1)) for i in host_name_ids if (m := STEP_NAME.match(names[int(i)]))}
+        # the distinct names of host events (sorted ids, as np.unique gives them, without hashing every event)
+        host_name_ids = np.flatnonzero(np.bincount(cols.name_id[host_sel], minlength=len(names))).tolist()
+        step_name_ids = {i: int(m.group(1)) for i in host_name_ids if (m := STEP_NAME.match(names[i]))}
         if step_name_ids:
             sel = host_sel & np.isin(cols.name_id, np.fromiter(step_name_ids, dtype=np.int32))
             for i in np.flatnonzero(sel):

@@ -66,7 +66,7 @@ def _needed_tasks(cols) -> np.ndarray:
 
 
 def load_kineto(path: Path, rank_hint: int, host_events: bool = False) -> RankTimeline:
-    cols = columnarise(path)
+    cols = columnarise(path, flow_cats=frozenset())  # launches are linked by correlation: no flow is read
     unplaced: list[Warning_] = []
     if cols.problem is not None and cols.problem.any():
         cols = set_aside_unplaceable(cols, _needed_tasks(cols), str(path), unplaced)
@@ -104,14 +104,16 @@ def load_kineto(path: Path, rank_hint: int, host_events: bool = False) -> RankTi
                                 np.where(name_memory[nid[ev_gpu]], int(Kind.OTHER), int(Kind.COMPUTE)))
         # one stream per (device pid, stream id)
         gi = np.flatnonzero(ev_gpu)
-        pairs: dict[tuple[object, int], int | None] = {}
-        keys = [(cols.tracks[t][0], int(s)) for t, s in zip(cols.track[gi], cols.stream_arg[gi], strict=False)]
-        for k in keys:
-            pairs.setdefault(k, None)
-        comm_keys = {k for j, k in zip(gi, keys, strict=False) if kind[j] == int(Kind.COMMUNICATION)}
-        for k in pairs:
-            pairs[k] = b.stream_index(("gpu",) + k, f"stream {k[1]}", "communication" if k in comm_keys else "compute", k[1])
-        stream_idx[gi] = np.array([pairs[k] for k in keys], dtype=np.int32)
+        pairs: dict[tuple[object, int], int] = {}
+        group, firsts = _stream_groups(cols, gi)
+        is_comm_group = np.bincount(group, weights=kind[gi] == int(Kind.COMMUNICATION), minlength=firsts.size) > 0
+        group_stream = np.zeros(firsts.size, dtype=np.int32)
+        for g in np.argsort(firsts, kind="stable").tolist():  # streams numbered in first-seen order
+            j = int(gi[firsts[g]])
+            k = (cols.tracks[int(cols.track[j])][0], int(cols.stream_arg[j]))
+            pairs[k] = group_stream[g] = b.stream_index(("gpu",) + k, f"stream {k[1]}",
+                                                        "communication" if is_comm_group[g] else "compute", k[1])
+        stream_idx[gi] = group_stream[group]
         # GPU-side annotations (e.g. a "ubatch0" range) sit on their stream's lane as markers, not as tasks
         ann_cat = np.array([c == "gpu_user_annotation" for c in cat_arr], dtype=bool)
         for j in np.flatnonzero(ann_cat[cols.cat_id] & (cols.stream_arg >= 0) & ~ev_gpu):
@@ -167,11 +169,12 @@ def load_kineto(path: Path, rank_hint: int, host_events: bool = False) -> RankTi
     if host.any():
         hi = np.flatnonzero(host)
         tmap: dict[int, int] = {}
-        for t in np.unique(cols.track[hi]):
-            pid, tid = cols.tracks[int(t)]
-            tmask_kinds = kind[hi][cols.track[hi] == t]
+        host_tracks = cols.track[hi]
+        for t in np.flatnonzero(np.bincount(host_tracks, minlength=len(cols.tracks))).tolist():  # sorted, as np.unique
+            pid, tid = cols.tracks[t]
             skind = "host"
             if not ev_gpu.any():
+                tmask_kinds = kind[hi][host_tracks == t]
                 if np.any(tmask_kinds == int(Kind.COMPUTE)):
                     skind = "compute"
                 elif np.any(tmask_kinds == int(Kind.COMMUNICATION)):
@@ -258,6 +261,22 @@ def load_kineto(path: Path, rank_hint: int, host_events: bool = False) -> RankTi
         launch_ns = launch_ns[keep_mask]
     return b.build(rank, str(path), "kineto", steps=steps, warnings=warnings, launch_ns=launch_ns,
                    host_is_work=not bool(ev_gpu.any()))
+
+
+def _stream_groups(cols, gi: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The (process, args.stream) pair of each event ``gi`` as a group number, and each group's first position in
+    ``gi``: the pairs without a Python tuple per event (process ids compared as the values they are)."""
+    pid_ids: dict[object, int] = {}
+    pid_of_track = np.array([pid_ids.setdefault(p, len(pid_ids)) for p, _ in cols.tracks] or [0], dtype=np.int64)
+    pk = pid_of_track[cols.track[gi]]
+    sk = cols.stream_arg[gi]
+    order = np.lexsort((sk, pk))
+    ps, ss = pk[order], sk[order]
+    new = np.ones(order.size, dtype=bool)
+    new[1:] = (ps[1:] != ps[:-1]) | (ss[1:] != ss[:-1])
+    group = np.empty(order.size, dtype=np.int64)
+    group[order] = np.cumsum(new) - 1
+    return group, order[new]  # lexsort is stable: a group's first entry is its first position
 
 
 SILENT_STEP_MIN_NS = 1_000_000
