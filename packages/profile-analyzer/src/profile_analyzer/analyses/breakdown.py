@@ -103,7 +103,9 @@ def _breakdown_from_sets(rt: RankTimeline, comp: iv.IntervalSet, comm: iv.Interv
                          free: iv.IntervalSet) -> list[dict[str, object]]:
     recv = rt.kind == int(Kind.COMMUNICATION)
     if recv.any():
-        recv_ids = np.array([i for i, n in enumerate(rt.names) if n.startswith("hcom_receive")], dtype=np.int32)
+        # among the names of communication tasks only (not every name of the trace)
+        present = np.flatnonzero(np.bincount(rt.name_id[recv], minlength=len(rt.names))).tolist()
+        recv_ids = np.array([i for i in present if rt.names[i].startswith("hcom_receive")], dtype=np.int32)
         recv &= np.isin(rt.name_id, recv_ids)
     sums = {}
     firsts = []

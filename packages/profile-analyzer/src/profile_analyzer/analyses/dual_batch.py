@@ -157,7 +157,9 @@ def dual_batch(rt: RankTimeline, lo: int, hi: int) -> dict[str, object]:
                     "ranges left out")
         ops, op_ub = ops[keep], op_ub[keep]
         note = inferred_note + note
-    kinds = [op_kind(rt.names[int(i)]) for i in rt.name_id[ops]]
+    ids, of_op = np.unique(rt.name_id[ops], return_inverse=True)  # op_kind once per distinct name
+    kind_of = [op_kind(rt.names[i]) for i in ids.tolist()]
+    kinds = [kind_of[j] for j in of_op.tolist()]
     if method in ("markers", "repeated_ranges"):
         pass
     elif ops.size < MIN_OPS:

@@ -81,6 +81,15 @@ class _CodeRegion:
             h = h[np.argsort(rt.start_ns[h], kind="stable")]
             self.by_stream[int(st)] = (rt.start_ns[h], rt.end_ns[h], rt.name_id[h])
 
+    def many(self, tasks: np.ndarray, n_before: int = 0, before_start: str = "") -> list[str]:
+        """``n_before`` times ``before_start``, then the label of each of ``tasks``; where no stream has named ranges
+        (the usual device trace) a label is its task's name, so it is worked out once per distinct name."""
+        if self.by_stream:
+            return [before_start] * n_before + [self(t) for t in tasks.tolist()]
+        ids, of_task = np.unique(self.rt.name_id[tasks], return_inverse=True)
+        labels = [compute_label(self.rt, i) for i in ids.tolist()]
+        return [before_start] * n_before + [labels[j] for j in of_task.tolist()]
+
     def __call__(self, task: int) -> str:
         got = self.cache.get(task)
         if got is not None:
@@ -185,8 +194,8 @@ def exposed_communication(rt: RankTimeline, comp: iv.IntervalSet, comm_not_overl
     label = _CodeRegion(rt)
     # the label of the compute before each op, worked out once per distinct compute task
     befores, before_of_op = np.unique(before, return_inverse=True)
-    prev_group, prev_values = _groups([label(int(comp_end_order[b])) if b >= 0 else "(start of trace)"
-                                       for b in befores.tolist()], before_of_op)
+    prev_group, prev_values = _groups(label.many(comp_end_order[befores[befores >= 0]], n_before=int((befores < 0).sum()),
+                                                 before_start="(start of trace)"), before_of_op)
     span = oe - os_
 
     def table(group: np.ndarray, values: list[str], label: str) -> list[dict[str, object]]:

@@ -24,9 +24,11 @@ def _op_instances(rt: RankTimeline, lo: int | None, hi: int | None) -> dict[tupl
     ops = ops[np.argsort(rt.start_ns[ops], kind="stable")]
     out: dict[tuple[str, int], int] = {}
     seen: dict[str, int] = defaultdict(int)
-    for i in ops:
-        k = op_kind(rt.names[int(rt.name_id[i])])
-        out[(k, seen[k])] = int(rt.end_ns[i] - rt.start_ns[i])
+    ids, of_op = np.unique(rt.name_id[ops], return_inverse=True)  # op_kind once per distinct name
+    kinds = [op_kind(rt.names[i]) for i in ids.tolist()]
+    for j, dur in zip(of_op.tolist(), (rt.end_ns[ops] - rt.start_ns[ops]).tolist(), strict=True):
+        k = kinds[j]
+        out[(k, seen[k])] = dur
         seen[k] += 1
     return out
 

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import numpy as np
 
-from profile_analyzer.loaders._slicer import _FLOW_PH, _ID, _TS, ByteProgress, decode_trace
+from profile_analyzer.loaders._slicer import _FLOW_PH, ByteProgress, decode_trace
 from profile_analyzer.loaders._timestamps import dur_to_ns_checked, ts_to_ns_checked
 
 
@@ -253,14 +253,18 @@ def _columnarise(path: Path, flow_cats: frozenset[str], kineto_args: bool, keep_
                 thread_name[(e.pid, e.tid)] = a.name
             elif e.name == "process_labels" and a.labels is not None:
                 process_label[e.pid] = a.labels
-        flow_evs = [e for e in others if e.cat in flow_cats and e.ph in _FLOW_PH and e.ts]
+        # the fields of the flows in one pass, as for the complete events below
+        flow_rows = [(e.cat, e.ph, e.id, e.ts) for e in others if e.cat in flow_cats and e.ph in _FLOW_PH and e.ts]
         del others
-        if flow_evs:
-            ids_all = flow_id_array(list(map(_ID, flow_evs)))
-            ts_all, ts_problem = ts_to_ns_checked(list(map(_TS, flow_evs)), path)
+        if flow_rows:
+            f_cats, f_phs, f_ids, f_ts = zip(*flow_rows, strict=True)
+            del flow_rows
+            ids_all = flow_id_array(list(f_ids))
+            ts_all, ts_problem = ts_to_ns_checked(list(f_ts), path)
             key_ids = _Interner()
-            key_index = key_ids.index
-            kid = np.array([key_index[(e.cat, e.ph)] for e in flow_evs], dtype=np.int32)
+            kid = np.fromiter(map(key_ids.index.__getitem__, zip(f_cats, f_phs, strict=True)), dtype=np.int32,
+                              count=len(f_cats))
+            del f_cats, f_phs, f_ids, f_ts
             if ts_problem.any():  # a flow end that cannot be placed links nothing
                 placed = ts_problem == 0
                 ids_all, ts_all, kid = ids_all[placed], ts_all[placed], kid[placed]
@@ -269,15 +273,15 @@ def _columnarise(path: Path, flow_cats: frozenset[str], kineto_args: bool, keep_
                 entry = flows.setdefault(key, ([], []))
                 entry[0].append(ids_all[sel])
                 entry[1].append(ts_all[sel])
-        del flow_evs
         host_pids = None
         if not keep_host_x and xs:
             host_pids = {pid for pid in set(process_name) | set(process_label)
                          if _is_host_process(process_name.get(pid), process_label.get(pid))}
         # every field in one pass over the events (each event's memory is touched once), then one column each
         if host_pids:
+            # ("in" first: no method call for the host events that are not steps)
             rows = [(e.pid, e.tid, e.ts, e.dur, e.name, e.cat, e.args) for e in xs
-                    if e.pid not in host_pids or e.name.startswith("ProfilerStep#")]
+                    if e.pid not in host_pids or ("ProfilerStep#" in e.name and e.name.startswith("ProfilerStep#"))]
         else:
             rows = [(e.pid, e.tid, e.ts, e.dur, e.name, e.cat, e.args) for e in xs]
         del xs
