@@ -195,6 +195,13 @@ def _int_column(values: list) -> np.ndarray:
     return np.fromiter((_int_or(v, -1) if v is not None else -1 for v in values), dtype=np.int64, count=len(values))
 
 
+def _spread(values: np.ndarray, at: np.ndarray, n: int) -> np.ndarray:
+    """``n`` values, -1 except ``values`` at the positions ``at``."""
+    out = np.full(n, -1, dtype=np.int64)
+    out[at] = values
+    return out
+
+
 def _int_or(v: object, default: int) -> int:
     if isinstance(v, int):
         return v
@@ -207,15 +214,18 @@ def _int_or(v: object, default: int) -> int:
 
 
 def columnarise(path: Path, flow_cats: frozenset[str] = frozenset({"async_npu", "ac2g", "HostToDevice"}),
-                kineto_args: bool = True, keep_host_x: bool = True, on_bytes: ByteProgress | None = None) -> Columns:
+                kineto_args: bool = True, keep_host_x: bool = True, on_bytes: ByteProgress | None = None,
+                args_cats: frozenset[str] | None = None, task_types: bool = True) -> Columns:
     """All 'X' events of a trace file as columns. With ``keep_host_x=False``, 'X' events of processes already
     known (from metadata seen earlier in the file) to be CPU-side are dropped on the fly, except the
-    ``ProfilerStep#N`` ranges; events of processes not yet named are always kept."""
+    ``ProfilerStep#N`` ranges; events of processes not yet named are always kept. ``args_cats``: with
+    ``kineto_args``, ``args.stream`` / ``args.correlation`` are read only for events of these categories (-1 for the
+    others; None: for every event). ``task_types=False`` leaves ``args["Task Type"]`` unread (every event None)."""
     # millions of short-lived tuples and lists: the cyclic GC would rescan them over and over
     enabled = gc.isenabled()
     gc.disable()
     try:
-        return _columnarise(path, flow_cats, kineto_args, keep_host_x, on_bytes)
+        return _columnarise(path, flow_cats, kineto_args, keep_host_x, on_bytes, args_cats, task_types)
     finally:
         if enabled:
             gc.enable()
@@ -226,7 +236,8 @@ def _is_host_process(name: str | None, label: str | None) -> bool:
 
 
 def _columnarise(path: Path, flow_cats: frozenset[str], kineto_args: bool, keep_host_x: bool,
-                 on_bytes: ByteProgress | None) -> Columns:
+                 on_bytes: ByteProgress | None, args_cats: frozenset[str] | None = None,
+                 task_types: bool = True) -> Columns:
     decoded = decode_trace(path, on_bytes)
     tracks = _Interner()
     names = _Interner()
@@ -296,11 +307,21 @@ def _columnarise(path: Path, flow_cats: frozenset[str], kineto_args: bool, keep_
         name_id = names.ids(name_l)
         cat_id = cats.ids(cat_l)
         del pids, tids, tss, durs, name_l, cat_l
-        try:
-            ttype = ttypes.ids([a.task_type for a in argl])
-        except AttributeError:  # some event has "args": null
-            ttype = ttypes.ids([a.task_type if a is not None else None for a in argl])
+        if task_types:
+            try:
+                ttype = ttypes.ids([a.task_type for a in argl])
+            except AttributeError:  # some event has "args": null
+                ttype = ttypes.ids([a.task_type if a is not None else None for a in argl])
+        else:
+            ttype = np.zeros(len(argl), dtype=np.int32) if ttypes.values else ttypes.ids([None] * len(argl))
         if kineto_args:
+            sel = None
+            if args_cats is not None:  # only the events of these categories
+                sel = np.flatnonzero(np.isin(cat_id, [i for i, c in enumerate(cats.values) if c in args_cats]))
+                if sel.size == len(argl):
+                    sel = None
+                else:
+                    argl = [argl[i] for i in sel.tolist()]
             try:
                 streams, corrs = [a.stream for a in argl], [a.correlation for a in argl]
             except AttributeError:  # some event has "args": null
@@ -308,8 +329,10 @@ def _columnarise(path: Path, flow_cats: frozenset[str], kineto_args: bool, keep_
                 corrs = [a.correlation if a is not None else None for a in argl]
             stream_arg, corr = _int_column(streams), _int_column(corrs)
             del streams, corrs
+            if sel is not None:
+                stream_arg, corr = _spread(stream_arg, sel, track.size), _spread(corr, sel, track.size)
         else:
-            stream_arg = corr = np.full(len(argl), -1, dtype=np.int64)
+            stream_arg = corr = np.full(track.size, -1, dtype=np.int64)
         parts.append((track, start, dur, name_id, cat_id, ttype, stream_arg, corr, problem))
         del argl
     flow_arrays = {k: (concat_ids(v[0]), np.concatenate(v[1])) for k, v in flows.items()}

@@ -51,6 +51,7 @@ CPU_OPERATOR = re.compile(r"^(?!profiler::)[A-Za-z_][A-Za-z0-9_]*::[A-Za-z_]")
 _GPU_CATS = frozenset({"kernel", "gpu_memcpy", "gpu_memset", "Kernel", "Memcpy", "Memset", "mtia_kernel"})
 _LAUNCH_CATS = frozenset({"cuda_runtime", "cuda_driver", "Runtime", "runtime"})
 _COMPUTE_RANGE_CATS = frozenset({"cpu_op", "user_annotation"})
+_ARGS_CATS = _GPU_CATS | _LAUNCH_CATS | {"gpu_user_annotation"}  # the events whose stream / correlation are read
 
 
 def _needed_tasks(cols) -> np.ndarray:
@@ -66,7 +67,8 @@ def _needed_tasks(cols) -> np.ndarray:
 
 
 def load_kineto(path: Path, rank_hint: int, host_events: bool = False) -> RankTimeline:
-    cols = columnarise(path, flow_cats=frozenset())  # launches are linked by correlation: no flow is read
+    # launches are linked by correlation (no flow is read); args.stream / args.correlation only where they are used
+    cols = columnarise(path, flow_cats=frozenset(), args_cats=_ARGS_CATS, task_types=False)
     unplaced: list[Warning_] = []
     if cols.problem is not None and cols.problem.any():
         cols = set_aside_unplaceable(cols, _needed_tasks(cols), str(path), unplaced)
