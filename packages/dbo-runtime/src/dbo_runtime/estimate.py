@@ -36,13 +36,14 @@ from __future__ import annotations
 import json
 import math
 import os
+import queue
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from dbo_runtime.errors import DBOConfigError
+from dbo_runtime.errors import DBOConfigError, DBOError
 
 if TYPE_CHECKING:  # kv_capacity and profile_analyzer are imported where used (.venv-vllm has no profile_analyzer)
     from kv_capacity import ComputeSpec
@@ -336,11 +337,24 @@ def measure_cpu_rates(hidden: int, intermediate: int, dtype_bytes: int = 4, *, r
                  for _ in range(workers)]
         for proc in procs:
             proc.start()
+        got: list[dict[str, Any]] = []
+        deadline = time.monotonic() + 120 + 10 * seconds
         try:
-            got = [results.get(timeout=120 + 10 * seconds) for _ in procs]
+            while len(got) < workers:
+                try:
+                    got.append(results.get(timeout=0.5))
+                except queue.Empty:
+                    # a process that ended without its result (its result, sent before it ended, has had 0.5 s)
+                    ended = sum(p.exitcode is not None for p in procs)
+                    if ended > len(got) or time.monotonic() > deadline:
+                        raise DBOError(f"timing this CPU's rates in {workers} processes failed (exit codes "
+                                       f"{[p.exitcode for p in procs]}); run it from a script with an "
+                                       "`if __name__ == \"__main__\":` guard (the processes are spawned)") from None
         finally:
             for proc in procs:
                 proc.join(10)
+                if proc.is_alive():
+                    proc.kill()
         share = min(1.0, cores / ranks)
         m = {"gflops": min(x["gflops"] for x in got) * share, "copy_gbps": min(x["copy_gbps"] for x in got) * share,
              "elementwise_gbps": min(x["elementwise_gbps"] for x in got) * share,
