@@ -251,9 +251,8 @@ def _columnarise(path: Path, flow_cats: frozenset[str], kineto_args: bool, keep_
     n_events = 0
     for chunk in decoded.chunks:
         n_events += len(chunk)
-        xs = [e for e in chunk if e.ph == "X"]
-        others = [e for e in chunk if e.ph != "X"] if len(xs) != len(chunk) else []
-        del chunk
+        others = [e for e in chunk if e.ph != "X"]
+        n_others = len(others)
         for e in [e for e in others if e.ph == "M"]:
             a = e.args
             if a is None:
@@ -285,17 +284,20 @@ def _columnarise(path: Path, flow_cats: frozenset[str], kineto_args: bool, keep_
                 entry[0].append(ids_all[sel])
                 entry[1].append(ts_all[sel])
         host_pids = None
-        if not keep_host_x and xs:
+        if not keep_host_x and n_others != len(chunk):
             host_pids = {pid for pid in set(process_name) | set(process_label)
                          if _is_host_process(process_name.get(pid), process_label.get(pid))}
-        # every field in one pass over the events (each event's memory is touched once), then one column each
+        # every field of the kept 'X' events in one pass over the slice (each event's memory is touched once, no
+        # list of the 'X' events in between), then one column each
         if host_pids:
             # ("in" first: no method call for the host events that are not steps)
-            rows = [(e.pid, e.tid, e.ts, e.dur, e.name, e.cat, e.args) for e in xs
-                    if e.pid not in host_pids or ("ProfilerStep#" in e.name and e.name.startswith("ProfilerStep#"))]
+            rows = [(e.pid, e.tid, e.ts, e.dur, e.name, e.cat, e.args) for e in chunk if e.ph == "X" and (
+                e.pid not in host_pids or ("ProfilerStep#" in e.name and e.name.startswith("ProfilerStep#")))]
+        elif n_others:
+            rows = [(e.pid, e.tid, e.ts, e.dur, e.name, e.cat, e.args) for e in chunk if e.ph == "X"]
         else:
-            rows = [(e.pid, e.tid, e.ts, e.dur, e.name, e.cat, e.args) for e in xs]
-        del xs
+            rows = [(e.pid, e.tid, e.ts, e.dur, e.name, e.cat, e.args) for e in chunk]
+        del chunk
         if not rows:
             continue
         pids, tids, tss, durs, name_l, cat_l, argl = zip(*rows, strict=True)
