@@ -66,10 +66,12 @@ PHASE_RANGE = re.compile(r"(?i)(?<![a-z])(?:self_?)?(attn|attention|mla|mlp|ffn|
                          r"dispatch|combine|a2a|all_?to_?all|forward|backward|fwd|bwd)(?![a-z])")
 
 
-def _marker_of_names(names: list[str]) -> np.ndarray:
+def _marker_of_names(names: list[str], used: np.ndarray | None = None) -> np.ndarray:
+    """The micro-batch marker in each name (-1: none); with ``used`` (name ids) only those names are looked at (the
+    others stay -1)."""
     out = np.full(len(names), -1, dtype=np.int8)
-    for i, n in enumerate(names):
-        m = UBATCH_MARKER.search(n)
+    for i in (range(len(names)) if used is None else np.flatnonzero(np.bincount(used, minlength=len(names))).tolist()):
+        m = UBATCH_MARKER.search(names[i])
         if m:
             out[i] = int(m.group(1))
     return out
@@ -126,7 +128,7 @@ def dual_batch(rt: RankTimeline, lo: int, hi: int) -> dict[str, object]:
     if ops.size < 2:
         result["reason"] = f"no ping-pong found: only {ops.size} communication operator(s) in the window"
         return result
-    name_marker = _marker_of_names(rt.names)
+    name_marker = _marker_of_names(rt.names, rt.name_id)  # indexed by the tasks' names only
     task_marker = name_marker[rt.name_id]
     # enclosing marker ranges on the same stream
     ranges = np.flatnonzero((task_marker >= 0) & (rt.kind == int(Kind.HOST)))

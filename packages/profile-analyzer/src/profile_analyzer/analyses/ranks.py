@@ -46,7 +46,9 @@ def op_sync_wait(rt: RankTimeline) -> tuple[np.ndarray, np.ndarray]:
     ops = np.flatnonzero(rt.of_kind(*COMM_KINDS))
     best = np.full(ops.size, np.iinfo(np.int64).max, dtype=np.int64)
     planes = [s.index for s in rt.streams if s.kind == "communication" and s.label.startswith("Plane")]
-    notify_ids = np.array([i for i, n in enumerate(rt.names) if n.startswith("Notify")], dtype=np.int32)
+    # among the names of the trace's tasks (the only ones it is compared with)
+    present = np.flatnonzero(np.bincount(rt.name_id, minlength=len(rt.names))).tolist()
+    notify_ids = np.array([i for i in present if rt.names[i].startswith("Notify")], dtype=np.int32)
     os_, oe = rt.start_ns[ops], rt.end_ns[ops]
     for p in planes:
         idx = np.flatnonzero(rt.stream == p)
