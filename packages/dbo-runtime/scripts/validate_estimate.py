@@ -5,9 +5,12 @@
 For every row of a ``dbo-runtime bench`` JSON (pattern, tokens per rank, link setting; measured T_off, T_on,
 compute and communication), the estimate predicts the step from the reference model's config (written as a
 DeepSeek-V2-style config.json by ``dbo_runtime.estimate.reference_config``, read back through kv-capacity like any
-model) and the ``cpu-link`` hardware: this CPU's matrix rate and copy bandwidth measured now (one thread, the
-model's MLP shapes), the row's modelled link (``link_spec``), and the handoff median the bench measured as the
-switch cost. Nothing of the measured step times goes into the prediction.
+model) and the ``cpu-link`` hardware measured now with the bench's two ranks computing at once (one thread each,
+as the bench runs them): this CPU's matrix rate on the model's MLP shapes, its copy bandwidth, its elementwise rate
+(a SwiGLU of the model's width) and its cost per operator, and one reference layer timed whole (every operator of
+its compute) for the fraction of the matrix rate a layer reaches (``compute_efficiency``); the row's modelled
+link (``link_spec``); and the handoff median the bench measured as the switch cost. Nothing of the measured step
+times goes into the prediction.
 
 The rates are measured when this script runs, the step times when the bench ran: on a machine shared with other
 work either can be slowed, and the table's compute columns show how much of an error is the rate's.
@@ -17,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -34,6 +38,7 @@ def validate(bench: dict) -> dict:
     config = MoEConfig(num_layers=m["layers"], hidden_size=m["hidden"], num_experts=m["experts"], top_k=m["top_k"],
                        expert_intermediate=m["expert_intermediate"], shared_intermediate=m["shared_intermediate"])
     spec = compute_spec_from_config(est.reference_config(config), name="reference")
+    load_before = os.getloadavg()
     hw = est.with_measured_cpu(est.HARDWARE["cpu-link"], spec, ranks=RANKS, reference=config,
                                layer_requests=m["requests"])
     switch = float(bench.get("handoff_us", {}).get("median_us") or hw.switch_us["thread"])
@@ -57,7 +62,7 @@ def validate(bench: dict) -> dict:
                      "pred_speedup": sched.speedup, "error": err, "disturbed": bool(r.get("disturbed")),
                      "within": abs(err) <= WITHIN, "long_step": r["t_off_ms"] > LONG_STEP_MS})
     long_rows = [x for x in rows if x["long_step"]]
-    return {"rates": hw.measured, "switch_us": switch, "ranks": RANKS, "rows": rows,
+    return {"rates": hw.measured, "load": {"before": load_before, "after": os.getloadavg()}, "switch_us": switch, "ranks": RANKS, "rows": rows,
             "summary": {"rows": len(rows), "long_step_rows": len(long_rows),
                         "within_10pct": sum(x["within"] for x in long_rows),
                         "max_abs_error": max((abs(x["error"]) for x in long_rows), default=None),
@@ -68,12 +73,14 @@ def validate(bench: dict) -> dict:
 def markdown(result: dict) -> str:
     rates = result["rates"]
     out = [f"Rates measured now ({rates['ranks']} ranks at once, one thread each, on {rates['cores']} cores; the "
-           f"slowest rank's medians): {rates['gflops']:.1f} GFLOP/s ({rates['shape']}, fp32), copy "
+           f"slowest rank's lower quartiles): {rates['gflops']:.1f} GFLOP/s ({rates['shape']}, fp32), copy "
            f"{rates['copy_gbps']:.1f} GB/s, elementwise {rates['elementwise_gbps']:.1f} GB/s (SwiGLU), "
            f"{rates['op_us']:.2f} us per operator; one reference layer of {rates['layer_tokens']} tokens timed at "
            f"{rates['layer_ms']:.1f} ms against {rates['layer_predicted_ms']:.1f} ms at those rates, so the matrix "
            f"products reach {100 * rates['compute_efficiency']:.1f}% of the timed rate; switch "
-           f"{result['switch_us']:.1f} us (the bench's handoff median).",
+           f"{result['switch_us']:.1f} us (the bench's handoff median). Load average (1, 5, 15 min) before and after "
+           f"the timing: {' '.join(f'{x:.2f}' for x in result['load']['before'])} / "
+           f"{' '.join(f'{x:.2f}' for x in result['load']['after'])}.",
            "",
            "| pattern | tokens | link | off ms (meas / pred) | compute ms (meas / pred) | comm ms (meas / pred) "
            "| speed-up measured | speed-up predicted | error | |",

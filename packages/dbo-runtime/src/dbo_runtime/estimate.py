@@ -315,8 +315,8 @@ def measure_cpu_rates(hidden: int, intermediate: int, dtype_bytes: int = 4, *, r
     cost of one operator (``op_us``, a tiny add). The reference's ranks are processes sharing this CPU's cores, its
     caches and its memory, so with ``ranks > 1`` the timing runs in that many processes at once (up to one per
     core) over a common window of ``seconds``, and the slowest rank's rates are kept (a step waits for it); with
-    more ranks than cores the ranks also share the cores, and the rates are scaled by cores / ranks. Medians of the
-    timed repeats, as the bench reports medians of steps.
+    more ranks than cores the ranks also share the cores, and the rates are scaled by cores / ranks. The timed
+    repeats' lower quartiles (see ``_lower_quartile``).
 
     ``layer`` (``{"config": MoEConfig fields, "tokens": n, "requests": r}``): also time one layer of the reference
     model itself, every operator of its compute (``layer_ms``, the slowest rank's median), with the same ranks at
@@ -373,8 +373,6 @@ def _time_cpu_rates(hidden: int, intermediate: int, dtype_bytes: int, rows: int,
                     barrier: Any = None, layer: dict[str, Any] | None = None, ranks: int = 1) -> dict[str, Any]:
     """One rank's timings (see measure_cpu_rates): ``repeats`` rounds at least, for ``seconds`` at least after the
     ranks meet at ``barrier``."""
-    import statistics
-
     import torch
     import torch.nn.functional as F
 
@@ -418,18 +416,19 @@ def _time_cpu_rates(hidden: int, intermediate: int, dtype_bytes: int, rows: int,
         layer_s = _time_reference_layer(layer, ranks, repeats, seconds, barrier) if layer is not None else None
     finally:
         torch.set_num_threads(threads)
-    med = statistics.median
-    return {**({"layer_ms": layer_s * 1e3} if layer_s is not None else {}),"gflops": 2 * rows * hidden * 3 * intermediate / med(mm) / 1e9,
-            "copy_gbps": 2 * src.numel() * 4 / med(copy) / 1e9,
-            "elementwise_gbps": 3 * rows * intermediate * b / med(act) / 1e9,  # read gate and up, write the product
-            "op_us": med(op) * 1e6,
+    q = _lower_quartile
+    return {**({"layer_ms": layer_s * 1e3} if layer_s is not None else {}),
+            "gflops": 2 * rows * hidden * 3 * intermediate / q(mm) / 1e9,
+            "copy_gbps": 2 * src.numel() * 4 / q(copy) / 1e9,
+            "elementwise_gbps": 3 * rows * intermediate * b / q(act) / 1e9,  # read gate and up, write the product
+            "op_us": q(op) * 1e6,
             "shape": f"[{rows}x{hidden}]@[{hidden}x{2 * intermediate}] + [{rows}x{intermediate}]@[{intermediate}x{hidden}]"}
 
 
 def _time_reference_layer(layer: dict[str, Any], ranks: int, repeats: int, seconds: float, barrier: Any) -> float:
-    """Median seconds of the compute of one reference-model layer on one rank of ``ranks`` (A2 layout: the experts
-    run over every rank's tokens, as the all-gather delivers them; no collective is run)."""
-    import statistics
+    """Seconds of the compute of one reference-model layer on one rank of ``ranks``, the lower quartile of the
+    repeats (A2 layout: the experts run over every rank's tokens, as the all-gather delivers them; no collective
+    is run)."""
     import types
 
     import torch
@@ -464,7 +463,15 @@ def _time_reference_layer(layer: dict[str, Any], ranks: int, repeats: int, secon
         t0 = time.perf_counter()
         run()
         times.append(time.perf_counter() - t0)
-    return statistics.median(times)
+    return _lower_quartile(times)
+
+
+def _lower_quartile(times: Sequence[float]) -> float:
+    """The timing a quarter of the repeats beat. Every repeat of a rank runs while the other ranks run theirs (the
+    contention between the ranks is in each); other work on a shared machine only ever slows a repeat, and the
+    lower quartile leaves out such spikes where a median would take them in once they are half the repeats."""
+    ordered = sorted(times)
+    return ordered[(len(ordered) - 1) // 4]
 
 
 # ------------------------------------------------------------------------------------------------- cost model
