@@ -348,8 +348,9 @@ def measure_cpu_rates(hidden: int, intermediate: int, dtype_bytes: int = 4, *, r
                     ended = sum(p.exitcode is not None for p in procs)
                     if ended > len(got) or time.monotonic() > deadline:
                         raise DBOError(f"timing this CPU's rates in {workers} processes failed (exit codes "
-                                       f"{[p.exitcode for p in procs]}); run it from a script with an "
-                                       "`if __name__ == \"__main__\":` guard (the processes are spawned)") from None
+                                       f"{[p.exitcode for p in procs]}; their errors are above); the processes are "
+                                       "spawned, so a calling script needs an `if __name__ == \"__main__\":` "
+                                       "guard") from None
         finally:
             for proc in procs:
                 proc.join(10)
