@@ -52,6 +52,7 @@ from __future__ import annotations
 
 import re
 from collections import Counter
+from functools import lru_cache
 
 import numpy as np
 
@@ -71,10 +72,15 @@ def _marker_of_names(names: list[str], used: np.ndarray | None = None) -> np.nda
     others stay -1)."""
     out = np.full(len(names), -1, dtype=np.int8)
     for i in (range(len(names)) if used is None else np.flatnonzero(np.bincount(used, minlength=len(names))).tolist()):
-        m = UBATCH_MARKER.search(names[i])
-        if m:
-            out[i] = int(m.group(1))
+        out[i] = _marker_of_name(names[i])
     return out
+
+
+@lru_cache(maxsize=1 << 16)
+def _marker_of_name(name: str) -> int:
+    """The micro-batch marker in ``name`` (-1: none); cached, as the ranks of a run share their operator names."""
+    m = UBATCH_MARKER.search(name)
+    return int(m.group(1)) if m else -1
 
 
 _LAYER_IN_NAME = re.compile(r"(?i)(?:^|[._\-/ ])layers?[._\-]?(\d+)(?!\d)")
