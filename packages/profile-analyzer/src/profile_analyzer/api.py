@@ -10,6 +10,7 @@ from typing import Any
 import numpy as np
 
 from profile_analyzer import intervals as iv
+from profile_analyzer.analyses import _sets
 from profile_analyzer.analyses.breakdown import (
     BREAKDOWN_ITEMS,
     overlap_sets,
@@ -119,7 +120,7 @@ def whole_trace_overlap(rt: RankTimeline, sets: Any = None) -> dict[str, Any]:
     ends = np.maximum(rt.end_ns // 1000 * 1000, starts)
     comp = iv.union(starts[keep & rt.of_kind(*COMPUTE_KINDS)], ends[keep & rt.of_kind(*COMPUTE_KINDS)])
     comm_set = iv.union(starts[keep & rt.of_kind(*COMM_KINDS)], ends[keep & rt.of_kind(*COMM_KINDS)])
-    cno = iv.difference(comm_set, comp)
+    cno = _sets.difference(comm_set, comp)  # both normalised by iv.union: the binary-search difference applies
     comm = iv.total(comm_set)
     overlapped = comm - iv.total(cno)
     return {"rank": rt.rank, "communication_us": comm / 1000.0, "overlapped_us": overlapped / 1000.0,

@@ -9,6 +9,7 @@ key that the record does not declare, or a declared key that is missing, raises,
 from __future__ import annotations
 
 import dataclasses
+import functools
 import types
 import typing
 from dataclasses import dataclass, field
@@ -300,6 +301,13 @@ def _convert(tp: Any, value: Any, where: str) -> Any:
     return value
 
 
+@functools.cache
+def _fields(cls: type) -> tuple[dict[str, Any], list[str]]:
+    """The field types and names of a record class, worked out once per class (``get_type_hints`` evaluates the
+    annotations each time it is called, and a report has thousands of records)."""
+    return typing.get_type_hints(cls), [f.name for f in dataclasses.fields(cls)]  # type: ignore[arg-type]
+
+
 def record(cls: type[T], data: Any, where: str = "") -> T:
     """``cls`` from a dict with exactly its fields (nested records and lists of records converted too)."""
     if isinstance(data, cls):
@@ -307,8 +315,7 @@ def record(cls: type[T], data: Any, where: str = "") -> T:
     if not isinstance(data, dict):
         raise TypeError(f"report record {where or cls.__name__}: expected a dict for {cls.__name__}, got "
                         f"{type(data).__name__}")
-    hints = typing.get_type_hints(cls)
-    names = [f.name for f in dataclasses.fields(cls)]  # type: ignore[arg-type]
+    hints, names = _fields(cls)
     extra = sorted(set(data) - set(names))
     missing = [n for n in names if n not in data]
     if extra or missing:
