@@ -30,31 +30,15 @@ def test_difference_matches_intervals(seed: int) -> None:
         assert got[0].dtype == np.int64 and got[1].dtype == np.int64
 
 
-def _sweep(starts: np.ndarray, ends: np.ndarray, exposed_set: iv.IntervalSet) -> np.ndarray:
-    """The general path of exclusive_exposure (each exposed instant to the operator that started last)."""
-    import heapq
-
-    n = starts.size
-    out = np.zeros(n, dtype=np.int64)
-    es, ee = exposed_set
-    if n == 0 or es.size == 0:
-        return out
-    bounds = np.unique(np.concatenate([starts, ends, es, ee]))
-    lo_, hi_ = bounds[:-1], bounds[1:]
-    k = np.searchsorted(es, lo_, side="right") - 1
-    is_exp = (k >= 0) & (lo_ < ee[np.maximum(k, 0)])
-    order = np.argsort(starts, kind="stable")
-    heap: list[tuple[int, int]] = []
-    j = 0
-    for a, b in zip(lo_[is_exp].tolist(), hi_[is_exp].tolist(), strict=True):
-        while j < n and starts[order[j]] <= a:
-            i = int(order[j])
-            heapq.heappush(heap, (-int(starts[i]), i))
-            j += 1
-        while heap and ends[heap[0][1]] <= a:
-            heapq.heappop(heap)
-        if heap:
-            out[heap[0][1]] += b - a
+def _instant_by_instant(starts: np.ndarray, ends: np.ndarray, exposed_set: iv.IntervalSet) -> list[int]:
+    """The rule written out per unit instant: an exposed instant goes to the operator running then that started
+    last (the lowest index among equal starts)."""
+    out = [0] * starts.size
+    for a, b in zip(*exposed_set, strict=True):
+        for t in range(int(a), int(b)):
+            running = [i for i in range(starts.size) if starts[i] <= t < ends[i]]
+            if running:
+                out[min(running, key=lambda i: (-int(starts[i]), i))] += 1
     return out
 
 
@@ -74,7 +58,9 @@ def test_exclusive_exposure_disjoint_and_nested(seed: int) -> None:
             starts = rng.integers(0, 60, n).astype(np.int64)
             ends = starts + rng.integers(0, 20, n)
         ex = _random_set(rng)
-        assert exposed.exclusive_exposure(starts, ends, ex).tolist() == _sweep(starts, ends, ex).tolist()
+        want = _instant_by_instant(starts, ends, ex)
+        assert exposed.exclusive_exposure(starts, ends, ex).tolist() == want
+        assert exposed.sweep_exposure(starts, ends, ex).tolist() == want
 
 
 def test_flow_ids_as_numbers_match_as_their_text() -> None:

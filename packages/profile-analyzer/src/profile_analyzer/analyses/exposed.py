@@ -131,6 +131,21 @@ def exclusive_exposure(starts: np.ndarray, ends: np.ndarray, exposed: iv.Interva
         # no two operators run at once (the usual case): each is charged the exposed time inside its own span,
         # which is what the sweep below gives then
         return iv.overlap_with_each(starts, ends, exposed)
+    return sweep_exposure(starts, ends, exposed, order)
+
+
+def sweep_exposure(starts: np.ndarray, ends: np.ndarray, exposed: iv.IntervalSet,
+                   order: np.ndarray | None = None) -> np.ndarray:
+    """The general path of :func:`exclusive_exposure`: the exposed set cut at every boundary, each piece charged
+    to the operator that started last among those running then (a heap of the running ones)."""
+    n = starts.size
+    out = np.zeros(n, dtype=np.int64)
+    es, ee = exposed
+    if n == 0 or es.size == 0:
+        return out
+    if order is None:
+        order = np.argsort(starts, kind="stable")
+    s_sorted = starts[order]
     bounds = np.unique(np.concatenate([starts, ends, es, ee]))
     mids_lo, mids_hi = bounds[:-1], bounds[1:]
     k = np.searchsorted(es, mids_lo, side="right") - 1
