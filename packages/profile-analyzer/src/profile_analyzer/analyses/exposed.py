@@ -120,16 +120,11 @@ class _CodeRegion:
 def exclusive_exposure(starts: np.ndarray, ends: np.ndarray, exposed: iv.IntervalSet) -> np.ndarray:
     """Exposed time charged to each operator so that nothing is counted twice: every exposed instant goes
     to the operator that started last among those running then (the innermost one when ranges nest)."""
-    n = starts.size
-    out = np.zeros(n, dtype=np.int64)
-    es, ee = exposed
-    if n == 0 or es.size == 0:
-        return out
     order = np.argsort(starts, kind="stable")
     s_sorted, e_sorted = starts[order], ends[order]
-    if (e_sorted >= s_sorted).all() and (e_sorted[:-1] <= s_sorted[1:]).all():
+    if starts.size and exposed[0].size and (e_sorted >= s_sorted).all() and (e_sorted[:-1] <= s_sorted[1:]).all():
         # no two operators run at once (the usual case): each is charged the exposed time inside its own span,
-        # which is what the sweep below gives then
+        # which is what the sweep gives then
         return iv.overlap_with_each(starts, ends, exposed)
     return sweep_exposure(starts, ends, exposed, order)
 
