@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 from dataclasses import replace
 
 import pytest
@@ -346,3 +347,13 @@ def test_validate_estimate_bad_input_is_one_line_exit_2(capsys, tmp_path, text):
     assert _validate_script().main([str(bad)]) == 2
     err = capsys.readouterr().err
     assert len(err.strip().splitlines()) == 1 and "not a readable `dbo-runtime bench` JSON" in err
+
+
+def test_cli_cpu_link_times_the_ranks_at_once(tmp_path, capsys):
+    """`--hardware cpu-link` runs every rank on this CPU: the rates are timed with TP x DP ranks at once, at most one
+    per core (the reference model's ranks share the CPU the same way)."""
+    (tmp_path / "config.json").write_text(json.dumps(est.reference_config(MoEConfig())))
+    code = main(["estimate", "--model", str(tmp_path), "--hardware", "cpu-link", "--data-parallel-size", "2",
+                 "--enable-expert-parallel", "--tokens", "64", "--step", "decode", "--format", "json"])
+    measured = json.loads(capsys.readouterr().out)["hardware"]["measured"]
+    assert code == 0 and measured["ranks"] == min(2, os.cpu_count() or 1) and measured["gflops"] > 0

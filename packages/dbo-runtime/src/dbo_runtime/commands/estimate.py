@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 from typing import Any
 
 import click
@@ -88,7 +89,7 @@ def _format_text(result: dict[str, Any]) -> str:
 @click.option("--max-tokens", type=PositiveInt(MAX_TOKENS, what="largest token count searched"), default=16384,
               show_default=True, metavar="N", help="search the pays-from token count up to N")
 @click.option("--hardware", default="910B", show_default=True, metavar="NAME",
-              help="a preset: 910B, 910C, H200, cpu-link (this CPU measured now, with the reference's link model)")
+              help="a preset: 910B, 910C, H200, cpu-link (this CPU measured now, TP x DP ranks at once up to one per core, with the reference's link model)")
 @click.option("--hardware-file", type=click.Path(dir_okay=False), default=None, metavar="FILE",
               help="JSON or YAML with a preset's fields (replaces --hardware)")
 @click.option("--tflops", type=BoundedFloat(above=0, what="matrix TFLOP/s reached"), default=None, metavar="X")
@@ -112,11 +113,14 @@ def estimate(**o: Any) -> int:
     except KVCapacityInputError as exc:
         raise DBOConfigError(f"--model: {exc}") from None
     hw = est.hardware_from_file(o["hardware_file"]) if o["hardware_file"] else est.hardware_preset(o["hardware"])
+    par = est.Parallel(o["tensor_parallel_size"], o["data_parallel_size"], o["enable_expert_parallel"])
     if hw.name == "cpu-link" and not o["hardware_file"] and o["tflops"] is None:
-        hw = est.with_measured_cpu(hw, spec)
+        # every rank runs on this CPU, as the reference model's do: time the rates with that many at once (at most
+        # one per core: more would only time the operating system's time slicing)
+        ranks = max(1, min(o["tensor_parallel_size"] * o["data_parallel_size"], os.cpu_count() or 1))
+        hw = est.with_measured_cpu(hw, spec, ranks=ranks)
     hw = est.with_overrides(hw, tflops=o["tflops"], mem_bw_gbps=o["mem_bw_gbps"], link_gbps=o["link_gbps"],
                             link_latency_us=o["link_latency_us"])
-    par = est.Parallel(o["tensor_parallel_size"], o["data_parallel_size"], o["enable_expert_parallel"])
     patterns = est.patterns_for(spec, par, o["patterns"])
     kinds = ["decode", "prefill"] if o["step"] == "both" else [o["step"]]
     tokens = list(o["tokens"]) or [32, 128, 512, 2048]
