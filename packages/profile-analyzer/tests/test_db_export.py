@@ -1,8 +1,8 @@
 """The msprof / torch_npu DB export (export_type=db), read with sqlite3: the same report as the JSON export of the
 same profile, picked by ``detect``, and a table layout it does not know is one line naming the table or column.
 
-No real DB sample exists here: the DBs are written by ``profile-analyzer synth --export db|both``
-(``profile_analyzer.synth.db_export``), from the same simulated run as the JSON export."""
+The DBs here are written by ``profile-analyzer synth --export db|both`` (``profile_analyzer.synth.db_export``),
+from the same simulated run as the JSON export; real torch_npu DBs are checked in test_msprof_db_real.py."""
 
 from __future__ import annotations
 

@@ -72,8 +72,8 @@ def overlap_sets(rt: RankTimeline) -> OverlapSets:
         begin = end = 0
     both = iv.union_sets(comp, comm)
     if both[0].size:
-        begin = min(begin, int(both[0][0]))
-        end = max(end, int(both[1][-1]))
+        begin = int(both[0][0])
+        end = int(both[1][-1])
     free = iv.gaps(both, begin, end)
     return OverlapSets(comp, comm, cno, free, begin, end)
 

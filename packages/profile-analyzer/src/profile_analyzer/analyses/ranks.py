@@ -9,12 +9,15 @@ one with the most Computing time (its compute is what the collectives wait for).
 
 from __future__ import annotations
 
+import re
 from collections import defaultdict
 
 import numpy as np
 
 from profile_analyzer.analyses.exposed import op_kind
 from profile_analyzer.timeline import COMM_KINDS, Kind, RankTimeline
+
+_PLANE = re.compile(r"^Plane (\d+)$")
 
 
 def _op_instances(rt: RankTimeline, lo: int | None, hi: int | None) -> dict[tuple[str, int], int]:
@@ -36,16 +39,20 @@ def _op_instances(rt: RankTimeline, lo: int | None, hi: int | None) -> dict[tupl
 def op_sync_wait(rt: RankTimeline) -> tuple[np.ndarray, np.ndarray]:
     """(indices of communication operators, synchronization wait of each in ns), vectorised per plane.
 
-    On each plane the wait of an operator is the Notify_Wait time inside its span before the plane's
-    first transit task (not ``Notify_*``); the operator's value is the least over planes that have tasks
-    inside it (msprof-analyze's choice), 0 without plane tasks (Level0 profiles).
+    On a plane, an operator's wait is the Notify_Wait time inside its span before the plane's first transit
+    task (not ``Notify_*``). The operator's value is that of its master plane, the lowest-numbered plane with
+    a Notify_Wait inside it (a plane that only runs the local reduce or copies waits for no one); 0 without
+    plane tasks (Level0 profiles). This is CANN's communication analysis (communication.json / analysis.db
+    CommAnalyzerTime): it matches torch_npu's own figures on every operator of MindStudio Insight's real DB
+    samples (tests/data/msprof-db), where the least wait over planes (msprof-analyze compare's choice) does not.
     """
     cached = getattr(rt, "_op_sync_wait", None)
     if cached is not None:
         return cached
     ops = np.flatnonzero(rt.of_kind(*COMM_KINDS))
-    best = np.full(ops.size, np.iinfo(np.int64).max, dtype=np.int64)
-    planes = [s.index for s in rt.streams if s.kind == "communication" and s.label.startswith("Plane")]
+    best = np.full(ops.size, -1, dtype=np.int64)
+    planes = [s.index for s in sorted((s for s in rt.streams if s.kind == "communication" and _PLANE.match(s.label)),
+                                      key=lambda s: int(_PLANE.match(s.label).group(1)))]
     # among the names of the trace's tasks (the only ones it is compared with)
     present = np.flatnonzero(np.bincount(rt.name_id, minlength=len(rt.names))).tolist()
     notify_ids = np.array([i for i in present if rt.names[i].startswith("Notify")], dtype=np.int32)
@@ -63,13 +70,14 @@ def op_sync_wait(rt: RankTimeline) -> tuple[np.ndarray, np.ndarray]:
         nxt = np.minimum.accumulate(nxt[::-1])[::-1]
         nxt = np.append(nxt, n)
         wsum = np.concatenate([[0], np.cumsum(np.where(wait, pe - ps, 0))])
+        wcount = np.concatenate([[0], np.cumsum(wait)])
         a = np.searchsorted(ps, os_, side="left")
         b = np.searchsorted(ps, oe, side="right")
-        has = b > a
+        has = wcount[b] > wcount[a]
         cut = np.minimum(nxt[a], b)
         val = wsum[cut] - wsum[a]
-        best = np.where(has, np.minimum(best, val), best)
-    best = np.where(best == np.iinfo(np.int64).max, 0, best)
+        best = np.where(has & (best < 0), val, best)
+    best = np.maximum(best, 0)
     result = (ops, best)
     try:
         rt._op_sync_wait = result  # type: ignore[attr-defined]

@@ -41,7 +41,10 @@ after the operator, one without it is named after its task type (as msprof's tim
 communication-task info is a ``Plane <planeId>`` task of its group, a COMMUNICATION_OP row is a whole operator on
 ``Group <groupName> Communication``; PYTORCH_API -> CONNECTION_IDS -> TASK links are torch_npu's ``async_npu``
 flows (the steps) and CANN_API -> TASK links by connectionId are msprof's ``HostToDevice`` flows (launch times).
-Tested on synthetic DBs only (``profile-analyzer synth --export db``): no real DB sample is at hand.
+Tested on real DBs (MindStudio Insight's torch_npu samples, two ranks at Level1 and Level2, in
+``tests/data/msprof-db``: every figure equals torch_npu's own StepTraceTime, Overlap Analysis and
+CommAnalyzerTime) and on synthetic ones (``profile-analyzer synth --export db``: both exports of one profile).
+In those real files COMMUNICATION_TASK_INFO.name is the operator's name and taskType the HCCL task type.
 """
 
 from __future__ import annotations
@@ -125,8 +128,17 @@ def _connect(path: Path) -> sqlite3.Connection:
         raise ProfileError(path, f"cannot be read ({exc.strerror or exc}); expected a readable SQLite file") from None
     if magic != SQLITE_MAGIC:
         raise ProfileError(path, "not an SQLite database; expected the profiler's DB export (export_type=db)")
+    # torch_npu writes its DBs in WAL mode: a plain read-only open still creates <db>-shm / <db>-wal beside the
+    # user's profile. A finished profile has no -wal with data in it; read it as immutable then, which writes
+    # nothing. With a non-empty -wal (a writer that stopped before its checkpoint) its data must be read too.
+    wal = path.with_name(path.name + "-wal")
     try:
-        return sqlite3.connect(f"file:{path}?mode=ro", uri=True)
+        pending = wal.stat().st_size > 0
+    except OSError:
+        pending = False
+    uri = path.resolve().as_uri() + ("?mode=ro" if pending else "?immutable=1")
+    try:
+        return sqlite3.connect(uri, uri=True)
     except sqlite3.Error as exc:
         raise ProfileError(path, f"cannot be opened as SQLite ({exc})") from None
 
@@ -261,9 +273,11 @@ def _columns_from_db(db: sqlite3.Connection, path: Path, present: set[str], host
             compute_info[gid] = (s(nm), s(tt), s(ot))
     comm_info: dict[int, tuple[str, int, str]] = {}
     if "COMMUNICATION_TASK_INFO" in present:
-        for gid, nm, _tt, plane, grp in _query(db, path, "SELECT globalTaskId, name, taskType, planeId, groupName "
-                                                          "FROM COMMUNICATION_TASK_INFO"):
-            comm_info[gid] = (s(nm), int(plane), s(grp))
+        # name is the operator's name, taskType the HCCL task type (Notify_Wait, Memcpy, ...), which msprof's JSON
+        # timeline uses as the plane task's name (MindStudio Insight's real samples, tests/data/msprof-db)
+        for gid, nm, tt, plane, grp in _query(db, path, "SELECT globalTaskId, name, taskType, planeId, groupName "
+                                                        "FROM COMMUNICATION_TASK_INFO"):
+            comm_info[gid] = (s(tt) or s(nm), int(plane), s(grp))
     task_rows = _query(db, path, "SELECT startNs, endNs, deviceId, connectionId, globalTaskId, taskType, streamId "
                                  "FROM TASK ORDER BY startNs, globalTaskId")
     devices = sorted({int(r[2]) for r in task_rows if isinstance(r[2], int)})

@@ -5,7 +5,8 @@ tables of ``msprof_*.db`` plus torch_npu's own) and ``analysis.db`` (step_trace_
 instead of trace_view.json and the CSV/JSON summaries. This module turns the text export that
 :mod:`profile_analyzer.synth.writer` wrote for one rank into those two SQLite files, event by event, the way
 msprof maps its timeline to its tables (what goes where is documented at each table below), so that the same
-synthetic profile exists in both exports. It is a stand-in: no real DB sample is at hand (docs/profile-analysis.md).
+synthetic profile exists in both exports. Checked against real torch_npu DBs (tests/data/msprof-db, MindStudio
+Insight's samples): the column meanings follow them (docs/profile-analysis.md).
 
 Table layouts (column names and order) are those of:
 
@@ -192,7 +193,10 @@ def write_db_export(profile_dir: Path, rank: int) -> list[Path]:
             conn = comm_ops[op_id - 1][3] if op_id else -1
             tasks.append((s, end, device, conn, gid, int(host_pid), sid(a.get("task type", e["name"])), 0,
                           int(a.get("stream id", 0)), int(a.get("task id", 0)), int(a.get("model id", 0))))
-            comm_tasks.append((sid(e["name"]), gid, sid(a.get("task type", e["name"])), int(m.group(1)), sid(group),
+            # as torch_npu writes it (MindStudio Insight's real samples): name = the operator's name, taskType = the
+            # HCCL task type (the JSON event's name: Notify_Wait, Memcpy, ...)
+            op_name = comm_ops[op_id - 1][0] if op_id else sid("")
+            comm_tasks.append((op_name, gid, sid(e["name"]), int(m.group(1)), sid(group),
                                int(a.get("notify_id", 0)), 0, int(a.get("src rank", 0)), int(a.get("dst rank", 0)),
                                0, int(a.get("size(Byte)", 0)), 0, 0, op_id, 1 if m.group(1) == "0" else 0,
                                float(a.get("bandwidth(GB/s)", 0)) * 1e9))

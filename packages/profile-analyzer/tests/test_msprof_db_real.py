@@ -1,0 +1,115 @@
+"""Real torch_npu DB exports (MindStudio Insight's samples, tests/data/msprof-db): two ranks at Level1 and Level2.
+
+What this checks against the real thing: the analyzer's figures recomputed from the raw TASK /
+COMMUNICATION_OP / COMMUNICATION_TASK_INFO rows equal torch_npu's own answers written in the same files
+(analysis.db StepTraceTime and CommAnalyzerTime, and OVERLAP_ANALYSIS where present), read here with sqlite3
+independently of the loader; and reading a profile writes nothing beside it. What it cannot catch: layouts of
+CANN versions other than the one that wrote these samples (the synthetic DBs of test_db_export.py cover the
+msprof-documented columns), MC2 or AI CPU communication (these samples have neither).
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import sqlite3
+from pathlib import Path
+
+import profile_analyzer as pa
+import pytest
+from profile_analyzer.analyses.breakdown import profiler_agreement, step_breakdown
+from profile_analyzer.cli import main
+
+DATA = Path(__file__).parent / "data" / "msprof-db"
+LEVELS = ("level1", "level2")
+
+
+def _analysis(level: str, rank: int, sql: str) -> list[tuple]:
+    path = DATA / level / f"rank{rank}_ascend_pt" / "ASCEND_PROFILER_OUTPUT" / "analysis.db"
+    with sqlite3.connect(path.resolve().as_uri() + "?immutable=1", uri=True) as db:
+        return db.execute(sql).fetchall()
+
+
+@pytest.fixture(scope="module", params=LEVELS)
+def loaded(request):
+    tl = pa.load(DATA / request.param)
+    per_rank = {}
+    for r, rt in tl.ranks.items():
+        rows = step_breakdown(rt)
+        per_rank[r] = (rt, rows, profiler_agreement(rt, rows))
+    return request.param, tl, per_rank
+
+
+def test_both_ranks_load_with_their_hccl_planes(loaded):
+    level, tl, _ = loaded
+    assert tl.format == "multi_rank" and sorted(tl.ranks) == [0, 1]
+    for rt in tl.ranks.values():
+        planes = [s.label for s in rt.streams if s.label.startswith("Plane ")]
+        assert len(planes) == 8
+        names = {rt.names[i] for i in rt.name_id}
+        # plane tasks carry the HCCL task type as their name, as in msprof's JSON timeline
+        assert {"Notify_Wait", "Notify_Record", "Reduce_Inline", "Memcpy"} <= names
+
+
+def test_step_breakdown_equals_torch_npus_step_trace_time(loaded):
+    level, _, per_rank = loaded
+    cols = ("computing", "communication_not_overlapped", "overlapped", "communication", "free", "stage", "bubble",
+            "communication_not_overlapped_exclude_receive", "preparing")
+    for rank, (_, (row,), _) in per_rank.items():
+        (theirs,) = _analysis(level, rank, "SELECT step, computing, communication_not_overlapped, overlapped, "
+                                                 "communication, free, stage, bubble, "
+                                                 "communication_not_overlapped_and_exclude_receive, preparing "
+                                                 "FROM StepTraceTime")
+        assert int(theirs[0]) == row["step"] == 50
+        for col, value in zip(cols, theirs[1:], strict=True):
+            assert row[col] / 1000.0 == pytest.approx(value, abs=0.01), (level, rank, col)
+
+
+def test_synchronization_wait_and_elapse_equal_torch_npus_comm_analyzer_time(loaded):
+    level, _, per_rank = loaded
+    rows = [a for _, _, agree in per_rank.values() for a in agree if a["source"] == "communication.json"]
+    assert {(a["rank"], a["item"]) for a in rows} == {(r, i) for r in (0, 1)
+                                                      for i in ("communication_elapse", "synchronization_wait")}
+    for a in rows:
+        (total_sync, total_elapse), = _analysis(level, a["rank"], "SELECT sum(synchronization_time), sum(elapse_time) "
+                                                                 "FROM CommAnalyzerTime")
+        theirs_ms = total_sync if a["item"] == "synchronization_wait" else total_elapse
+        assert a["ours_us"] == pytest.approx(theirs_ms * 1000.0, abs=0.01), (level, a)
+    # the one operator whose wait is large: ours names it as torch_npu does (plane 1 is the master plane there)
+    assert max(a["ours_us"] for a in rows if a["item"] == "synchronization_wait") > 1000.0
+
+
+def test_every_figure_of_the_report_agrees_with_the_profilers_own_to_a_microsecond(capsys):
+    for level in LEVELS:
+        assert main(["report", str(DATA / level), "--format", "json"]) == 0
+        agree = json.loads(capsys.readouterr().out)["profiler_agreement"]
+        assert len(agree) >= 2 * (9 + 2)  # step_trace_time.csv's 9 items and communication.json's 2, per rank
+        assert all(abs(a["delta_us"]) < 1.0 for a in agree), [a for a in agree if abs(a["delta_us"]) >= 1.0]
+        if level == "level1":  # rank 0's DB also holds CANN's OVERLAP_ANALYSIS intervals
+            assert any(a["source"] == "overlap_analysis_track" and a["rank"] == 0 for a in agree)
+
+
+def test_reading_a_profile_writes_nothing_beside_it(tmp_path):
+    copy = tmp_path / "level1"
+    shutil.copytree(DATA / "level1", copy)
+    before = sorted(p.relative_to(copy) for p in copy.rglob("*"))
+    pa.analyze(pa.load(copy))
+    assert sorted(p.relative_to(copy) for p in copy.rglob("*")) == before  # no -wal / -shm from a WAL-mode DB
+
+
+def test_data_still_in_the_wal_is_read(tmp_path):
+    """A writer that has not checkpointed yet: its rows live in <db>-wal, and they must be read too."""
+    copy = tmp_path / "level1"
+    shutil.copytree(DATA / "level1", copy)
+    db_path = copy / "rank0_ascend_pt" / "ASCEND_PROFILER_OUTPUT" / "ascend_pytorch_profiler_0.db"
+    writer = sqlite3.connect(db_path)
+    try:
+        writer.execute("PRAGMA wal_autocheckpoint=0")
+        writer.execute("DELETE FROM COMMUNICATION_OP WHERE opId = (SELECT min(opId) FROM COMMUNICATION_OP)")
+        writer.commit()
+        assert db_path.with_name(db_path.name + "-wal").stat().st_size > 0
+        rt = pa.load(db_path).ranks[0]
+        ops = [i for i in range(rt.start_ns.size) if rt.streams[rt.stream[i]].label.startswith("Group ")]
+        assert len(ops) == 3  # of 4: the deleted one is not there
+    finally:
+        writer.close()
