@@ -44,7 +44,7 @@ def op_sync_wait(rt: RankTimeline) -> tuple[np.ndarray, np.ndarray]:
     a Notify_Wait inside it (a plane that only runs the local reduce or copies waits for no one); 0 without
     plane tasks (Level0 profiles). This is CANN's communication analysis (communication.json / analysis.db
     CommAnalyzerTime): it matches torch_npu's own figures on every operator of MindStudio Insight's real DB
-    samples (tests/data/msprof-db), where the least wait over planes (msprof-analyze compare's choice) does not.
+    samples (tests/data/msinsight/db), where the least wait over planes (msprof-analyze compare's choice) does not.
     """
     cached = getattr(rt, "_op_sync_wait", None)
     if cached is not None:

@@ -57,7 +57,9 @@ def classify_hw_task(name: str, task_type: str | None, comm_names: frozenset[str
     if (name.startswith("hcom_") or _HCCL_TASK.match(name) or name.endswith(("AicpuKernel", "AivKernel"))
             or name in comm_names or (task_type or "").upper() in _COMM_TASK_TYPES):
         return Kind.COMM_TASK
-    if _TASK_TYPE_NAME.match(name):
+    # msprof names a device task that has no compute-task info after its task type ("SDMA", "Notify Wait",
+    # "Write Value": HCCL's own tasks shown on its stream, as in MindStudio Insight's real Level1 samples)
+    if name == task_type or _TASK_TYPE_NAME.match(name):
         return Kind.OTHER
     return Kind.COMPUTE
 

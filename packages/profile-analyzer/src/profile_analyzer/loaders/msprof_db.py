@@ -42,7 +42,7 @@ communication-task info is a ``Plane <planeId>`` task of its group, a COMMUNICAT
 ``Group <groupName> Communication``; PYTORCH_API -> CONNECTION_IDS -> TASK links are torch_npu's ``async_npu``
 flows (the steps) and CANN_API -> TASK links by connectionId are msprof's ``HostToDevice`` flows (launch times).
 Tested on real DBs (MindStudio Insight's torch_npu samples, two ranks at Level1 and Level2, in
-``tests/data/msprof-db``: every figure equals torch_npu's own StepTraceTime, Overlap Analysis and
+``tests/data/msinsight/db``: every figure equals torch_npu's own StepTraceTime, Overlap Analysis and
 CommAnalyzerTime) and on synthetic ones (``profile-analyzer synth --export db``: both exports of one profile).
 In those real files COMMUNICATION_TASK_INFO.name is the operator's name and taskType the HCCL task type.
 """
@@ -274,7 +274,7 @@ def _columns_from_db(db: sqlite3.Connection, path: Path, present: set[str], host
     comm_info: dict[int, tuple[str, int, str]] = {}
     if "COMMUNICATION_TASK_INFO" in present:
         # name is the operator's name, taskType the HCCL task type (Notify_Wait, Memcpy, ...), which msprof's JSON
-        # timeline uses as the plane task's name (MindStudio Insight's real samples, tests/data/msprof-db)
+        # timeline uses as the plane task's name (MindStudio Insight's real samples, tests/data/msinsight/db)
         for gid, nm, tt, plane, grp in _query(db, path, "SELECT globalTaskId, name, taskType, planeId, groupName "
                                                         "FROM COMMUNICATION_TASK_INFO"):
             comm_info[gid] = (s(tt) or s(nm), int(plane), s(grp))

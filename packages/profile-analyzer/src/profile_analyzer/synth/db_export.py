@@ -5,7 +5,7 @@ tables of ``msprof_*.db`` plus torch_npu's own) and ``analysis.db`` (step_trace_
 instead of trace_view.json and the CSV/JSON summaries. This module turns the text export that
 :mod:`profile_analyzer.synth.writer` wrote for one rank into those two SQLite files, event by event, the way
 msprof maps its timeline to its tables (what goes where is documented at each table below), so that the same
-synthetic profile exists in both exports. Checked against real torch_npu DBs (tests/data/msprof-db, MindStudio
+synthetic profile exists in both exports. Checked against real torch_npu DBs (tests/data/msinsight/db, MindStudio
 Insight's samples): the column meanings follow them (docs/profile-analysis.md).
 
 Table layouts (column names and order) are those of:

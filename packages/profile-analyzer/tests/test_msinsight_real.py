@@ -1,15 +1,17 @@
-"""Real torch_npu DB exports (MindStudio Insight's samples, tests/data/msprof-db): two ranks at Level1 and Level2.
+"""Real torch_npu profiles of a two-card job (MindStudio Insight's samples, tests/data/msinsight): the DB export
+at Level1 and Level2, and the text export at Level1.
 
-What this checks against the real thing: the analyzer's figures recomputed from the raw TASK /
-COMMUNICATION_OP / COMMUNICATION_TASK_INFO rows equal torch_npu's own answers written in the same files
-(analysis.db StepTraceTime and CommAnalyzerTime, and OVERLAP_ANALYSIS where present), read here with sqlite3
-independently of the loader; and reading a profile writes nothing beside it. What it cannot catch: layouts of
-CANN versions other than the one that wrote these samples (the synthetic DBs of test_db_export.py cover the
-msprof-documented columns), MC2 or AI CPU communication (these samples have neither).
+What this checks against the real thing: the analyzer's figures recomputed from the raw tasks equal torch_npu's
+own answers written beside them (analysis.db StepTraceTime and CommAnalyzerTime and OVERLAP_ANALYSIS, read here
+with sqlite3 independently of the loader; step_trace_time.csv, communication.json and the Overlap Analysis track
+of the text export); and reading a profile writes nothing beside it. What it cannot catch: layouts of CANN
+versions other than the one that wrote these samples (the synthetic profiles of test_db_export.py cover the
+msprof-documented columns), MC2 or AI CPU communication, more than one step (these samples have none of them).
 """
 
 from __future__ import annotations
 
+import gzip
 import json
 import shutil
 import sqlite3
@@ -20,7 +22,8 @@ import pytest
 from profile_analyzer.analyses.breakdown import profiler_agreement, step_breakdown
 from profile_analyzer.cli import main
 
-DATA = Path(__file__).parent / "data" / "msprof-db"
+SAMPLES = Path(__file__).parent / "data" / "msinsight"
+DATA = SAMPLES / "db"
 LEVELS = ("level1", "level2")
 
 
@@ -113,3 +116,39 @@ def test_data_still_in_the_wal_is_read(tmp_path):
         assert len(ops) == 3  # of 4: the deleted one is not there
     finally:
         writer.close()
+
+
+@pytest.fixture(scope="module")
+def text_export(tmp_path_factory) -> Path:
+    """The text export with its trace_view.json unpacked (it is stored gzipped)."""
+    root = tmp_path_factory.mktemp("msinsight-text") / "level1"
+    shutil.copytree(SAMPLES / "text" / "level1", root)
+    for gz in root.rglob("trace_view.json.gz"):
+        gz.with_suffix("").write_bytes(gzip.decompress(gz.read_bytes()))
+        gz.unlink()
+    return root
+
+
+def test_text_export_every_figure_agrees_with_the_profilers_own(capsys, text_export):
+    assert main(["report", str(text_export), "--format", "json"]) == 0
+    rep = json.loads(capsys.readouterr().out)
+    agree = rep["profiler_agreement"]
+    assert {(a["rank"], a["source"]) for a in agree} == {(r, s) for r in (0, 1) for s in (
+        "overlap_analysis_track", "step_trace_time.csv", "communication.json")}
+    # µs floats in the JSON: a fraction of a µs of rounding, nothing more
+    assert all(abs(a["delta_us"]) < 1.0 for a in agree), [a for a in agree if abs(a["delta_us"]) >= 1.0]
+    # communication is mostly exposed here (the all-reduce waits for the other card): 96 % of it, not 4 %
+    for row in rep["breakdown"]:
+        assert row["communication_not_overlapped"] > 0.9 * row["communication"]
+
+
+def test_hccl_tasks_on_the_hardware_stream_are_not_compute(text_export):
+    rt = pa.load(text_export / "rank0_ascend_pt").ranks[0]
+    from profile_analyzer.timeline import Kind
+
+    kinds = {}
+    for name_id, kind in zip(rt.name_id.tolist(), rt.kind.tolist(), strict=True):
+        kinds.setdefault(rt.names[name_id], set()).add(kind)
+    for name in ("Notify Wait", "SDMA", "Write Value"):  # named after their task type on HCCL's stream
+        assert kinds[name] == {int(Kind.OTHER)}, name
+    assert int(Kind.COMPUTE) in kinds["aclnnMm_MatMulCommon_MatMulV2"]
