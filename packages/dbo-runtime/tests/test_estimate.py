@@ -357,3 +357,33 @@ def test_cli_cpu_link_times_the_ranks_at_once(tmp_path, capsys):
                  "--enable-expert-parallel", "--tokens", "64", "--step", "decode", "--format", "json"])
     measured = json.loads(capsys.readouterr().out)["hardware"]["measured"]
     assert code == 0 and measured["ranks"] == min(2, os.cpu_count() or 1) and measured["gflops"] > 0
+
+
+def test_the_timed_layer_is_the_reference_layer_without_its_collectives():
+    """``estimate`` times ``ReferenceMoE.layer_forward`` with ``local_moe``: on one rank, where the all-gather and
+    the reduce-scatter are identities, that is bitwise the layer the bench runs (stand-in collectives here: identity
+    functions with the Collectives call shape, which is exactly what a 1-rank gloo group returns)."""
+    import types
+
+    import torch
+    from dbo_runtime.reference.model import Batch, KVCache, MoEConfig, ReferenceMoE, batch_inputs
+
+    def identity(x, **_):
+        return types.SimpleNamespace(wait=lambda: None, result=lambda: x)
+
+    comm = types.SimpleNamespace(rank=0, world_size=1, all_gather=identity, reduce_scatter=identity)
+    config = MoEConfig(hidden_size=64, num_heads=2, head_dim=32, num_experts=4, top_k=2, expert_intermediate=32,
+                       shared_intermediate=32, num_layers=1)
+    model = ReferenceMoE(config, pattern="a2", comm=comm, dtype=torch.float32)
+    batch = Batch.prefill([5, 3])
+    x0 = batch_inputs(config, batch, rank=0, step=0, dtype=torch.float32)
+
+    def layer(moe=None):
+        kv = KVCache(config, batch, rank=0, dtype=torch.float32)
+        return model.layer_forward(model.whole_part(x0, batch), x0, 0, kv, moe=moe)
+
+    with_collectives = layer()
+    assert torch.equal(layer(model.local_moe(1)), with_collectives)
+    # more ranks: more rows through the experts, this part's rows unchanged
+    assert torch.allclose(layer(model.local_moe(3)), with_collectives, rtol=1e-5, atol=1e-6)
+    assert model.timer.compute_s > 0

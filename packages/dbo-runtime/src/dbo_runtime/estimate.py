@@ -444,16 +444,10 @@ def _time_reference_layer(layer: dict[str, Any], ranks: int, repeats: int, secon
     kv = KVCache(config, batch, rank=0, dtype=torch.float32)
     x0 = batch_inputs(config, batch, rank=0, step=0, dtype=torch.float32)
     part = model.whole_part(x0, batch)
-    p, hs, k = model.layers[0], config.hidden_size, config.top_k
+    moe = model.local_moe(ranks)
 
     def run() -> None:
-        x = x0 + model._attention(part, model._rms_norm(x0, p["norm1"]), 0, kv)
-        h = model._rms_norm(x, p["norm2"])
-        ids, weights = model._route(h, 0)
-        shared = model._mlp(h, p["shared13"], p["shared2"])
-        gathered = torch.cat([torch.cat([h, ids.to(h.dtype), weights], dim=1)] * ranks)
-        partial = model._local_experts(gathered[:, :hs], gathered[:, hs:hs + k].long(), gathered[:, hs + k:], 0)
-        x + shared + partial[:tokens]  # noqa: B018 - the reduce-scatter would return this rank's rows
+        model.layer_forward(part, x0, 0, kv, moe=moe)
 
     run()  # warm-up
     if barrier is not None:

@@ -24,7 +24,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass
 
 import torch
@@ -36,6 +36,10 @@ from dbo_runtime.errors import DBOConfigError
 from dbo_runtime.hooks import dbo_async_site
 from dbo_runtime.reference.comm import Collectives, PendingCollective
 from dbo_runtime.reference.profiling import compute_span_name
+
+# (h, ids, weights, layer, real rows) -> a call that returns the routed experts' output; made before the shared
+# expert runs and called after it (A3 starts its counts exchange in between)
+MoEPath = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, int, int], Callable[[], torch.Tensor]]
 
 __all__ = ["PATTERNS", "DTYPES", "MoEConfig", "Batch", "KVCache", "StepTimer", "ReferenceMoE", "batch_inputs"]
 
@@ -399,22 +403,51 @@ class ReferenceMoE:
         """Every layer over one part of the batch (the whole batch, or one micro-batch inside its thread)."""
         x = part.x
         for layer in range(self.config.num_layers):
-            p = self.layers[layer]
-            tag = f"layer{layer}"
-            with self.timer.compute(tag):
-                x = x + self._attention(part, self._rms_norm(x, p["norm1"]), layer, kv)
-                h = self._rms_norm(x, p["norm2"])
-                ids, weights = self._route(h, layer)
-            layout = self._a3_layout(ids, layer, part.num_real) if self.pattern == "a3" else None
-            with self.timer.compute(tag):
-                shared = self._mlp(h, p["shared13"], p["shared2"])
-            if layout is None:
-                routed = self._moe_a2(h, ids, weights, layer)
-            else:
-                routed = self._moe_a3(h, ids, weights, layer, layout)
-            with self.timer.compute(tag):
-                x = x + shared + routed
+            x = self.layer_forward(part, x, layer, kv)
         return x
+
+    def layer_forward(self, part: _Part, x: torch.Tensor, layer: int, kv: KVCache,
+                      moe: MoEPath | None = None) -> torch.Tensor:  # fmt: skip
+        """One layer: attention, router, shared expert and routed experts. ``moe`` is how the routed experts'
+        output is obtained: by default the pattern's collectives (:meth:`_pattern_moe`); :meth:`local_moe` gives
+        the same compute with no collective (for timing the compute alone, as ``dbo-runtime estimate`` does)."""
+        p = self.layers[layer]
+        tag = f"layer{layer}"
+        with self.timer.compute(tag):
+            x = x + self._attention(part, self._rms_norm(x, p["norm1"]), layer, kv)
+            h = self._rms_norm(x, p["norm2"])
+            ids, weights = self._route(h, layer)
+        finish = (moe or self._pattern_moe)(h, ids, weights, layer, part.num_real)  # before the shared expert
+        with self.timer.compute(tag):
+            shared = self._mlp(h, p["shared13"], p["shared2"])
+        routed = finish()
+        with self.timer.compute(tag):
+            return x + shared + routed
+
+    def _pattern_moe(self, h: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor, layer: int,
+                     num_real: int) -> Callable[[], torch.Tensor]:  # fmt: skip
+        if self.pattern == "a3":
+            layout = self._a3_layout(ids, layer, num_real)  # its counts exchange runs under the shared expert
+            return lambda: self._moe_a3(h, ids, weights, layer, layout)
+        return lambda: self._moe_a2(h, ids, weights, layer)
+
+    def local_moe(self, world_size: int) -> MoEPath:
+        """The A2 routed experts with each collective replaced by its local effect: the all-gather delivers
+        ``world_size`` ranks' tokens (here, this part's tokens ``world_size`` times) and the reduce-scatter keeps
+        this part's rows. The compute of one rank of ``world_size`` with no communication."""
+        hs, k = self.config.hidden_size, self.config.top_k
+
+        def moe(h: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor, layer: int,
+                num_real: int) -> Callable[[], torch.Tensor]:  # fmt: skip
+            def finish() -> torch.Tensor:
+                gathered = torch.cat([torch.cat([h, ids.to(h.dtype), weights], dim=1)] * world_size)
+                partial = self._local_experts(gathered[:, :hs], gathered[:, hs:hs + k].long(), gathered[:, hs + k:],
+                                              layer)
+                return partial[: h.shape[0]]
+
+            return finish
+
+        return moe
 
     def whole_part(self, x: torch.Tensor, batch: Batch) -> _Part:
         return _Part(x, batch.positions(), list(range(batch.num_requests)), batch.query_start_loc)
