@@ -51,13 +51,26 @@ def test_bad_out_is_one_line_exit_2(tmp_path, capsys):
     assert len(err) == 1 and "--out" in err[0]
 
 
+@pytest.mark.parametrize("argv, needle", [(["--tokens", "4"], "--tokens"), (["--tokens", "x"], "--tokens"),
+                                          (["--pattern", "a4"], "--pattern")])
+def test_bad_sweep_options_are_one_line_exit_2(tmp_path, capsys, argv, needle):
+    assert main(["--out", str(tmp_path), *argv]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and needle in err[0], err
+    assert not list(tmp_path.iterdir())  # nothing written
+
+
 def test_quick_bench_writes_results(tmp_path):
-    out = subprocess.run([sys.executable, "-m", "dbo_runtime.bench", "--out", str(tmp_path), "--quick"],
+    # --tokens: the default-link rows in the order given (one count twice: how one setting varies within a run)
+    out = subprocess.run([sys.executable, "-m", "dbo_runtime.bench", "--out", str(tmp_path), "--quick",
+                          "--tokens", "128", "--tokens", "96", "--tokens", "128"],
                          capture_output=True, text=True, timeout=240)  # fmt: skip
     assert out.returncode == 0, out.stderr[-2000:]
     data = json.loads((tmp_path / "dbo_runtime.json").read_text())
     assert "stand-in for HCCS" in data["link_note"]
     assert {r["pattern"] for r in data["rows"]} == {"a2", "a3"}
+    for pattern in ("a2", "a3"):
+        assert [r["tokens"] for r in data["rows"] if r["pattern"] == pattern and r["link"] == "default"] == [128, 96, 128]
     for row in data["rows"]:
         assert row["split_on"] and not row["split_off"]
         assert row["t_off_ms"] > 0 and row["t_on_ms"] > 0 and row["t_comm_ms"] > 0 and row["t_compute_ms"] > 0

@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import click
+from toolkit_cli import BoundedInt
 
 from dbo_runtime.commands._params import WritableDir
 
@@ -24,14 +25,24 @@ __all__ = ["bench"]
 @click.option("--dbo-scheduler", type=click.Choice(("thread", "greenlet")), default="thread", show_default=True,
               envvar="DBO_RUNTIME_SCHEDULER", show_envvar=True,
               help="scheduler of the sweep's DBO-on steps (the handoff and the decode rows are measured under both)")
-def bench(out: Path, quick: bool, dbo_scheduler: str) -> int:
+@click.option("--tokens", "tokens", type=BoundedInt(8, 16384, what="tokens per rank"), multiple=True, metavar="N",
+              help="token counts of the sweep rows at the default link, in this order; repeat the option for more "
+                   "(a count may come again, to see how one setting varies within a run)  [default: 512 1024 2048]")
+@click.option("--pattern", "patterns", type=click.Choice(("a2", "a3")), multiple=True,
+              help="communication pattern(s) to sweep; repeat for both  [default: a2 and a3]")
+def bench(out: Path, quick: bool, dbo_scheduler: str, tokens: tuple[int, ...], patterns: tuple[str, ...]) -> int:
     from dataclasses import replace
 
     from dbo_runtime.reference.bench import BenchPlan, format_table, quick_plan, run_bench
     from dbo_runtime.reference.launcher import RanksFailed
 
+    plan = replace(quick_plan() if quick else BenchPlan(), scheduler=dbo_scheduler)
+    if tokens:
+        plan = replace(plan, token_counts=tokens)
+    if patterns:
+        plan = replace(plan, patterns=tuple(dict.fromkeys(patterns)))
     try:
-        summary = run_bench(out, replace(quick_plan() if quick else BenchPlan(), scheduler=dbo_scheduler))
+        summary = run_bench(out, plan)
     except RanksFailed as exc:
         for err in exc.errors:
             click.echo(f"dbo-runtime bench: {err.line()}", err=True)
