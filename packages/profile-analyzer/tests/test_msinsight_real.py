@@ -152,3 +152,9 @@ def test_hccl_tasks_on_the_hardware_stream_are_not_compute(text_export):
     for name in ("Notify Wait", "SDMA", "Write Value"):  # named after their task type on HCCL's stream
         assert kinds[name] == {int(Kind.OTHER)}, name
     assert int(Kind.COMPUTE) in kinds["aclnnMm_MatMulCommon_MatMulV2"]
+
+
+def test_without_overlap_analysis_the_warning_says_what_is_still_checked():
+    rt = pa.load(DATA / "level2").ranks[0]  # Level2 DBs have no OVERLAP_ANALYSIS table, analysis.db is there
+    (w,) = [w for w in rt.warnings if w.missing == "the 'Overlap Analysis' track"]
+    assert "still checked" in w.affects[0]
