@@ -132,7 +132,9 @@ def test_profile_analyzer_finds_no_ping_pong_in_a_dbo_off_trace(traced_off_run):
     summary = report["summary"]
     assert summary["ranks"] == 2
     assert summary["computing_us"] > 0 and summary["communication_us"] > 0
-    assert summary["overlapped_us"] < 0.1 * summary["communication_us"]  # nothing computes beside a collective
+    # nothing computes beside a collective: a collective's span ends before its waiter resumes (it was up to 10.6 %
+    # under CI load while the span closed after the wake-up, behind the GIL the resumed compute held)
+    assert summary["overlapped_us"] < 0.01 * summary["communication_us"]
     by_rank = {d["rank"]: d for d in report["dual_batch"]}
     assert sorted(by_rank) == [0, 1]
     for rank, found in by_rank.items():

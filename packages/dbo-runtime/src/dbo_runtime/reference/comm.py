@@ -152,8 +152,9 @@ class PendingCollective:
         self.deadline_s = max(launch_s, owner._link_free_at) + self.modelled_s
         owner._link_free_at = self.deadline_s
 
-    def _complete(self) -> None:
-        """Wait for gloo, then for the link model's deadline; record. Runs on the comm thread or inline."""
+    def _complete(self, signal: bool = True) -> None:
+        """Wait for gloo, then for the link model's deadline; record; with ``signal``, wake the waiters (else the
+        caller does). Runs on the comm thread or inline."""
         owner = self._owner
         finished_before = False
         try:
@@ -175,7 +176,8 @@ class PendingCollective:
         owner.records.append(
             CollectiveRecord(self.op, self.name, self.ubatch, self.wire_bytes, self.launch_s, done, self.modelled_s)
         )
-        self._done.set()
+        if signal:
+            self._done.set()
 
     def wait(self) -> None:
         """Block until done (bounded by the owner's ``timeout_s``); raise if the collective failed."""
@@ -236,8 +238,11 @@ class Collectives:
             pending = self._queue.get()
             if pending is None:
                 return
+            # the span ends before the waiter is woken: a waiter that resumed its compute first (and held the GIL
+            # while the span waited to close) would show compute beside a collective that had already completed
             with record_function(pending.name):
-                pending._complete()
+                pending._complete(signal=False)
+            pending._done.set()
 
     def _submit(self, pending: PendingCollective) -> None:
         if self._thread is None or not self._thread.is_alive():
