@@ -71,6 +71,11 @@ def test_quick_bench_writes_results(tmp_path):
     assert {r["pattern"] for r in data["rows"]} == {"a2", "a3"}
     for pattern in ("a2", "a3"):
         assert [r["tokens"] for r in data["rows"] if r["pattern"] == pattern and r["link"] == "default"] == [128, 96, 128]
+    # every row, the repeated one too, has its own DBO-off trace for the what-if check (the tiny quick model may
+    # leave a row without a prediction, never for a trace folder holding two runs)
+    assert len(data["whatif"]) == len(data["rows"])
+    assert len({w["trace"] for w in data["whatif"]}) == len(data["whatif"])
+    assert not [w for w in data["whatif"] if "appears twice" in w.get("error_message", "")]
     for row in data["rows"]:
         assert row["split_on"] and not row["split_off"]
         assert row["t_off_ms"] > 0 and row["t_on_ms"] > 0 and row["t_comm_ms"] > 0 and row["t_compute_ms"] > 0

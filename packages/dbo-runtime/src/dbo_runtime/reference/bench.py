@@ -159,7 +159,10 @@ def bench_task(rank: int, world_size: int, plan: BenchPlan) -> dict[str, Any]:
             default_link = calibrate_link(model, default_batch, DTYPES["float32"], timeout_s=120.0)
             runs: list[tuple[int, LinkVariant]] = [(t, plan.links[0]) for t in plan.token_counts]
             runs += [(plan.default_tokens, v) for v in plan.links[1:]]
-            for tokens, variant in runs:
+            from dbo_runtime.reference.whatif_check import occurrences, row_trace_dir
+
+            nth = occurrences([(pattern, tokens, variant.name) for tokens, variant in runs])
+            for (tokens, variant), occurrence in zip(runs, nth, strict=True):
                 comm.link = LinkModel(
                     default_link.latency_us if variant.latency_us is None else variant.latency_us,
                     default_link.bandwidth_gbps * variant.bandwidth_scale,
@@ -169,9 +172,7 @@ def bench_task(rank: int, world_size: int, plan: BenchPlan) -> dict[str, Any]:
                                scheduler=plan.scheduler)  # fmt: skip
                 trace = None
                 if plan.trace_dir is not None:
-                    from dbo_runtime.reference.whatif_check import row_trace_dir
-
-                    trace = str(row_trace_dir(plan.trace_dir, pattern, tokens, variant.name))
+                    trace = str(row_trace_dir(plan.trace_dir, pattern, tokens, variant.name, occurrence))
                 off, on = measure(model, spec, modes=(False, True), trace_dir=trace)
                 out["rows"].append({"pattern": pattern, "tokens": tokens, "link": variant.name,
                                     "link_spec": comm.link.spec(), "link_text": comm.link.describe(),

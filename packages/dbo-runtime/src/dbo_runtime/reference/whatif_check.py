@@ -29,10 +29,21 @@ TOLERANCE = 0.10
 MIN_STEP_MS = 10.0
 
 
-def row_trace_dir(root: str | Path, pattern: str, tokens: int, link: str) -> Path:
-    """Where a sweep row's DBO-off trace goes: ``<root>/<pattern>-<tokens>-<link slug>``."""
+def row_trace_dir(root: str | Path, pattern: str, tokens: int, link: str, occurrence: int = 0) -> Path:
+    """Where a sweep row's DBO-off trace goes: ``<root>/<pattern>-<tokens>-<link slug>``, and ``-<n>`` after it for
+    the n-th time (from 2) the same setting comes in one sweep (``dbo-runtime bench --tokens 512 --tokens 512``)."""
     slug = re.sub(r"[^a-z0-9.]+", "-", link.lower()).strip("-")
-    return Path(root) / f"{pattern}-{tokens}-{slug}"
+    return Path(root) / (f"{pattern}-{tokens}-{slug}" + (f"-{occurrence + 1}" if occurrence else ""))
+
+
+def occurrences(rows: list[tuple[str, int, str]]) -> list[int]:
+    """Per (pattern, tokens, link) row, how many times the same setting came before it in the sweep."""
+    seen: dict[tuple[str, int, str], int] = {}
+    out = []
+    for key in rows:
+        out.append(seen.get(key, 0))
+        seen[key] = out[-1] + 1
+    return out
 
 
 def _pair_speedup(per_rank: list[dict[str, Any]] | None, i: int) -> float | None:
@@ -55,8 +66,9 @@ def validate(summary: dict[str, Any], trace_root: str | Path,
 
     switch_us = float(summary["handoff_us"]["median_us"])
     out = []
+    nth = occurrences([(r["pattern"], r["tokens"], r["link"]) for r in summary["rows"]])
     for i, r in enumerate(summary["rows"]):
-        folder = row_trace_dir(trace_root, r["pattern"], r["tokens"], r["link"])
+        folder = row_trace_dir(trace_root, r["pattern"], r["tokens"], r["link"], nth[i])
         if not folder.is_dir() or not any(folder.glob("*.pt.trace.json")):
             continue
         latency_us = float(str(r["link_spec"]).split(",")[0]) if r.get("link_spec") not in (None, "none") else 0.0
