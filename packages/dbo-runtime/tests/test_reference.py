@@ -97,8 +97,11 @@ def test_collective_that_does_not_complete_is_a_timeout_naming_it(scheduler):
     if scheduler == "greenlet":  # the bounded wait on the collective's handle ends it
         assert "collective dbo.ubatch1.comm.all_gather.layer1" in errors[0].message, errors[0]
         assert "timed out" in errors[0].message.lower(), errors[0]
-    else:  # the thread scheduler's handoff timeout is as long and fires first
-        assert errors[0].type == "DBOTimeoutError" and "hook site 'layer1.moe." in errors[0].message, errors[0]
+    else:  # the thread scheduler's handoff timeout is as long as the collective's: whichever fires first names it
+        handoff = errors[0].type == "DBOTimeoutError" and "hook site 'layer1.moe." in errors[0].message
+        collective = ("collective dbo.ubatch1.comm.all_gather.layer1" in errors[0].message
+                      and "timed out" in errors[0].message.lower())  # seen in a loaded CI run
+        assert handoff or collective, errors[0]
 
 
 def test_rank_configuration_mismatch_is_an_error_on_every_rank():
