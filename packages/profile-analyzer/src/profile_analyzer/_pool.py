@@ -67,3 +67,9 @@ def _stop_workers(pool: Any) -> None:
             proc.kill()
             proc.join(timeout=5)
     pool.shutdown(wait=False, cancel_futures=True)
+    # let the executor's manager thread see its dead workers and close its wake-up pipe now: left running, it could
+    # close that pipe while the interpreter's exit hook writes to it ("Exception ignored ... Bad file descriptor" on
+    # stderr after the one-line error, seen once in CI)
+    manager = getattr(pool, "_executor_manager_thread", None)
+    if manager is not None:
+        manager.join(timeout=5)
