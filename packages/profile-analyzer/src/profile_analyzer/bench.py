@@ -458,13 +458,11 @@ def run_hta_comparison(cache: Path, work: Path, timeout_s: float, log=print, tar
     out: dict = {"input": {"trace": str(trace), "bytes": size, **info}}
 
     def finish() -> None:
-        walls = sorted(r.wall_s for r, _ in runs)
         ours, report = runs[0]
-        peak = max(runs, key=lambda x: x[0].tree_peak_bytes)[0]
-        out["ours"] = {"wall_s": round(walls[len(walls) // 2], 3), "wall_s_runs": [round(r.wall_s, 3) for r, _ in runs],
-                       "jobs": 1, "command": " ".join(ours.command),
+        out["ours"] = {"jobs": 1, "command": " ".join(ours.command),
                        "whole_trace_overlap_pct": report.get("summary", {}).get("whole_trace_overlap_pct"),
-                       "same_report_every_run": all(r == report for _, r in runs), **_tree_memory(peak, size)}
+                       "same_report_every_run": all(r == report for _, r in runs)}
+        _median_of(out["ours"], [r for r, _ in runs], None, None, size)
 
     if not with_hta:
         runs += [ours_once() for _ in range(ours_runs - 1)]
@@ -638,14 +636,16 @@ def _peak_memory_text(run: dict) -> str:
 OURS_RUNS = 3
 
 
-def _median_of(entry: dict, runs: list[Run], events: int, total_bytes: int | None, largest: int) -> Run:
+def _median_of(entry: dict, runs: list[Run], events: int | None, total_bytes: int | None, largest: int) -> Run:
     """Set ``entry``'s time to the median of ``runs`` (all of them in ``wall_s_runs``) and its memory to the largest
-    run's; return the run whose memory is reported."""
+    run's; return the run whose memory is reported. ``events`` / ``total_bytes``: also the rates, where known."""
     walls = sorted(r.wall_s for r in runs)
     wall = walls[len(walls) // 2]
     peak = max(runs, key=lambda r: r.tree_peak_bytes)
     entry.update({"wall_s": round(wall, 3), "wall_s_runs": [round(r.wall_s, 3) for r in runs],
-                  "events_per_s": round(events / wall), **_tree_memory(peak, largest)})
+                  **_tree_memory(peak, largest)})
+    if events is not None:
+        entry["events_per_s"] = round(events / wall)
     if total_bytes is not None:
         entry.update({"mb_per_s": round(total_bytes / 1e6 / wall, 1), "peak_rss_bytes": peak.peak_rss_bytes})
     return peak
