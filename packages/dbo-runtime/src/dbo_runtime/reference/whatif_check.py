@@ -12,7 +12,12 @@ Settings of the prediction, and why:
 * ``comm_fixed_us`` = the link's latency: a micro-batch's collective takes latency + half the bytes / bandwidth
   (the modelled link's own formula, ``reference/comm.py``);
 * ``switch_us`` = the median yield handoff measured in the same run (thread mode);
-* compute of a micro-batch = half the whole batch's (the default).
+* ``compute_scale`` = the DBO-off compute at half the tokens over the row's DBO-off compute (``t_compute_half_ms`` /
+  ``t_compute_ms`` of the bench summary, both measured with DBO off and without the profiler), where the sweep ran
+  half the tokens; else 1/2 (compute proportional to tokens). A micro-batch computes what a batch of half the tokens
+  does, and on this CPU that is not always half: MKL's fp32 ``[M x 256] @ [256 x 4096]`` (the experts' first GEMM)
+  takes as long at M = 128 as at M = 256, so an A2 micro-batch of 256 tokens per rank computes its experts no
+  faster than the whole 512-token batch. A user does the same with two DBO-off profiles (``--compute-scale``).
 """
 
 from __future__ import annotations
@@ -23,7 +28,7 @@ import statistics
 from pathlib import Path
 from typing import Any
 
-__all__ = ["row_trace_dir", "validate", "format_whatif_markdown", "TOLERANCE", "MIN_STEP_MS"]
+__all__ = ["row_trace_dir", "validate", "compute_scale", "format_whatif_markdown", "TOLERANCE", "MIN_STEP_MS"]
 
 TOLERANCE = 0.10
 MIN_STEP_MS = 10.0
@@ -57,6 +62,15 @@ def _pair_speedup(per_rank: list[dict[str, Any]] | None, i: int) -> float | None
     return statistics.median(ratios) if ratios else None
 
 
+def compute_scale(row: dict[str, Any]) -> float | None:
+    """A micro-batch's compute as a fraction of the whole batch's, from the two DBO-off computes the sweep measured
+    (half the tokens over the row's own), kept within (0, 1]; None (the what-if's default of 1/2) without both."""
+    half, full = row.get("t_compute_half_ms"), row.get("t_compute_ms")
+    if not half or not full or half <= 0 or full <= 0:
+        return None
+    return min(1.0, half / full)
+
+
 def validate(summary: dict[str, Any], trace_root: str | Path,
              per_rank: list[dict[str, Any]] | None = None) -> list[dict[str, Any]]:
     """One row per sweep row with a trace: predicted vs measured DBO-on step, and predicted vs measured speed-up
@@ -72,9 +86,10 @@ def validate(summary: dict[str, Any], trace_root: str | Path,
         if not folder.is_dir() or not any(folder.glob("*.pt.trace.json")):
             continue
         latency_us = float(str(r["link_spec"]).split(",")[0]) if r.get("link_spec") not in (None, "none") else 0.0
+        scale = compute_scale(r)
         try:
             d = whatif(load(folder, workers=1), switch_us=switch_us, comm_fixed_us=latency_us,
-                       measured_off_us=r["t_off_ms"] * 1000.0)
+                       measured_off_us=r["t_off_ms"] * 1000.0, compute_scale=scale)
         except ProfileError as exc:  # a trace the simulation cannot use is a row without a prediction
             out.append({"pattern": r["pattern"], "tokens": r["tokens"], "link": r["link"], "trace": str(folder),
                         "error_message": str(exc)})
@@ -92,7 +107,8 @@ def validate(summary: dict[str, Any], trace_root: str | Path,
             "predicted_speedup": predicted_speedup, "measured_speedup": measured_speedup,
             "measured_speedup_of_medians": r["speedup"], "speedup_from_pairs": pairs is not None, "error": err, "checked": checked,
             "within": (abs(err) <= TOLERANCE) if checked else None, "disturbed": bool(r.get("disturbed")),
-            "switch_us": switch_us, "comm_fixed_us": latency_us,
+            "switch_us": switch_us, "comm_fixed_us": latency_us, "compute_scale": 0.5 if scale is None else scale,
+            "compute_scale_measured": scale is not None,
             "layers_that_cannot_pay": sorted({x["layer"] for rank in d["ranks"] for x in rank["layers"]
                                               if not x["pays"] and x["layer"] is not None}),
         })  # fmt: skip
@@ -106,22 +122,25 @@ def format_whatif_markdown(rows: list[dict[str, Any]]) -> str:
     ok = sum(bool(r["within"]) for r in checked)
     lines = [
         "What-if check: `profile-analyzer whatif` on each row's DBO-off trace (one extra profiled step; the row's "
-        "T_off measured without the profiler, the link latency and the measured handoff as settings) vs the "
-        "measured DBO-on step. Speed-up measured: the median over the row's adjacent off/on step pairs; error: "
-        "predicted speed-up / measured speed-up - 1.",
+        "T_off measured without the profiler, the link latency, the measured handoff and the compute scale as "
+        "settings) vs the measured DBO-on step. Compute scale: the DBO-off compute at half the tokens over the row's "
+        "DBO-off compute (both without the profiler; 0.50 where the sweep did not run half the tokens). Speed-up "
+        "measured: the median over the row's adjacent off/on step pairs; error: predicted speed-up / measured "
+        "speed-up - 1.",
         "",
-        "| pattern | tokens/rank | link | T_off ms | T_on measured ms | T_on predicted ms | speed-up measured (pairs) | "
-        "speed-up predicted | error | within 10% |",
-        "|---|---:|---|---:|---:|---:|---:|---:|---:|---|",
+        "| pattern | tokens/rank | link | T_off ms | compute scale | T_on measured ms | T_on predicted ms | "
+        "speed-up measured (pairs) | speed-up predicted | error | within 10% |",
+        "|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---|",
     ]
     for r in rows:
         within = "-" if r["within"] is None else ("yes" if r["within"] else "**no**")
         lines.append(
-            f"| {r['pattern']} | {r['tokens']} | {r['link']} | {r['t_off_ms']:.0f} | {r['t_on_ms']:.0f} "
+            f"| {r['pattern']} | {r['tokens']} | {r['link']} | {r['t_off_ms']:.0f} "
+            f"| {r['compute_scale']:.2f}{'' if r['compute_scale_measured'] else ' (default)'} | {r['t_on_ms']:.0f} "
             f"| {r['predicted_on_ms']:.0f} | {r['measured_speedup']:.2f}x | {r['predicted_speedup']:.2f}x "
             f"| {r['error'] * 100:+.1f}% | {within}{' (disturbed row)' if r['disturbed'] else ''} |"
         )
-    lines += [f"| {r['pattern']} | {r['tokens']} | {r['link']} | | | | | | | no prediction: {r['error_message']} |"
+    lines += [f"| {r['pattern']} | {r['tokens']} | {r['link']} | | | | | | | | no prediction: {r['error_message']} |"
               for r in failed]
     lines += ["", f"Within {TOLERANCE:.0%}: {ok} of {len(checked)} rows whose step takes over {MIN_STEP_MS:g} ms"
               + (f"; {len(failed)} row(s) without a prediction." if failed else "."), ""]
