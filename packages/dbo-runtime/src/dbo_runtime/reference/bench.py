@@ -40,8 +40,7 @@ TARGET_EFFICIENCY = 0.80
 HANDOFF_TARGET_US = 2.0
 """Issue 15's target for the greenlet scheduler's median handoff."""
 DISTURBED_COMPUTE_RATIO = 0.15
-"""A row whose compute time with DBO on differs from the expected one (twice the DBO-off compute at half the tokens,
-where the sweep ran that; else the row's DBO-off compute) by more than this fraction is flagged as disturbed."""
+"""A row whose compute time with DBO on differs from DBO off by more than this fraction is flagged as disturbed."""
 
 
 def _equality_figures(summary: dict) -> tuple[int, int, float] | None:
@@ -294,22 +293,11 @@ def _half_compute_ms(rows: list[dict[str, Any]], no_split: list[dict[str, Any]],
     return statistics.median(found) if found else None
 
 
-def _expected_compute_on(rows: list[dict[str, Any]], no_split: list[dict[str, Any]]) -> None:
-    """Per row: the compute its DBO-on steps should show, and whether they were disturbed.
-
-    A micro-batch computes what the whole batch computes at half the tokens, with DBO off (the same shapes: an A2
-    micro-batch of T/2 tokens per rank gathers the same rows as a DBO-off step of T/2). So the DBO-on compute is
-    expected at twice the DBO-off compute of T/2 tokens where the sweep measured that, else at the row's own DBO-off
-    compute. That is not the same thing on this CPU: MKL's fp32 [M x 256] @ [256 x 4096] takes as long at M = 128 as
-    at M = 256, so a micro-batch of 256 tokens computes the A2 experts no faster than a batch of 512. A row whose
-    DBO-on compute differs from the expected one by more than ``DISTURBED_COMPUTE_RATIO`` had other work take the
-    cores during part of it (a lagging load average alone does not show it)."""
+def _half_compute(rows: list[dict[str, Any]], no_split: list[dict[str, Any]]) -> None:
+    """Per row, ``t_compute_half_ms``: the DBO-off compute of the same pattern at half the tokens, where the sweep ran
+    that (the what-if check's compute scale, ``whatif_check.compute_scale``)."""
     for r in rows:
-        half = _half_compute_ms(rows, no_split, r["pattern"], r["tokens"])
-        expected = 2.0 * half if half is not None else r["t_compute_ms"]
-        r["t_compute_half_ms"] = half
-        r["t_compute_on_expected_ms"] = expected
-        r["disturbed"] = expected > 0 and abs(r["t_compute_on_ms"] / expected - 1.0) > DISTURBED_COMPUTE_RATIO
+        r["t_compute_half_ms"] = _half_compute_ms(rows, no_split, r["pattern"], r["tokens"])
 
 
 def _slowest(per_rank: list[dict[str, Any]], section: str, index: int, mode: str, key: str) -> float:
@@ -358,6 +346,9 @@ def summarize(per_rank: list[dict[str, Any]], handoff: dict[str, Any], plan: Ben
             "efficiency_on_compute": efficiency(t_comp_on + t_comm, t_on, t_comp_on, t_comm),
             "steps": plan.steps,
             "loadavg_1m": row.get("loadavg_1m"),
+            # The same compute ran in both modes; if their medians differ this much, other work took the cores
+            # during part of the row (a lagging load average alone does not show it).
+            "disturbed": t_comp > 0 and abs(t_comp_on / t_comp - 1.0) > DISTURBED_COMPUTE_RATIO,
         })  # fmt: skip
         r = rows[-1]
         r["is_default"] = r["link"] == "default" and r["tokens"] == plan.default_tokens
@@ -371,7 +362,7 @@ def summarize(per_rank: list[dict[str, Any]], handoff: dict[str, Any], plan: Ben
                          "t_off_ms": t_off * 1e3, "t_on_ms": t_on * 1e3,
                          "t_compute_ms": _slowest(per_rank, "no_split", i, "off", "compute_s") * 1e3,
                          "overhead_pct": (t_on / t_off - 1.0) * 100 if t_off else float("nan")})  # fmt: skip
-    _expected_compute_on(rows, no_split)
+    _half_compute(rows, no_split)
     default = {r["pattern"]: r["efficiency"] for r in rows if r["is_default"]}
     import torch
 
@@ -447,9 +438,8 @@ def format_table(summary: dict[str, Any]) -> str:
         )
     lines.append(_verdict_line(summary))
     if any(r.get("disturbed") for r in summary["rows"]):
-        lines.append(f"rows marked ! were disturbed (DBO-on compute off the expected one, twice the DBO-off compute at half "
-                     f"the tokens, by more than {DISTURBED_COMPUTE_RATIO:.0%}: other work took the cores); rerun on a "
-                     "quiet machine before reading them")  # fmt: skip
+        lines.append(f"rows marked ! were disturbed (compute on vs off differ by more than {DISTURBED_COMPUTE_RATIO:.0%}: "
+                     "other work took the cores); rerun on a quiet machine before reading them")  # fmt: skip
     for name, row in (summary.get("default_links") or {}).items():
         lines.append(f"default link ({name}): {row}")
     eq = _equality_figures(summary)
@@ -545,9 +535,8 @@ def format_markdown(summary: dict[str, Any]) -> str:
     lines += ["", _verdict_line(summary) + ".", "",
               "`load`: the 1-minute load average right after the row; about 2 is the benchmark's own two ranks, more "
               "means other work shared the cores while the row was measured. `!`: disturbed, the compute time with DBO "
-              "on differs from the expected one (twice the DBO-off compute at half the tokens where the sweep ran "
-              f"that, else the DBO-off compute) by more than {DISTURBED_COMPUTE_RATIO:.0%} (other work took the cores "
-              "during part of the row): rerun on a quiet machine before reading its efficiency."]  # fmt: skip
+              f"on and off differ by more than {DISTURBED_COMPUTE_RATIO:.0%} (other work took the cores during part "
+              "of the row): rerun on a quiet machine before reading its efficiency."]  # fmt: skip
     lines += [""] + [line + "." for line in _handoff_lines(summary, "µs")]
     decode = _decode_lines(summary)
     if decode:

@@ -15,9 +15,9 @@ Settings of the prediction, and why:
 * ``compute_scale`` = the DBO-off compute at half the tokens over the row's DBO-off compute (``t_compute_half_ms`` /
   ``t_compute_ms`` of the bench summary, both measured with DBO off and without the profiler), where the sweep ran
   half the tokens; else 1/2 (compute proportional to tokens). A micro-batch computes what a batch of half the tokens
-  does, and on this CPU that is not always half: MKL's fp32 ``[M x 256] @ [256 x 4096]`` (the experts' first GEMM)
-  takes as long at M = 128 as at M = 256, so an A2 micro-batch of 256 tokens per rank computes its experts no
-  faster than the whole 512-token batch. A user does the same with two DBO-off profiles (``--compute-scale``).
+  does, and on this CPU that is not half: at 256 tokens per rank the reference model's DBO-off compute is about
+  three quarters of its compute at 512 (the sweep's below-threshold rows against its 512-token rows, in
+  ``dbo_runtime.json``). A user does the same with two DBO-off profiles (``--compute-scale``).
 """
 
 from __future__ import annotations
