@@ -245,10 +245,27 @@ d = profile_analyzer.analyze(tl).to_dict()
 t3 = time.perf_counter(); m3 = hwm()
 text = render(d, "json")
 t4 = time.perf_counter(); m4 = hwm()
+# How much of the load is msgspec's decode of the traces, and how much of that its JSON parse alone: every
+# trace_view.json decoded whole into the production structs, then into structs that keep no field (the parse and
+# one object per event). After the phases above, so their memory marks are not touched.
+import msgspec
+from pathlib import Path
+from profile_analyzer.loaders._slicer import _list_decoder
+class _Nothing(msgspec.Struct, gc=False):
+    pass
+_floor = msgspec.json.Decoder(list[_Nothing])
+files = sorted(Path(sys.argv[1]).rglob("trace_view.json"))
+dec = floor = 0.0
+for f in files:
+    data = f.read_bytes()
+    a = time.perf_counter(); x = _list_decoder.decode(data); b = time.perf_counter(); del x
+    y = _floor.decode(data); c = time.perf_counter(); del y, data
+    dec += b - a; floor += c - b
 print(json.dumps({"import_s": t1 - t0, "load_s": t2 - t1, "analyze_s": t3 - t2, "render_json_s": t4 - t3,
                   "rss_hwm_after_import": m1, "rss_hwm_after_load": m2, "rss_hwm_after_analyze": m3,
                   "rss_hwm_after_render": m4, "report_json_bytes": len(text.encode()),
-                  "timeline_tasks": tl.n_events}))
+                  "timeline_tasks": tl.n_events, "decode_whole_files_s": dec, "parse_floor_s": floor,
+                  "trace_files": len(files)}))
 """
 
 
@@ -681,6 +698,10 @@ def format_table(res: dict) -> str:
         ph = res["ours_phases"]
         rows.append(("profile-analyzer phases", f"import {ph['import_s']:.1f} s, load {ph['load_s']:.1f} s, "
                                                 f"analyze {ph['analyze_s']:.1f} s, render json {ph['render_json_s']:.1f} s"))
+        if "decode_whole_files_s" in ph:
+            rows.append(("msgspec decode of the traces", f"{ph['decode_whole_files_s']:.1f} s into the loader's structs "
+                                                         f"(whole files), {ph['parse_floor_s']:.1f} s to parse them "
+                                                         f"keeping no field"))
         rows.append(("profile-analyzer RSS high-water", f"after load {ph['rss_hwm_after_load'] / mb:,.0f} MB, "
                                                         f"after analyze {ph['rss_hwm_after_analyze'] / mb:,.0f} MB"))
     if "msprof_analyze" in res:
