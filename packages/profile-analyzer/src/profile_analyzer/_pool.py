@@ -56,8 +56,11 @@ def _worker_init(parent: int) -> None:
 
 
 def _stop_workers(pool: Any) -> None:
-    """Terminate a ProcessPoolExecutor's processes and wait for them (the executor has no public way)."""
-    processes = list(getattr(pool, "_processes", {}).values())
+    """Terminate a ProcessPoolExecutor's processes, wait for them and for the executor's manager thread (the
+    executor has no public way)."""
+    processes = list((getattr(pool, "_processes", None) or {}).values())
+    # shutdown() forgets the manager thread, so take it first
+    manager = getattr(pool, "_executor_manager_thread", None)
     for proc in processes:
         if proc.is_alive():
             proc.terminate()
@@ -67,9 +70,13 @@ def _stop_workers(pool: Any) -> None:
             proc.kill()
             proc.join(timeout=5)
     pool.shutdown(wait=False, cancel_futures=True)
-    # let the executor's manager thread see its dead workers and close its wake-up pipe now: left running, it could
-    # close that pipe while the interpreter's exit hook writes to it ("Exception ignored ... Bad file descriptor" on
-    # stderr after the one-line error, seen once in CI)
-    manager = getattr(pool, "_executor_manager_thread", None)
+    # Let the manager thread see its dead workers and close its wake-up pipe now. Left running, it can close that
+    # pipe while the interpreter's exit hook (concurrent.futures.process._python_exit) writes to it, which puts
+    # "Exception ignored ... OSError: [Errno 9] Bad file descriptor" on stderr after the one-line error (seen in
+    # CI twice; the first attempt at this join read the thread after shutdown() had set it to None).
     if manager is not None:
-        manager.join(timeout=5)
+        manager.join(timeout=10)
+        if manager.is_alive():  # never seen; keep the exit hook off a pipe the thread may still close
+            from concurrent.futures import process as _cf_process
+
+            getattr(_cf_process, "_threads_wakeups", {}).pop(manager, None)
