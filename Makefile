@@ -41,7 +41,8 @@ help:
 
 setup: $(SETUP_STAMP)
 
-$(SETUP_STAMP): $(PYPROJECTS)
+# the compiled trace scanner of profile-analyzer is built by the editable install: its source counts too
+$(SETUP_STAMP): $(PYPROJECTS) packages/profile-analyzer/setup.py packages/profile-analyzer/src/profile_analyzer/loaders/_scan.c
 	@$(PYTHON_BOOT) -m uv --version >/dev/null 2>&1 || $(PYTHON_BOOT) -m pip install -q uv
 	@test -x $(PY) || $(UV) venv -q --python $(PYTHON_BOOT) $(VENV)
 	$(UV) pip install -q --python $(PY) $(TORCH_SOURCE) torch==$(TORCH_VERSION)

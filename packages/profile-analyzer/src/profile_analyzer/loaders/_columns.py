@@ -4,13 +4,34 @@
 from __future__ import annotations
 
 import gc
+import os
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
-from profile_analyzer.loaders._slicer import _FLOW_PH, ByteProgress, decode_trace
-from profile_analyzer.loaders._timestamps import dur_to_ns_checked, ts_to_ns_checked
+from profile_analyzer.loaders._slicer import (
+    _FLOW_PH,
+    ByteProgress,
+    Event,
+    Scanner,
+    _event_decoder,
+    decode_trace,
+)
+from profile_analyzer.loaders._timestamps import (
+    dur_array_to_ns_checked,
+    dur_to_ns_checked,
+    ts_joined_to_ns_checked,
+    ts_to_ns_checked,
+)
+
+try:  # the compiled slice scanner (loaders/_scan.c), built where a C compiler was at install time
+    from profile_analyzer.loaders import _scan
+except ImportError:  # pragma: no cover - depends on the install
+    _scan = None
+
+# PROFILE_ANALYZER_NO_SCAN=1: decode every slice with msgspec (the reference the scanner is tested against)
+SCAN_AVAILABLE = _scan is not None
 
 
 class _Index(dict):
@@ -190,8 +211,10 @@ def _int_column(values: list) -> np.ndarray:
     """``args.stream`` / ``args.correlation`` values -> int64: -1 where absent, else as :func:`_int_or` reads them
     (-1 for a string that is not an integer). Integers and nulls only (the usual case) go through C loops."""
     if set(map(type, values)) <= _INT_OR_NONE:
-        # dict.get(v, v): None -> -1, an integer -> itself
-        return np.fromiter(map(_NONE_IS_MINUS_ONE.get, values, values), dtype=np.int64, count=len(values))
+        try:  # dict.get(v, v): None -> -1, an integer -> itself
+            return np.fromiter(map(_NONE_IS_MINUS_ONE.get, values, values), dtype=np.int64, count=len(values))
+        except OverflowError:  # an integer past int64: -1, as for a string that is not one
+            pass
     return np.fromiter((_int_or(v, -1) if v is not None else -1 for v in values), dtype=np.int64, count=len(values))
 
 
@@ -202,30 +225,41 @@ def _spread(values: np.ndarray, at: np.ndarray, n: int) -> np.ndarray:
     return out
 
 
+_INT64 = range(-(1 << 63), 1 << 63)
+
+
 def _int_or(v: object, default: int) -> int:
-    if isinstance(v, int):
-        return v
+    """An integer (or a string of one) that int64 holds, else ``default``."""
     if isinstance(v, str):
         try:
-            return int(v)
+            v = int(v)
         except ValueError:
             return default
+    if isinstance(v, int) and not isinstance(v, bool) and v in _INT64:
+        return v
     return default
 
 
 def columnarise(path: Path, flow_cats: frozenset[str] = frozenset({"async_npu", "ac2g", "HostToDevice"}),
                 kineto_args: bool = True, keep_host_x: bool = True, on_bytes: ByteProgress | None = None,
-                args_cats: frozenset[str] | None = None, task_types: bool = True) -> Columns:
+                args_cats: frozenset[str] | None = None, task_types: bool = True,
+                scan: bool | None = None) -> Columns:
     """All 'X' events of a trace file as columns. With ``keep_host_x=False``, 'X' events of processes already
     known (from metadata seen earlier in the file) to be CPU-side are dropped on the fly, except the
     ``ProfilerStep#N`` ranges; events of processes not yet named are always kept. ``args_cats``: with
     ``kineto_args``, ``args.stream`` / ``args.correlation`` are read only for events of these categories (-1 for the
-    others; None: for every event). ``task_types=False`` leaves ``args["Task Type"]`` unread (every event None)."""
+    others; None: for every event). ``task_types=False`` leaves ``args["Task Type"]`` unread (every event None).
+    ``scan``: read plain slices with the compiled scanner (the same columns, several times faster); None: when it
+    is built and ``PROFILE_ANALYZER_NO_SCAN`` is not set."""
     # millions of short-lived tuples and lists: the cyclic GC would rescan them over and over
     enabled = gc.isenabled()
     gc.disable()
     try:
-        return _columnarise(path, flow_cats, kineto_args, keep_host_x, on_bytes, args_cats, task_types)
+        if scan is None:
+            scan = SCAN_AVAILABLE and not os.environ.get("PROFILE_ANALYZER_NO_SCAN")
+        elif scan and not SCAN_AVAILABLE:
+            raise RuntimeError("the compiled scanner (profile_analyzer.loaders._scan) is not built in this install")
+        return _columnarise(path, flow_cats, kineto_args, keep_host_x, on_bytes, args_cats, task_types, scan)
     finally:
         if enabled:
             gc.enable()
@@ -237,8 +271,9 @@ def _is_host_process(name: str | None, label: str | None) -> bool:
 
 def _columnarise(path: Path, flow_cats: frozenset[str], kineto_args: bool, keep_host_x: bool,
                  on_bytes: ByteProgress | None, args_cats: frozenset[str] | None = None,
-                 task_types: bool = True) -> Columns:
-    decoded = decode_trace(path, on_bytes)
+                 task_types: bool = True, scan: bool = False) -> Columns:
+    scanner = _make_scanner(flow_cats, task_types, kineto_args) if scan else None
+    decoded = decode_trace(path, on_bytes, scanner)
     tracks = _Interner()
     names = _Interner()
     cats = _Interner()
@@ -250,43 +285,32 @@ def _columnarise(path: Path, flow_cats: frozenset[str], kineto_args: bool, keep_
     parts: list[tuple[np.ndarray, ...]] = []
     n_events = 0
     for chunk in decoded.chunks:
+        if type(chunk) is _Scanned:
+            n_events += chunk.n_events
+            _read_metadata(chunk.meta, process_name, thread_name, process_label)
+            if chunk.flow_cat:
+                _add_flows(flows, chunk.flow_cat, list(chunk.flow_ph.decode("ascii")), chunk.flow_id,
+                           *ts_joined_to_ns_checked(chunk.flow_ts, len(chunk.flow_cat), path))
+            part = _scanned_columns(chunk, path, keep_host_x, process_name, process_label, tracks, names, cats,
+                                    ttypes, task_types, kineto_args, args_cats) if chunk.n_x else None
+            if part is not None:
+                parts.append(part)
+            continue
         n_events += len(chunk)
         others = [e for e in chunk if e.ph != "X"]
         n_others = len(others)
-        for e in [e for e in others if e.ph == "M"]:
-            a = e.args
-            if a is None:
-                continue
-            if e.name == "process_name" and a.name is not None:
-                process_name[e.pid] = a.name
-            elif e.name == "thread_name" and a.name is not None:
-                thread_name[(e.pid, e.tid)] = a.name
-            elif e.name == "process_labels" and a.labels is not None:
-                process_label[e.pid] = a.labels
+        _read_metadata([e for e in others if e.ph == "M"], process_name, thread_name, process_label)
         # the fields of the flows in one pass, as for the complete events below
         flow_rows = [(e.cat, e.ph, e.id, e.ts) for e in others if e.cat in flow_cats and e.ph in _FLOW_PH and e.ts]
         del others
         if flow_rows:
             f_cats, f_phs, f_ids, f_ts = zip(*flow_rows, strict=True)
             del flow_rows
-            ids_all = flow_id_array(list(f_ids))
-            ts_all, ts_problem = ts_to_ns_checked(list(f_ts), path)
-            key_ids = _Interner()
-            kid = np.fromiter(map(key_ids.index.__getitem__, zip(f_cats, f_phs, strict=True)), dtype=np.int32,
-                              count=len(f_cats))
+            _add_flows(flows, f_cats, f_phs, f_ids, *ts_to_ns_checked(list(f_ts), path))
             del f_cats, f_phs, f_ids, f_ts
-            if ts_problem.any():  # a flow end that cannot be placed links nothing
-                placed = ts_problem == 0
-                ids_all, ts_all, kid = ids_all[placed], ts_all[placed], kid[placed]
-            for k_i, key in enumerate(key_ids.values):
-                sel = kid == k_i
-                entry = flows.setdefault(key, ([], []))
-                entry[0].append(ids_all[sel])
-                entry[1].append(ts_all[sel])
         host_pids = None
         if not keep_host_x and n_others != len(chunk):
-            host_pids = {pid for pid in set(process_name) | set(process_label)
-                         if _is_host_process(process_name.get(pid), process_label.get(pid))}
+            host_pids = _host_pids(process_name, process_label)
         # every field of the kept 'X' events in one pass over the slice (each event's memory is touched once, no
         # list of the 'X' events in between), then one column each
         if host_pids:
@@ -350,3 +374,174 @@ def _columnarise(path: Path, flow_cats: frozenset[str], kineto_args: bool, keep_
                    names=names.values, cats=cats.values, task_types=ttypes.values, process_name=process_name,
                    process_label=process_label, thread_name=thread_name, flows=flow_arrays,
                    distributed_info=decoded.distributed_info, n_events=n_events, problem=cols[8])
+
+
+def _read_metadata(meta: list[Event], process_name: dict, thread_name: dict, process_label: dict) -> None:
+    """The process and thread names and process labels of 'M' events."""
+    for e in meta:
+        a = e.args
+        if a is None:
+            continue
+        if e.name == "process_name" and a.name is not None:
+            process_name[e.pid] = a.name
+        elif e.name == "thread_name" and a.name is not None:
+            thread_name[(e.pid, e.tid)] = a.name
+        elif e.name == "process_labels" and a.labels is not None:
+            process_label[e.pid] = a.labels
+
+
+def _host_pids(process_name: dict, process_label: dict) -> set:
+    return {pid for pid in set(process_name) | set(process_label)
+            if _is_host_process(process_name.get(pid), process_label.get(pid))}
+
+
+def _add_flows(flows: dict, f_cats, f_phs, f_ids, ts_all: np.ndarray, ts_problem: np.ndarray) -> None:
+    """One slice's flow events (category, ph, id, ts in ns with its problem code) into ``flows``."""
+    ids_all = flow_id_array(list(f_ids))
+    key_ids = _Interner()
+    kid = np.fromiter(map(key_ids.index.__getitem__, zip(f_cats, f_phs, strict=True)), dtype=np.int32,
+                      count=len(f_cats))
+    if ts_problem.any():  # a flow end that cannot be placed links nothing
+        placed = ts_problem == 0
+        ids_all, ts_all, kid = ids_all[placed], ts_all[placed], kid[placed]
+    for k_i, key in enumerate(key_ids.values):
+        sel = kid == k_i
+        entry = flows.setdefault(key, ([], []))
+        entry[0].append(ids_all[sel])
+        entry[1].append(ts_all[sel])
+
+
+@dataclass
+class _Scanned:
+    """One slice as the compiled scanner read it (loaders/_scan.c): the 'X' events' fields as arrays (names,
+    categories and task types as ids into the file's scratch tables, in first-seen order over every 'X' event),
+    the 'M' events decoded, the kept flow events' fields."""
+
+    n_events: int
+    n_x: int
+    pid: np.ndarray
+    tid: np.ndarray
+    ts: bytes
+    dur: np.ndarray
+    dur_kind: np.ndarray  # 0 a float, 1 an integer, 2 absent or null, 3 an integer past 2**53 (dur: its int64 bits)
+    name: np.ndarray
+    cat: np.ndarray
+    ttype: np.ndarray
+    stream: np.ndarray
+    corr: np.ndarray
+    meta: list[Event]
+    flow_cat: list[str]
+    flow_ph: bytes
+    flow_id: list
+    flow_ts: bytes
+    names: list[str]  # the scratch tables (shared by every slice of the file, grown as slices are read)
+    cats: list[str | None]
+    ttypes: list[str | None]
+    is_step: list[bool]  # per scratch name: a ProfilerStep#N range
+
+    def __len__(self) -> int:  # the slicer counts events
+        return self.n_events
+
+
+def _make_scanner(flow_cats: frozenset[str], task_types: bool, kineto_args: bool) -> Scanner:
+    """A scanner for one file: the compiled scan of a slice, with the file's scratch tables."""
+    names: tuple[list, dict] = ([], {})
+    cats: tuple[list, dict] = ([], {})
+    ttypes: tuple[list, dict] = ([], {})
+    is_step: list[bool] = []
+    fc = frozenset(flow_cats)
+
+    def scanner(piece: bytes | memoryview) -> _Scanned | None:
+        r = _scan.scan(piece, names, cats, ttypes, fc, task_types, kineto_args)
+        if r is None:
+            return None
+        spans = np.frombuffer(r[12], dtype=np.int64).tolist()
+        meta = [_event_decoder.decode(piece[spans[k]:spans[k + 1]]) for k in range(0, len(spans), 2)]
+        is_step.extend(v.startswith("ProfilerStep#") for v in names[0][len(is_step):])
+        return _Scanned(r[0], r[1], np.frombuffer(r[2], np.int64), np.frombuffer(r[3], np.int64), r[4],
+                        np.frombuffer(r[5], np.float64), np.frombuffer(r[6], np.uint8), np.frombuffer(r[7], np.int32),
+                        np.frombuffer(r[8], np.int32), np.frombuffer(r[9], np.int32), np.frombuffer(r[10], np.int64),
+                        np.frombuffer(r[11], np.int64), meta, r[13], r[14], r[15], r[16], names[0], cats[0], ttypes[0],
+                        is_step)
+
+    return scanner
+
+
+def _remap(interner: _Interner, scratch: list, sids: np.ndarray) -> np.ndarray:
+    """Scratch-table ids -> the interner's ids, new values numbered in their first-seen order in ``sids`` (as
+    :meth:`_Interner.ids` numbers them over the same values)."""
+    if sids.size == 0:
+        return np.zeros(0, dtype=np.int32)
+    u, first = np.unique(sids, return_index=True)
+    order = u[np.argsort(first, kind="stable")]
+    lut = np.zeros(len(scratch), dtype=np.int32)
+    lut[order] = interner.ids([scratch[i] for i in order.tolist()])
+    return lut[sids]
+
+
+def _track_ids_arrays(tracks: _Interner, pid: np.ndarray, tid: np.ndarray) -> np.ndarray:
+    """:func:`_track_ids` for integer pid and tid arrays: the same ids (new pairs numbered in (pid, tid) order, or
+    in first-seen order past the dense table's bound)."""
+    up, pinv = np.unique(pid, return_inverse=True)
+    ut, tinv = np.unique(tid, return_inverse=True)
+    key = pinv.astype(np.int64) * len(ut) + tinv
+    present, first, inv = np.unique(key, return_index=True, return_inverse=True)
+    up_l, ut_l, nt = up.tolist(), ut.tolist(), len(ut)
+    pairs = [(up_l[k // nt], ut_l[k % nt]) for k in present.tolist()]
+    if len(up) * nt > (1 << 22):  # _track_ids interns the pairs as they come
+        order = np.argsort(first, kind="stable")
+        ids = np.zeros(len(pairs), dtype=np.int32)
+        ids[order] = tracks.ids([pairs[i] for i in order.tolist()])
+    else:
+        ids = tracks.ids(pairs)
+    return ids[inv.ravel()]
+
+
+def _scanned_columns(c: _Scanned, path: Path, keep_host_x: bool, process_name: dict, process_label: dict,
+                     tracks: _Interner, names: _Interner, cats: _Interner, ttypes: _Interner, task_types: bool,
+                     kineto_args: bool, args_cats: frozenset[str] | None) -> tuple[np.ndarray, ...] | None:
+    """The columns of a scanned slice's kept 'X' events, as the msgspec path builds them for the same events
+    (None when none is kept)."""
+    start, ts_problem = ts_joined_to_ns_checked(c.ts, c.n_x, path)
+    if (c.dur_kind >= 2).any():  # a dur absent or null, or an integer past 2**53: the general conversion
+        big = c.dur.view(np.int64).tolist()
+        values = [d if k == 0 else int(d) if k == 1 else None if k == 2 else b
+                  for d, k, b in zip(c.dur.tolist(), c.dur_kind.tolist(), big, strict=True)]
+        dur, dur_problem = dur_to_ns_checked(values, path)
+    else:  # as np.array() of the same numbers: int64 when every one is an integer, else float64
+        dur, dur_problem = dur_array_to_ns_checked(c.dur.astype(np.int64) if (c.dur_kind == 1).all() else c.dur)
+    pid, tid, name_s, cat_s, ttype_s, stream, corr = c.pid, c.tid, c.name, c.cat, c.ttype, c.stream, c.corr
+    keep = None
+    if not keep_host_x:
+        host = [p for p in _host_pids(process_name, process_label) if type(p) is int]
+        if host:
+            keep = ~np.isin(pid, host) | np.asarray(c.is_step, dtype=bool)[name_s]
+            if keep.all():
+                keep = None
+    if keep is not None:
+        pid, tid, name_s, cat_s = pid[keep], tid[keep], name_s[keep], cat_s[keep]
+        start, ts_problem, dur, dur_problem = start[keep], ts_problem[keep], dur[keep], dur_problem[keep]
+        if task_types:
+            ttype_s = ttype_s[keep]
+        if kineto_args:
+            stream, corr = stream[keep], corr[keep]
+    n = pid.size
+    if n == 0:
+        return None
+    track = _track_ids_arrays(tracks, pid, tid)
+    problem = np.where(ts_problem != 0, ts_problem, dur_problem)
+    name_id = _remap(names, c.names, name_s)
+    cat_id = _remap(cats, c.cats, cat_s)
+    if task_types:
+        ttype = _remap(ttypes, c.ttypes, ttype_s)
+    else:
+        ttype = np.zeros(n, dtype=np.int32) if ttypes.values else ttypes.ids([None] * n)
+    if kineto_args:
+        stream_arg, corr_arg = stream.copy(), corr.copy()
+        if args_cats is not None:
+            other = ~np.isin(cat_id, [i for i, v in enumerate(cats.values) if v in args_cats])
+            stream_arg[other] = -1
+            corr_arg[other] = -1
+    else:
+        stream_arg = corr_arg = np.full(n, -1, dtype=np.int64)
+    return (track, start, dur, name_id, cat_id, ttype, stream_arg, corr_arg, problem)

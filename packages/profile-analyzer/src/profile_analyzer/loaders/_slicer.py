@@ -67,6 +67,11 @@ class KinetoFile(msgspec.Struct):
 
 
 _list_decoder = msgspec.json.Decoder(list[Event])
+_event_decoder = msgspec.json.Decoder(Event)
+
+# A scanner reads a slice (``[...]`` bytes) straight into columns, or answers None when the slice is not plain
+# enough for it; the slice is then decoded with msgspec as usual (see ``_columns.make_scanner``).
+Scanner = Callable[[bytes | memoryview], object | None]
 _kineto_decoder = msgspec.json.Decoder(KinetoFile)
 
 
@@ -100,8 +105,13 @@ _CUT = re.compile(rb"\}[ \t\r\n]{0,%d},[ \t\r\n]{0,%d}\{" % (_GAP, _GAP))
 _CUT_SPAN = 2 * _GAP + 3  # the longest match: a '}' further back than this cannot start an unfinished cut
 
 
-def _decode_list(path: Path, data: bytes | memoryview, kineto: bool = False, first: int = 0) -> list[Event]:
+def _decode_list(path: Path, data: bytes | memoryview, kineto: bool = False, first: int = 0,
+                 scanner: Scanner | None = None) -> list[Event]:
     """One slice; ``first``: how many events of the file came before it (for the position in messages)."""
+    if scanner is not None:
+        scanned = scanner(data)
+        if scanned is not None:
+            return scanned  # type: ignore[return-value]
     try:
         return _list_decoder.decode(data)
     except msgspec.ValidationError as exc:
@@ -393,7 +403,7 @@ class _Mapped(_Source):
 
 
 def _array_chunks(path: Path, on_bytes: ByteProgress | None = None,
-                  out: DecodedFile | None = None) -> Iterator[list[Event]]:
+                  out: DecodedFile | None = None, scanner: Scanner | None = None) -> Iterator[list[Event]]:
     """Decode a top-level JSON array in slices of about ``CHUNK_BYTES``: a file is mapped, a ``.gz`` read in
     blocks (:class:`_Mapped`, :class:`_Streamed`); one loop serves both. Each slice ends at a ``}`` followed
     by ``,`` and ``{`` near ``CHUNK_BYTES`` past its start; the byte after that ``}`` is overwritten with ``]``
@@ -402,7 +412,11 @@ def _array_chunks(path: Path, on_bytes: ByteProgress | None = None,
 
     With ``out`` the file is a Kineto object: its ``traceEvents`` array is decoded in slices the same way (its
     end is found where msgspec reports bytes after a complete list), then the rest of the object into
-    ``out.distributed_info``."""
+    ``out.distributed_info``.
+
+    With a ``scanner``, each slice is offered to it first; what it returns (not None) is yielded instead of the
+    decoded events. A slice it declines is decoded as usual, so a cut inside a nested value is still found by
+    msgspec's error."""
     src: _Source = _Streamed(path) if path.suffix == ".gz" else _Mapped(path)
     kineto = out is not None
     try:
@@ -452,7 +466,7 @@ def _array_chunks(path: Path, on_bytes: ByteProgress | None = None,
                     if last == lo or buf[last] != 0x5D:
                         raise ProfileError(path, "truncated JSON: the top-level array is not closed; expected a "
                                                  "complete Chrome trace (JSON list of events)")
-                yield _decode_list(path, src.piece(lo, last + 1), kineto, n_done)
+                yield _decode_list(path, src.piece(lo, last + 1), kineto, n_done, scanner)
                 if kineto:
                     _kineto_rest(path, out, prefix, src.piece(last, src.hi))  # type: ignore[arg-type]
                 if on_bytes is not None and src.total:
@@ -468,7 +482,9 @@ def _array_chunks(path: Path, on_bytes: ByteProgress | None = None,
                 buf[close] = 0x5D
                 piece = src.piece(lo, close + 1)
                 try:
-                    decoded = _list_decoder.decode(piece)
+                    decoded = scanner(piece) if scanner is not None else None
+                    if decoded is None:
+                        decoded = _list_decoder.decode(piece)
                 except msgspec.ValidationError as exc:  # an event that is not one, whatever the cut
                     raise _bad_event(path, exc, kineto, n_done) from None
                 except msgspec.DecodeError as exc:
@@ -518,28 +534,30 @@ def _kineto_array_end(path: Path, data: bytes | memoryview, base: int, first: in
 _WS = b" \t\r\n"
 
 
-def decode_trace(path: Path, on_bytes: ByteProgress | None = None) -> DecodedFile:
+def decode_trace(path: Path, on_bytes: ByteProgress | None = None, scanner: Scanner | None = None) -> DecodedFile:
     """The events of a trace file in slices. For a Kineto object ``distributed_info`` is filled in once
-    ``chunks`` has been consumed (the rest of the object is decoded after the array)."""
-    return _decode(path, on_bytes, whole_objects=False)
+    ``chunks`` has been consumed (the rest of the object is decoded after the array). With a ``scanner``, a
+    slice may come as what the scanner made of it instead of a list of events (see :func:`_array_chunks`)."""
+    return _decode(path, on_bytes, whole_objects=False, scanner=scanner)
 
 
-def decode_whole(path: Path, on_bytes: ByteProgress | None = None) -> DecodedFile:
+def decode_whole(path: Path, on_bytes: ByteProgress | None = None, scanner: Scanner | None = None) -> DecodedFile:
     """Like :func:`decode_trace`, but a Kineto object is decoded at once (the reference the streamed decode
     is compared with; also what the streamed decode falls back to)."""
-    return _decode(path, on_bytes, whole_objects=True)
+    return _decode(path, on_bytes, whole_objects=True, scanner=scanner)
 
 
-def _decode(path: Path, on_bytes: ByteProgress | None, whole_objects: bool) -> DecodedFile:
+def _decode(path: Path, on_bytes: ByteProgress | None, whole_objects: bool,
+            scanner: Scanner | None = None) -> DecodedFile:
     kind = peek_kind(path, strict=False)
     if kind == "list":
-        return DecodedFile(_array_chunks(path, on_bytes), None, False)
+        return DecodedFile(_array_chunks(path, on_bytes, scanner=scanner), None, False)
     if kind == "object":
         out = DecodedFile(iter(()), None, True)
         if whole_objects:
             out.chunks = _whole_object(path, out)
         else:
-            out.chunks = _array_chunks(path, on_bytes, out)
+            out.chunks = _array_chunks(path, on_bytes, out, scanner)
         return out
     if not path.exists():
         raise ProfileError(path, "file not found")

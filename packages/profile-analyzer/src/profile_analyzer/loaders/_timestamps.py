@@ -116,14 +116,7 @@ def dur_to_ns_checked(values: list[object], path: Path | None = None) -> tuple[n
         except (TypeError, ValueError, OverflowError):
             arr = None
         if arr is not None and arr.ndim == 1 and arr.dtype in (np.float64, np.int64):
-            with np.errstate(invalid="ignore"):
-                bad = ~np.isfinite(arr) | (np.abs(arr) >= _LIMIT_US) if arr.dtype == np.float64 else (
-                    np.abs(arr) >= int(_LIMIT_US))
-                code[bad] = BAD_DUR
-                code[(code == 0) & (arr < 0)] = NEGATIVE_DUR
-            clean = np.where(code == 0, arr, 0)
-            ns = np.rint(clean * 1000.0).astype(np.int64) if arr.dtype == np.float64 else clean.astype(np.int64) * 1000
-            return ns, code
+            return dur_array_to_ns_checked(arr)
     out = np.zeros(n, dtype=np.int64)
     for i, v in enumerate(values):  # the general case: mixed types, strings, None, huge integers
         if v is None:
@@ -157,6 +150,30 @@ def dur_to_ns_checked(values: list[object], path: Path | None = None) -> tuple[n
             continue
         out[i] = ns
     return out, code
+
+
+def dur_array_to_ns_checked(arr: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Durations in µs as one float64 or int64 array (every value a number) -> as :func:`dur_to_ns_checked`."""
+    code = np.zeros(arr.size, dtype=np.uint8)
+    with np.errstate(invalid="ignore"):
+        bad = ~np.isfinite(arr) | (np.abs(arr) >= _LIMIT_US) if arr.dtype == np.float64 else (
+            np.abs(arr) >= int(_LIMIT_US))
+        code[bad] = BAD_DUR
+        code[(code == 0) & (arr < 0)] = NEGATIVE_DUR
+    clean = np.where(code == 0, arr, 0)
+    ns = np.rint(clean * 1000.0).astype(np.int64) if arr.dtype == np.float64 else clean.astype(np.int64) * 1000
+    return ns, code
+
+
+def ts_joined_to_ns_checked(joined: bytes, n: int, path: Path | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """As :func:`ts_to_ns_checked`, for ``n`` raw ts values already joined with a newline after each (none of
+    them holding a newline itself)."""
+    if n == 0:
+        return np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.uint8)
+    fast = _fixed_width_ns(np.frombuffer(joined, dtype=np.uint8), n)
+    if fast is not None:
+        return fast, np.zeros(n, dtype=np.uint8)
+    return ts_to_ns_checked(joined.split(b"\n")[:-1], path)
 
 
 def ts_to_ns_checked(values: list, path: Path | None = None) -> tuple[np.ndarray, np.ndarray]:
