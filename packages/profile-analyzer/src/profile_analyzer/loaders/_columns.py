@@ -434,49 +434,65 @@ class _Scanned:
     flow_ph: bytes
     flow_id: list
     flow_ts: bytes
-    names: list[str]  # the scratch tables (shared by every slice of the file, grown as slices are read)
-    cats: list[str | None]
-    ttypes: list[str | None]
+    names: _Scratch  # the scratch tables (shared by every slice of the file, grown as slices are read)
+    cats: _Scratch
+    ttypes: _Scratch
     is_step: list[bool]  # per scratch name: a ProfilerStep#N range
 
     def __len__(self) -> int:  # the slicer counts events
         return self.n_events
 
 
+class _Scratch:
+    """A file's scratch table of one column (names, categories or task types) as the scanner fills it: the
+    values (str or None) in first-seen order over every 'X' event, the scanner's lookup (bytes or None -> id), and
+    the id each has in the columns' interner once a kept event used it (-1 before)."""
+
+    __slots__ = ("values", "ids", "lut")
+
+    def __init__(self) -> None:
+        self.values: list = []
+        self.ids: dict = {}
+        self.lut = np.zeros(0, dtype=np.int32)
+
+    def to_ids(self, interner: _Interner, sids: np.ndarray) -> np.ndarray:
+        """Scratch ids -> the interner's ids, values new to it numbered in their first-seen order in ``sids`` (as
+        :meth:`_Interner.ids` numbers them over the same values)."""
+        if sids.size == 0:
+            return np.zeros(0, dtype=np.int32)
+        if self.lut.size < len(self.values):
+            self.lut = np.concatenate([self.lut, np.full(len(self.values) - self.lut.size, -1, dtype=np.int32)])
+        got = self.lut[sids]
+        new = got < 0
+        if new.any():
+            u, first = np.unique(sids[new], return_index=True)
+            order = u[np.argsort(first, kind="stable")]
+            self.lut[order] = interner.ids([self.values[i] for i in order.tolist()])
+            got = self.lut[sids]
+        return got
+
+
 def _make_scanner(flow_cats: frozenset[str], task_types: bool, kineto_args: bool) -> Scanner:
     """A scanner for one file: the compiled scan of a slice, with the file's scratch tables."""
-    names: tuple[list, dict] = ([], {})
-    cats: tuple[list, dict] = ([], {})
-    ttypes: tuple[list, dict] = ([], {})
+    names, cats, ttypes = _Scratch(), _Scratch(), _Scratch()
+    tables = ((names.values, names.ids), (cats.values, cats.ids), (ttypes.values, ttypes.ids))
     is_step: list[bool] = []
     fc = frozenset(flow_cats)
 
     def scanner(piece: bytes | memoryview) -> _Scanned | None:
-        r = _scan.scan(piece, names, cats, ttypes, fc, task_types, kineto_args)
+        r = _scan.scan(piece, *tables, fc, task_types, kineto_args)
         if r is None:
             return None
         spans = np.frombuffer(r[12], dtype=np.int64).tolist()
         meta = [_event_decoder.decode(piece[spans[k]:spans[k + 1]]) for k in range(0, len(spans), 2)]
-        is_step.extend(v.startswith("ProfilerStep#") for v in names[0][len(is_step):])
+        is_step.extend(v.startswith("ProfilerStep#") for v in names.values[len(is_step):])
         return _Scanned(r[0], r[1], np.frombuffer(r[2], np.int64), np.frombuffer(r[3], np.int64), r[4],
                         np.frombuffer(r[5], np.float64), np.frombuffer(r[6], np.uint8), np.frombuffer(r[7], np.int32),
                         np.frombuffer(r[8], np.int32), np.frombuffer(r[9], np.int32), np.frombuffer(r[10], np.int64),
-                        np.frombuffer(r[11], np.int64), meta, r[13], r[14], r[15], r[16], names[0], cats[0], ttypes[0],
+                        np.frombuffer(r[11], np.int64), meta, r[13], r[14], r[15], r[16], names, cats, ttypes,
                         is_step)
 
     return scanner
-
-
-def _remap(interner: _Interner, scratch: list, sids: np.ndarray) -> np.ndarray:
-    """Scratch-table ids -> the interner's ids, new values numbered in their first-seen order in ``sids`` (as
-    :meth:`_Interner.ids` numbers them over the same values)."""
-    if sids.size == 0:
-        return np.zeros(0, dtype=np.int32)
-    u, first = np.unique(sids, return_index=True)
-    order = u[np.argsort(first, kind="stable")]
-    lut = np.zeros(len(scratch), dtype=np.int32)
-    lut[order] = interner.ids([scratch[i] for i in order.tolist()])
-    return lut[sids]
 
 
 def _track_ids_arrays(tracks: _Interner, pid: np.ndarray, tid: np.ndarray) -> np.ndarray:
@@ -530,10 +546,10 @@ def _scanned_columns(c: _Scanned, path: Path, keep_host_x: bool, process_name: d
         return None
     track = _track_ids_arrays(tracks, pid, tid)
     problem = np.where(ts_problem != 0, ts_problem, dur_problem)
-    name_id = _remap(names, c.names, name_s)
-    cat_id = _remap(cats, c.cats, cat_s)
+    name_id = c.names.to_ids(names, name_s)
+    cat_id = c.cats.to_ids(cats, cat_s)
     if task_types:
-        ttype = _remap(ttypes, c.ttypes, ttype_s)
+        ttype = c.ttypes.to_ids(ttypes, ttype_s)
     else:
         ttype = np.zeros(n, dtype=np.int32) if ttypes.values else ttypes.ids([None] * n)
     if kineto_args:
