@@ -285,19 +285,14 @@ def scheduler_figures(plan: BenchPlan | None = None) -> dict[str, Any]:
     return summary
 
 
-def _half_compute_ms(rows: list[dict[str, Any]], no_split: list[dict[str, Any]], pattern: str, tokens: int) -> float | None:
-    """The DBO-off compute of the same pattern at half the tokens (median over the sweep's rows and the below-threshold
-    rows that ran it, whatever their link: compute does not depend on the link); None when nothing ran it."""
-    found = [r["t_compute_ms"] for r in [*rows, *no_split]
-             if r["pattern"] == pattern and 2 * r["tokens"] == tokens and r.get("t_compute_ms", 0) > 0]
-    return statistics.median(found) if found else None
-
-
 def _half_compute(rows: list[dict[str, Any]], no_split: list[dict[str, Any]]) -> None:
-    """Per row, ``t_compute_half_ms``: the DBO-off compute of the same pattern at half the tokens, where the sweep ran
-    that (the what-if check's compute scale, ``whatif_check.compute_scale``)."""
+    """Per row, ``t_compute_half_ms``: the DBO-off compute of the same pattern at half the tokens (median over the
+    sweep's rows and the below-threshold rows that ran it, whatever their link: compute does not depend on the
+    link); None where nothing ran it. It is the what-if check's compute scale (``whatif_check.compute_scale``)."""
     for r in rows:
-        r["t_compute_half_ms"] = _half_compute_ms(rows, no_split, r["pattern"], r["tokens"])
+        found = [o["t_compute_ms"] for o in [*rows, *no_split]
+                 if o["pattern"] == r["pattern"] and 2 * o["tokens"] == r["tokens"] and o.get("t_compute_ms", 0) > 0]
+        r["t_compute_half_ms"] = statistics.median(found) if found else None
 
 
 def _slowest(per_rank: list[dict[str, Any]], section: str, index: int, mode: str, key: str) -> float:

@@ -22,6 +22,7 @@ Settings of the prediction, and why:
 
 from __future__ import annotations
 
+import functools
 import math
 import re
 import statistics
@@ -89,8 +90,10 @@ def validate(summary: dict[str, Any], trace_root: str | Path,
         scale = compute_scale(r)
         try:
             timeline = load(folder, workers=1)
-            d, d_half = (whatif(timeline, switch_us=switch_us, comm_fixed_us=latency_us,
-                                measured_off_us=r["t_off_ms"] * 1000.0, compute_scale=s) for s in (scale, None))
+            predict = functools.partial(whatif, timeline, switch_us=switch_us, comm_fixed_us=latency_us,
+                                        measured_off_us=r["t_off_ms"] * 1000.0)
+            d = predict(compute_scale=scale)
+            d_half = predict(compute_scale=None) if scale is not None else d  # None: the default scale, 1/2
         except ProfileError as exc:  # a trace the simulation cannot use is a row without a prediction
             out.append({"pattern": r["pattern"], "tokens": r["tokens"], "link": r["link"], "trace": str(folder),
                         "error_message": str(exc)})
