@@ -364,6 +364,20 @@ typedef struct {
     Py_ssize_t n_events, n_x;
 } Out;
 
+/* An object's key at p (a string without escapes) and its ':': [*ka, *kb) is the key's text; returns the position
+ * after the ':', NULL when it is not such a key. */
+static cp read_key(cp p, cp e, cp *ka, cp *kb) {
+    int esc;
+    if (p >= e || *p != '"') return NULL;
+    cp q = str_end(p, e, &esc);
+    if (!q || esc) return NULL;
+    *ka = p + 1;
+    *kb = q - 1;
+    p = ws(q, e);
+    if (p >= e || *p != ':') return NULL;
+    return p + 1;
+}
+
 /* The args object of an event: type checks of every Args field, the three the columns use read. */
 static int read_args(cp *pp, cp e, Val *ttype, Val *stream, Val *corr) {
     cp p = ws(*pp, e);
@@ -375,14 +389,8 @@ static int read_args(cp *pp, cp e, Val *ttype, Val *stream, Val *corr) {
         return 0;
     }
     for (;;) {
-        int esc;
-        if (p >= e || *p != '"') return BAIL;
-        cp ka = p + 1, kb = str_end(p, e, &esc);
-        if (!kb || esc) return BAIL;
-        kb--;
-        p = ws(kb + 1, e);
-        if (p >= e || *p != ':') return BAIL;
-        if (!(p = read_value(p + 1, e, &v))) return BAIL;
+        cp ka, kb;
+        if (!(p = read_key(p, e, &ka, &kb)) || !(p = read_value(p, e, &v))) return BAIL;
         switch (kb - ka) {
         case 4:
             if (key_is(ka, kb, "name") && !is_str_none(&v)) return BAIL;
@@ -483,14 +491,8 @@ static int read_event(cp base, cp *pp, cp e, Out *o, Interner *names, Interner *
         goto done;
     }
     for (;;) {
-        int esc;
-        if (p >= e || *p != '"') return BAIL;
-        cp ka = p + 1, kb = str_end(p, e, &esc);
-        if (!kb || esc) return BAIL;
-        kb--;
-        p = ws(kb + 1, e);
-        if (p >= e || *p != ':') return BAIL;
-        p++;
+        cp ka, kb;
+        if (!(p = read_key(p, e, &ka, &kb))) return BAIL;
         Val *slot = NULL;
         switch (kb - ka) {
         case 2:
