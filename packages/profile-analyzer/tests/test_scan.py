@@ -272,3 +272,79 @@ def test_hand_made_json_same_columns_or_error(raw, tmp_path):
     for kw in OPTIONS:
         fast, ref = _both(path, **kw)
         assert (fast == ref) if isinstance(ref, str) else _diff(fast, ref) is None, (fast, ref)
+
+
+# ---- kernel_details.csv: the compiled reader of Name / Type / Accelerator Core against the csv module ----
+
+from profile_analyzer.loaders.ascend import read_kernel_details  # noqa: E402
+
+KD_HEADER = ["Step Id", "Name", "Type", "Accelerator Core", "Start Time(us)", "Input Shapes"]
+
+
+def _kd_both(path: Path, monkeypatch) -> list:
+    out = []
+    for off in (False, True):
+        if off:
+            monkeypatch.setenv("PROFILE_ANALYZER_NO_SCAN", "1")
+        try:
+            out.append(read_kernel_details(path))
+        except ProfileError as exc:
+            out.append(str(exc))
+        monkeypatch.delenv("PROFILE_ANALYZER_NO_SCAN", raising=False)
+    return out
+
+
+def test_kernel_details_real_files_same(monkeypatch):
+    files = sorted(DATA.glob("**/kernel_details*.csv"))
+    assert len(files) >= 3
+    for path in files:
+        fast, ref = _kd_both(path, monkeypatch)
+        assert fast == ref, path
+
+
+def test_kernel_details_compiled_reader_is_used(tmp_path):
+    path = tmp_path / "kernel_details.csv"
+    path.write_text(",".join(KD_HEADER) + '\n1,a,T,AI_CORE,"1.0\t","""8,2"""\n1,b,H,HCCL,2,x\n')
+    got = _columns.compiled().kernel_names(path.read_bytes()[path.read_bytes().index(b"\n") + 1:], 1, 2, 3)
+    assert got == ({"a": "T", "b": "H"}, {"a": "AI_CORE", "b": "HCCL"}, 2)
+
+
+csv_field = st.one_of(st.sampled_from(["aclnnMatmul_MatMulV3", "HCCL", "AI_CORE", "", "1.0\t", '"8192,7168"', "a,b",
+                                       "two\nlines", "ü€", "N/A"]), st.text(max_size=5))
+
+
+@FUZZ
+@given(st.lists(st.lists(csv_field, min_size=0, max_size=7), max_size=12), st.sampled_from(["\n", "\r\n"]),
+       st.booleans())
+def test_kernel_details_any_rows_same(rows, eol, bom):
+    """Rows as csv.writer writes them (quoting what needs it), short and empty ones among them."""
+    import csv
+    import io
+
+    buf = io.StringIO()
+    writer = csv.writer(buf, lineterminator=eol)
+    writer.writerow(KD_HEADER)
+    for r in rows:
+        writer.writerow(r) if r else buf.write(eol)
+    with tempfile.TemporaryDirectory() as folder:
+        path = Path(folder) / "kernel_details.csv"
+        path.write_bytes((b"\xef\xbb\xbf" if bom else b"") + buf.getvalue().encode("utf-8", "surrogatepass"))
+        with pytest.MonkeyPatch.context() as mp:
+            fast, ref = _kd_both(path, mp)
+        assert fast == ref
+
+
+KD_HAND_MADE = [b'1,a"b,T,AI_CORE,1,x\n', b'1,"a"b,T,AI_CORE,1,x\n', b'1,a,T,AI_CORE,1,x\r2,b,T,HCCL,1,x\n',
+                b'1,a\x00,T,AI_CORE,1,x\n', b'1,\xc3,T,AI_CORE,1,x\n', b'1,"a,T,AI_CORE,1,x\n', b'1,"a""b",T,HCCL,1,x\n',
+                b'1,a,T,AI_CORE,1,"x""y"\n', b'1,a,T,AI_CORE,1,"multi\nline"\n2,a,U,HCCL,1,x\n', b'\n\n1,a,T,HCCL,1,x',
+                b'1,a,T\n1,a,T,HCCL,1,x\n', b' 1,a,T,HCCL,1,x\r\n\r\n', b'1,a,T,HCCL,1,x,extra,"q"\n', b'',
+                b'1,a,T,AI_CORE,1,x\n' * 3000 + b'1,\xc3,T,AI_CORE,1,x\n',  # invalid UTF-8 past the header's block
+                b'1,a,T,AI_CORE,1,x\n' * 3000 + b'1,a\x00,T,AI_CORE,1,x\n']
+
+
+@pytest.mark.parametrize("rows", KD_HAND_MADE, ids=range(len(KD_HAND_MADE)))
+def test_kernel_details_hand_made_same(rows, tmp_path, monkeypatch):
+    path = tmp_path / "kernel_details.csv"
+    path.write_bytes(",".join(KD_HEADER).encode() + b"\n" + rows)
+    fast, ref = _kd_both(path, monkeypatch)
+    assert fast == ref

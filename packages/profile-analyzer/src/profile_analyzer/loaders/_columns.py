@@ -30,8 +30,14 @@ try:  # the compiled slice scanner (loaders/_scan.c), built where a C compiler w
 except ImportError:  # pragma: no cover - depends on the install
     _scan = None
 
-# PROFILE_ANALYZER_NO_SCAN=1: decode every slice with msgspec (the reference the scanner is tested against)
+# PROFILE_ANALYZER_NO_SCAN=1: decode every slice with msgspec and read kernel_details.csv with the csv module
+# (the references the compiled readers are tested against)
 SCAN_AVAILABLE = _scan is not None
+
+
+def compiled() -> object | None:
+    """The compiled readers' module, or None when it is not built or ``PROFILE_ANALYZER_NO_SCAN`` is set."""
+    return _scan if SCAN_AVAILABLE and not os.environ.get("PROFILE_ANALYZER_NO_SCAN") else None
 
 
 class _Index(dict):
@@ -256,7 +262,7 @@ def columnarise(path: Path, flow_cats: frozenset[str] = frozenset({"async_npu", 
     gc.disable()
     try:
         if scan is None:
-            scan = SCAN_AVAILABLE and not os.environ.get("PROFILE_ANALYZER_NO_SCAN")
+            scan = compiled() is not None
         elif scan and not SCAN_AVAILABLE:
             raise RuntimeError("the compiled scanner (profile_analyzer.loaders._scan) is not built in this install")
         return _columnarise(path, flow_cats, kineto_args, keep_host_x, on_bytes, args_cats, task_types, scan)

@@ -779,8 +779,128 @@ out:
     return result;
 }
 
+/* ---- kernel_details.csv: the first (Type, core) of each Name, and the row count ----
+ *
+ * kernel_names(data, i_name, i_type, i_core) -> (types dict, cores dict, rows) | None, for the rows after the
+ * header line (data starts at the first data row). The csv module's reading of the same rows (excel dialect) is
+ * the reference; rows it would read in a way this does not follow are declined (None): a quote inside an
+ * unquoted field, anything but a delimiter or line end after a closing quote, a quoted Name/Type/core field with
+ * a doubled quote, a NUL byte, a lone '\r', invalid UTF-8. Quoted fields (with commas and line breaks) are
+ * otherwise skipped or read as csv reads them. */
+
+typedef struct {
+    cp a, b;
+} Span;
+
+static PyObject *kernel_names(PyObject *self, PyObject *args) {
+    Py_buffer view;
+    Py_ssize_t i_name, i_type, i_core;
+    PyObject *types = NULL, *cores = NULL, *result = NULL;
+    Slot *seen = NULL;
+    if (!PyArg_ParseTuple(args, "y*nnn", &view, &i_name, &i_type, &i_core)) return NULL;
+    cp p = (cp)view.buf, e = p + view.len;
+    Py_ssize_t width = i_name > i_type ? i_name : i_type, rows = 0, used = 0;
+    if (i_core > width) width = i_core;
+    if (!utf8_ok(p, e) || memchr(p, 0, (size_t)view.len)) goto bail;
+    if (!(types = PyDict_New()) || !(cores = PyDict_New())) goto out;
+    size_t slots = 1 << 16;
+    if (!(seen = PyMem_Calloc(slots, sizeof(Slot)))) {
+        PyErr_NoMemory();
+        goto out;
+    }
+    for (size_t k = 0; k < slots; k++) seen[k].id = -1;
+    while (p < e) { /* one record */
+        Span f[3] = {{NULL, NULL}, {NULL, NULL}, {NULL, NULL}};
+        Py_ssize_t col = 0;
+        rows++;
+        if (*p == '\n' || *p == '\r') { /* an empty line: csv yields [] */
+            if (*p == '\r' && (p + 1 >= e || p[1] != '\n')) goto bail;
+            p += *p == '\r' ? 2 : 1;
+            continue;
+        }
+        for (;;) { /* one field */
+            cp a, b;
+            if (p < e && *p == '"') {
+                a = ++p;
+                for (;;) {
+                    cp q = memchr(p, '"', (size_t)(e - p));
+                    if (!q) goto bail; /* unclosed at the end of the file */
+                    if (q + 1 < e && q[1] == '"') {
+                        if (col == i_name || col == i_type || col == i_core) goto bail;
+                        p = q + 2;
+                        continue;
+                    }
+                    b = q;
+                    p = q + 1;
+                    break;
+                }
+                if (p < e && *p != ',' && *p != '\n' && *p != '\r') goto bail;
+            } else {
+                a = p;
+                while (p < e && *p != ',' && *p != '\n' && *p != '\r') {
+                    if (*p == '"') goto bail;
+                    p++;
+                }
+                b = p;
+            }
+            if (col == i_name) f[0] = (Span){a, b};
+            if (col == i_type) f[1] = (Span){a, b};
+            if (col == i_core) f[2] = (Span){a, b};
+            col++;
+            if (p < e && *p == ',') {
+                p++;
+                continue;
+            }
+            break; /* a line end or the end of the data */
+        }
+        if (p < e) {
+            if (*p == '\r') {
+                if (p + 1 >= e || p[1] != '\n') goto bail;
+                p += 2;
+            } else {
+                p++;
+            }
+        }
+        if (col <= width) continue; /* too short: the loader skips it */
+        Py_ssize_t n = f[0].b - f[0].a;
+        uint64_t h = fnv1a(f[0].a, n);
+        size_t k = (size_t)h & (slots - 1);
+        int known = 0;
+        while (seen[k].id >= 0) {
+            if (seen[k].hash == h && seen[k].len == n && memcmp(seen[k].p, f[0].a, (size_t)n) == 0) {
+                known = 1;
+                break;
+            }
+            k = (k + 1) & (slots - 1);
+        }
+        if (known) continue;
+        if ((size_t)used >= slots / 2 || n > INT32_MAX) goto bail; /* a table this large: the csv module reads it */
+        seen[k] = (Slot){h, f[0].a, (int32_t)n, 0};
+        used++;
+        PyObject *name = PyUnicode_DecodeUTF8((const char *)f[0].a, n, NULL);
+        PyObject *ty = name ? PyUnicode_DecodeUTF8((const char *)f[1].a, f[1].b - f[1].a, NULL) : NULL;
+        PyObject *co = ty ? PyUnicode_DecodeUTF8((const char *)f[2].a, f[2].b - f[2].a, NULL) : NULL;
+        int rc = co ? PyDict_SetItem(types, name, ty) | PyDict_SetItem(cores, name, co) : -1;
+        Py_XDECREF(name);
+        Py_XDECREF(ty);
+        Py_XDECREF(co);
+        if (rc < 0) goto out;
+    }
+    result = Py_BuildValue("(OOn)", types, cores, rows);
+    goto out;
+bail:
+    result = Py_NewRef(Py_None);
+out:
+    PyMem_Free(seen);
+    Py_XDECREF(types);
+    Py_XDECREF(cores);
+    PyBuffer_Release(&view);
+    return result;
+}
+
 static PyMethodDef methods[] = {
     {"scan", scan, METH_VARARGS, "One slice of a trace event array as columns, or None (see the module source)."},
+    {"kernel_names", kernel_names, METH_VARARGS, "kernel_details.csv rows: (types, cores, rows) or None (see above)."},
     {NULL, NULL, 0, NULL}};
 
 static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_scan", NULL, -1, methods};
