@@ -77,6 +77,7 @@ def test_quick_bench_writes_results(tmp_path):
     assert len({w["trace"] for w in data["whatif"]}) == len(data["whatif"])
     assert not [w for w in data["whatif"] if "appears twice" in w.get("error_message", "")]
     for row in data["rows"]:
+        assert 0.1 < row["compute_scale_pairs"] < 1.5  # half the tokens' compute, measured beside the row's own
         assert row["split_on"] and not row["split_off"]
         assert row["t_off_ms"] > 0 and row["t_on_ms"] > 0 and row["t_comm_ms"] > 0 and row["t_compute_ms"] > 0
         assert "modelled link" in row["link_text"]
@@ -165,3 +166,20 @@ def test_whatif_check_takes_the_compute_scale_from_the_two_dbo_off_computes():
     assert compute_scale({"t_compute_ms": 600.0, "t_compute_half_ms": 700.0}) == 1.0  # noise: never above the whole
     assert compute_scale({"t_compute_ms": 600.0, "t_compute_half_ms": None}) is None  # the what-if's 1/2
     assert compute_scale({"t_compute_ms": 0.0, "t_compute_half_ms": 10.0}) is None
+
+
+def test_the_paired_compute_scale_is_the_median_of_the_steps_ratios_and_wins():
+    """Each row's half-token compute ran right after its DBO-off steps: the scale is the median of the per-step
+    ratios (slowest rank each step), and the what-if check prefers it to the medians from other rows."""
+    from dbo_runtime.reference.whatif_check import compute_scale
+
+    per_rank = _per_rank({("a2", 1024, "default"): 0.5})
+    for k, rank in enumerate(per_rank):  # two ranks with their own copies of the row
+        row = dict(rank["rows"][0])
+        row["off"] = {**row["off"], "computes_s": [0.6, 0.6, 0.6]}
+        row["half"] = {"computes_s": [0.30 + 0.01 * k, 0.36, 0.42]}
+        per_rank[k] = {**rank, "rows": [row]}
+    summary = summarize(per_rank, {"median_us": 40.0, "p99_us": 80.0, "samples": 10}, BenchPlan(default_tokens=1024))
+    r = summary["rows"][0]
+    assert r["compute_scale_pairs"] == pytest.approx(0.6)  # ratios 0.5167, 0.6, 0.7
+    assert compute_scale({**r, "t_compute_half_ms": 150.0}) == pytest.approx(0.6)

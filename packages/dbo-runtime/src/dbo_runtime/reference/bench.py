@@ -173,10 +173,13 @@ def bench_task(rank: int, world_size: int, plan: BenchPlan) -> dict[str, Any]:
                 trace = None
                 if plan.trace_dir is not None:
                     trace = str(row_trace_dir(plan.trace_dir, pattern, tokens, variant.name, occurrence))
-                off, on = measure(model, spec, modes=(False, True), trace_dir=trace)
+                # each step also runs half the tokens with DBO off: the what-if check's compute scale, measured
+                # beside the row's own compute (not in another row, minutes apart on a machine whose speed moves)
+                off, on, half = measure(model, spec, modes=(False, True), trace_dir=trace,
+                                        half_batch=_batch(max(1, tokens // 2), plan.requests))
                 out["rows"].append({"pattern": pattern, "tokens": tokens, "link": variant.name,
                                     "link_spec": comm.link.spec(), "link_text": comm.link.describe(),
-                                    "off": off, "on": on, "loadavg_1m": _loadavg_1m()})  # fmt: skip
+                                    "off": off, "on": on, "half": half, "loadavg_1m": _loadavg_1m()})  # fmt: skip
                 done += 1
                 _progress(rank, f"[{done}/{total} sweep rows] {pattern} {tokens} tokens, link {variant.name}: "
                                 f"off {off['step_s'] * 1e3:.0f} ms, on {on['step_s'] * 1e3:.0f} ms (rank 0)")
@@ -328,7 +331,13 @@ def summarize(per_rank: list[dict[str, Any]], handoff: dict[str, Any], plan: Ben
             value = efficiency(p_off, p_on, p_comp, p_comm)
             if not math.isnan(value):
                 pairs.append(value)
+        # the compute of half the tokens over the row's DBO-off compute, per step (they ran one after the other)
+        scales = [max(r["rows"][i]["half"]["computes_s"][k] for r in per_rank)
+                  / max(r["rows"][i]["off"]["computes_s"][k] for r in per_rank)
+                  for k in range(len(row.get("half", {}).get("computes_s", ())))
+                  if max(r["rows"][i]["off"]["computes_s"][k] for r in per_rank) > 0]
         rows.append({
+            "compute_scale_pairs": statistics.median(scales) if scales else None,
             "efficiency_pairs": statistics.median(pairs) if pairs else float("nan"),
             "pattern": row["pattern"], "tokens": row["tokens"], "link": row["link"], "link_spec": row["link_spec"],
             "link_text": row["link_text"], "split_on": row["on"]["split"], "split_off": row["off"]["split"],

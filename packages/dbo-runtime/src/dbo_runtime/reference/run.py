@@ -225,30 +225,39 @@ class RunSpec:
 
 
 def measure(
-    model: ReferenceMoE, spec: RunSpec, *, modes: tuple[bool, ...] = (True,), trace_dir: str | None = None
+    model: ReferenceMoE, spec: RunSpec, *, modes: tuple[bool, ...] = (True,), trace_dir: str | None = None,
+    half_batch: Any = None,
 ) -> list[dict[str, Any]]:
     """Median timings of ``spec.steps`` steps (after ``spec.warmup``) per DBO mode in ``modes``, as this rank saw.
 
     The modes alternate step by step (in alternating order), so that a machine shared with other work slows them
     alike. A trace, if
-    asked for, covers one extra step of the first mode after the timed ones.
+    asked for, covers one extra step of the first mode after the timed ones. With ``half_batch`` (a Batch), every
+    step also runs that batch with DBO off right after the modes, and one more entry (``"half": True``) holds its
+    timings: the compute of a micro-batch-sized batch measured beside the whole one, step by step.
     """
     dtype = DTYPES[spec.dtype]
     acc: list[dict[str, Any]] = [
         {"dbo": dbo, "split": False, "steps_s": [], "compute": [], "comm": [], "wire_bytes": 0, "num_collectives": 0}
         for dbo in modes
     ]
+    runs = [(i, dbo, spec.batch) for i, dbo in enumerate(modes)]
+    if half_batch is not None:
+        acc.append({"dbo": False, "half": True, "split": False, "steps_s": [], "compute": [], "comm": [],
+                    "wire_bytes": 0, "num_collectives": 0})  # fmt: skip
     total = spec.warmup + spec.steps
     for step in range(total):
-        order = list(enumerate(modes))
+        order = list(runs)
         if step % 2:
             order.reverse()  # neither mode always runs right after the other
-        for i, dbo in order:
-            x = batch_inputs(model.config, spec.batch, rank=model.rank, step=step, dtype=dtype)
-            kv = KVCache(model.config, spec.batch, rank=model.rank, dtype=dtype)
+        if half_batch is not None:
+            order.append((len(modes), False, half_batch))
+        for i, dbo, batch in order:
+            x = batch_inputs(model.config, batch, rank=model.rank, step=step, dtype=dtype)
+            kv = KVCache(model.config, batch, rank=model.rank, dtype=dtype)
             dist.barrier()
             r = forward_step(
-                model, spec.batch, x, kv, dbo=dbo, decode_threshold=spec.decode_threshold,
+                model, batch, x, kv, dbo=dbo, decode_threshold=spec.decode_threshold,
                 prefill_threshold=spec.prefill_threshold, timeout_s=spec.timeout_s, scheduler=spec.scheduler,
             )  # fmt: skip
             a = acc[i]

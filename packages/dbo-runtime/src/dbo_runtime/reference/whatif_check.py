@@ -64,8 +64,13 @@ def _pair_speedup(per_rank: list[dict[str, Any]] | None, i: int) -> float | None
 
 
 def compute_scale(row: dict[str, Any]) -> float | None:
-    """A micro-batch's compute as a fraction of the whole batch's, from the two DBO-off computes the sweep measured
-    (half the tokens over the row's own), kept within (0, 1]; None (the what-if's default of 1/2) without both."""
+    """A micro-batch's compute as a fraction of the whole batch's, kept within (0, 1]: the row's own step-by-step
+    ratio of half the tokens' DBO-off compute to its DBO-off compute where the sweep measured it
+    (``compute_scale_pairs``), else the two medians the sweep measured in different rows (half the tokens over the
+    row's own); None (the what-if's default of 1/2) without either."""
+    paired = row.get("compute_scale_pairs")
+    if paired is not None and paired > 0:
+        return min(1.0, paired)
     half, full = row.get("t_compute_half_ms"), row.get("t_compute_ms")
     if not half or not full or half <= 0 or full <= 0:
         return None
@@ -131,7 +136,7 @@ def format_whatif_markdown(rows: list[dict[str, Any]]) -> str:
         "What-if check: `profile-analyzer whatif` on each row's DBO-off trace (one extra profiled step; the row's "
         "T_off measured without the profiler, the link latency, the measured handoff and the compute scale as "
         "settings) vs the measured DBO-on step. Compute scale: the DBO-off compute at half the tokens over the row's "
-        "DBO-off compute (both without the profiler; 0.50 where the sweep did not run half the tokens). Speed-up "
+        "DBO-off compute, measured step by step beside it (median of the steps' ratios; without the profiler). Speed-up "
         "measured: the median over the row's adjacent off/on step pairs; error: predicted speed-up / measured "
         "speed-up - 1; the last column: the error with the what-if's default compute scale, 1/2.",
         "",
