@@ -525,14 +525,8 @@ def _scanned_columns(c: _Scanned, path: Path, keep_host_x: bool, process_name: d
     """The columns of a scanned slice's kept 'X' events, as the msgspec path builds them for the same events
     (None when none is kept)."""
     start, ts_problem = ts_joined_to_ns_checked(c.ts, c.n_x, path)
-    if (c.dur_kind >= 2).any():  # a dur absent or null, or an integer past 2**53: the general conversion
-        big = c.dur.view(np.int64).tolist()
-        values = [d if k == 0 else int(d) if k == 1 else None if k == 2 else b
-                  for d, k, b in zip(c.dur.tolist(), c.dur_kind.tolist(), big, strict=True)]
-        dur, dur_problem = dur_to_ns_checked(values, path)
-    else:  # as np.array() of the same numbers: int64 when every one is an integer, else float64
-        dur, dur_problem = dur_array_to_ns_checked(c.dur.astype(np.int64) if (c.dur_kind == 1).all() else c.dur)
     pid, tid, name_s, cat_s, ttype_s, stream, corr = c.pid, c.tid, c.name, c.cat, c.ttype, c.stream, c.corr
+    dur_v, dur_kind = c.dur, c.dur_kind
     keep = None
     if not keep_host_x:
         host = [p for p in _host_pids(process_name, process_label) if type(p) is int]
@@ -542,7 +536,17 @@ def _scanned_columns(c: _Scanned, path: Path, keep_host_x: bool, process_name: d
                 keep = None
     if keep is not None:
         pid, tid, name_s, cat_s = pid[keep], tid[keep], name_s[keep], cat_s[keep]
-        start, ts_problem, dur, dur_problem = start[keep], ts_problem[keep], dur[keep], dur_problem[keep]
+        start, ts_problem, dur_v, dur_kind = start[keep], ts_problem[keep], dur_v[keep], dur_kind[keep]
+    # durations of the kept events only, as the msgspec path converts them (its choice of conversion depends on
+    # the set of values: all numbers go through one array)
+    if (dur_kind >= 2).any():  # a dur absent or null, or an integer past 2**53: the general conversion
+        big = dur_v.view(np.int64).tolist()
+        values = [d if k == 0 else int(d) if k == 1 else None if k == 2 else b
+                  for d, k, b in zip(dur_v.tolist(), dur_kind.tolist(), big, strict=True)]
+        dur, dur_problem = dur_to_ns_checked(values, path)
+    else:  # as np.array() of the same numbers: int64 when every one is an integer, else float64
+        dur, dur_problem = dur_array_to_ns_checked(dur_v.astype(np.int64) if (dur_kind == 1).all() else dur_v)
+    if keep is not None:
         if task_types:
             ttype_s = ttype_s[keep]
         if kineto_args:

@@ -141,6 +141,9 @@ def dur_to_ns_checked(values: list[object], path: Path | None = None) -> tuple[n
             if not (abs(v) < _LIMIT_US):
                 code[i] = BAD_DUR
                 continue
+            if v < 0:  # as the array path: a negative dur is flagged even where it rounds to 0 ns
+                code[i] = NEGATIVE_DUR
+                continue
             ns = int(round(v * 1000.0))
         else:
             code[i] = BAD_DUR
