@@ -309,7 +309,13 @@ def test_micro_batch_threads_are_reused(scheduler):
     assert len(set(seen)) == 2
 
 
-def test_handoff_counter_counts_handoffs():
+def _raises_after_one_yield():
+    dbo_yield("before the failure")
+    raise ValueError("boom")
+
+
+def test_handoff_counter_counts_handoffs(scheduler):
+    """The greenlet scheduler counts per run on its hot path and adds the run's count when the run ends."""
     before = ctxmod.handoff_count()
 
     def fn():
@@ -319,6 +325,9 @@ def test_handoff_counter_counts_handoffs():
     run_ubatches([fn, fn], backend=CPU, timeout_s=5)
     # 3 yields each, plus the final handovers at exit (the last one has nobody left to hand to).
     assert ctxmod.handoff_count() - before == 7
+    with pytest.raises(DBOWorkerError):
+        run_ubatches([fn, _raises_after_one_yield], backend=CPU, timeout_s=5)
+    assert ctxmod.handoff_count() - before > 7  # a failed run's handoffs are counted too
 
 
 def test_greenlet_micro_batch_that_does_not_yield_runs_to_its_end(scheduler):

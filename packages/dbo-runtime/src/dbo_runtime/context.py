@@ -364,8 +364,11 @@ class UBatchContext:
             nxt.recv_hook = both
 
 
+_get_ident = threading.get_ident
+
+
 def _current() -> UBatchContext | None:
-    return _THREAD_CONTEXTS.get(threading.get_ident())
+    return _THREAD_CONTEXTS.get(_get_ident())
 
 
 # -- module-level hook API (no-ops outside a micro-batch thread) -------------------------------------------------
@@ -394,7 +397,7 @@ def dbo_current_site() -> str | None:
 
 def dbo_yield(site: str = "") -> None:
     """Let the other micro-batch run until it yields back; keeps the current stream."""
-    ctx = _current()
+    ctx = _THREAD_CONTEXTS.get(_get_ident())  # _current() inline: the hook every layer calls
     if ctx is not None:
         ctx.yield_(site)
 

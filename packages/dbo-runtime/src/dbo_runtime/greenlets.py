@@ -97,15 +97,6 @@ class _TLS:
     def set_base(self, key: tuple[Any, ...]) -> None:
         self.base_grad, self.base_inference, self.base_autocast, self.base_device = key
 
-    def differs(self) -> bool:
-        """Whether the thread's modes differ from the base (the check every switch makes: three C calls)."""
-        return (
-            self.grad() is not self.base_grad
-            or self.inference() is not self.base_inference
-            or (self.any_autocast is not None and self.any_autocast() is not self.base_autocast)
-            or (self.device_module is not None and self.device_module.current_device() != self.base_device)
-        )
-
     def key(self) -> tuple[Any, ...]:
         autocast = self.any_autocast() if self.any_autocast is not None else None
         device = None if self.device_module is None else self.device_module.current_device()
@@ -153,6 +144,7 @@ class _GreenletRun(_Run):
         self.base_key = tls.key()
         tls.set_base(self.base_key)
         self.tid = threading.get_ident()
+        self.handoffs = 0
 
 
 class GreenletUBatchContext(UBatchContext):
@@ -205,7 +197,8 @@ class GreenletUBatchContext(UBatchContext):
                         "holds the baton: the one-at-a-time invariant is broken")
 
     def cpu_yield(self, site: str = "") -> None:
-        # The hot path of the scheduler (every handoff): kept flat, no time stamps (no watchdog reads them here).
+        # The hot path of the scheduler (every handoff): kept flat (each Python call level costs about as much as
+        # the greenlet switch itself), no time stamps (no watchdog reads them here).
         run = self._run
         site = site or "<yield>"
         if run.aborted:
@@ -216,8 +209,14 @@ class GreenletUBatchContext(UBatchContext):
         other = self.other
         if run.finished[other.id]:
             return
-        _ctxmod._HANDOFFS += 1
-        if run.tls.differs():
+        run.handoffs += 1
+        tls = run.tls  # does the thread's state differ from the run's base (_TLS.key() != base, inline)?
+        if (
+            tls.grad() is not tls.base_grad
+            or tls.inference() is not tls.base_inference
+            or (tls.any_autocast is not None and tls.any_autocast() is not tls.base_autocast)
+            or (tls.device_module is not None and tls.device_module.current_device() != tls.base_device)
+        ):
             self._leave()
         run.holder = other.id
         _THREAD_CONTEXTS[run.tid] = other
@@ -230,6 +229,13 @@ class GreenletUBatchContext(UBatchContext):
             raise self._baton_broken(site)
         if self.on_resume is not None:
             self.on_resume()
+
+    def yield_(self, site: str = "") -> None:
+        # UBatchContext.yield_ with _update_stream inline (the hot path of dbo_yield).
+        stream = self.current_stream
+        self.cpu_yield(site)
+        self.current_stream = stream
+        self.backend.set_stream(stream)
 
     def _take_baton(self, site: str) -> None:  # pragma: no cover - the thread scheduler's entry, not used here
         raise DBOError("a greenlet micro-batch takes the baton by being switched to, not by waiting")
@@ -322,12 +328,13 @@ def _loop(run: _GreenletRun, contexts: list[GreenletUBatchContext]) -> None:
                 run.finished[ctx.id] = True
                 continue
             if started:
-                _ctxmod._HANDOFFS += 1
+                run.handoffs += 1
             started = True
             run.holder = ctx.id
             _THREAD_CONTEXTS[run.tid] = ctx
             ctx.glet.switch()
     finally:
+        _ctxmod._HANDOFFS += run.handoffs  # counted per run on the hot path, added to the process's count here
         _THREAD_CONTEXTS.pop(run.tid, None)
         run.holder = None
         if run.tls.key() != run.base_key:
