@@ -8,6 +8,7 @@ import subprocess
 import sys
 
 import pytest
+from dbo_runtime import estimate_check
 from dbo_runtime.reference.bench import (
     TARGET_EFFICIENCY,
     BenchPlan,
@@ -95,6 +96,18 @@ def test_quick_bench_writes_results(tmp_path):
         assert row["t_off_ms"] > 0 and row["t_on_ms"] > 0
     assert "effic" in out.stdout and "yield handoff" in out.stdout
     assert not list(tmp_path.glob(".tmp-*"))
+    # the CPU rates both ranks timed right after each row, and the estimate validated with them
+    for row in data["rows"]:
+        rates = row["cpu_rates"]
+        assert rates["ranks"] == 2 and rates["gflops"] > 0 and rates["layer_ms"] > 0 and rates["layer_tokens"] == 128
+    checked = estimate_check.validate(data)
+    assert checked["rates_beside_rows"] is True and checked["rates"] is None
+    assert [x["gflops"] for x in checked["rows"]] == [r["cpu_rates"]["gflops"] for r in data["rows"]]
+    assert all(0 < x["compute_efficiency"] <= 1 and x["pred_speedup"] > 0 for x in checked["rows"])
+    assert "timed by the bench right after each row" in estimate_check.markdown(checked)
+    assert data["estimate_check"]["summary"]["rows"] == len(data["rows"])
+    assert "estimate check (dbo-runtime estimate, no profile)" in out.stdout
+    assert "## Estimate check" in (tmp_path / "dbo_runtime.md").read_text()
 
 
 def _per_rank(effs: dict[tuple[str, int, str], float]) -> list[dict]:

@@ -9,6 +9,7 @@ from dataclasses import replace
 
 import pytest
 from dbo_runtime import estimate as est
+from dbo_runtime import estimate_check
 from dbo_runtime.cli import main
 from dbo_runtime.errors import DBOConfigError
 from dbo_runtime.reference.comm import LinkModel
@@ -329,22 +330,29 @@ def test_cpu_link_times_the_ranks_at_once_and_a_reference_layer():
     assert hw.mem_efficiency == 1.0 and hw.tflops == pytest.approx(m["gflops"] / 1e3)
 
 
-def _validate_script():
-    import importlib.util
-    from pathlib import Path
-
-    path = Path(__file__).resolve().parents[1] / "scripts" / "validate_estimate.py"
-    spec = importlib.util.spec_from_file_location("validate_estimate", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+def test_rates_of_ranks_timed_at_once_are_the_slowest_ranks():
+    """A step waits for its slowest rank: the combined rates are the lowest rates and the largest costs, and a
+    layer timing is kept only where every rank has one."""
+    fast = {"gflops": 20.0, "copy_gbps": 9.0, "elementwise_gbps": 4.0, "op_us": 1.0, "shape": "s", "layer_ms": 5.0,
+            "layer_tokens": 512, "layer_requests": 4}
+    slow = {**fast, "gflops": 10.0, "copy_gbps": 6.0, "elementwise_gbps": 3.0, "op_us": 2.0, "layer_ms": 8.0}
+    m = est.combine_rank_rates([fast, slow], 1)  # one rank's share of the cores: nothing scaled
+    assert (m["gflops"], m["copy_gbps"], m["elementwise_gbps"], m["op_us"], m["layer_ms"]) == (10.0, 6.0, 3.0, 2.0, 8.0)
+    assert m["layer_tokens"] == 512 and m["layer_requests"] == 4
+    without_layer = {k: v for k, v in slow.items() if not k.startswith("layer")}
+    assert "layer_ms" not in est.combine_rank_rates([fast, without_layer], 1)
+    cfg = MoEConfig()
+    spec = compute_spec_from_config(est.reference_config(cfg), name="reference")
+    hw = est.with_cpu_rates(est.HARDWARE["cpu-link"], spec, m)
+    assert hw.tflops == pytest.approx(0.010) and 0 < hw.compute_efficiency <= 1
+    assert hw.measured["layer_predicted_ms"] > 0
 
 
 @pytest.mark.parametrize("text", ["not json", "{}", '{"rows": []}', "[1, 2]"])
 def test_validate_estimate_bad_input_is_one_line_exit_2(capsys, tmp_path, text):
     bad = tmp_path / "bench.json"
     bad.write_text(text)
-    assert _validate_script().main([str(bad)]) == 2
+    assert estimate_check.main([str(bad)]) == 2
     err = capsys.readouterr().err
     assert len(err.strip().splitlines()) == 1 and "not a readable `dbo-runtime bench` JSON" in err
 

@@ -44,13 +44,15 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from dbo_runtime.errors import DBOConfigError, DBOError
+from dbo_runtime.reference.rates import combine_rank_rates, rate_layer, time_rank_rates
 
 if TYPE_CHECKING:  # kv_capacity and profile_analyzer are imported where used (.venv-vllm has no profile_analyzer)
     from kv_capacity import ComputeSpec
 
 __all__ = ["Link", "Hardware", "HARDWARE", "COLLECTIVES", "Workload", "Parallel", "LayerCost", "SegmentCost",
            "layer_costs", "step_segments", "simulate_step", "pays_from", "estimate", "hardware_preset",
-           "hardware_from_file", "hardware_from_dict", "measure_cpu_rates", "reference_config", "patterns_for",
+           "hardware_from_file", "hardware_from_dict", "measure_cpu_rates", "time_rank_rates", "combine_rank_rates",
+           "with_cpu_rates", "rate_width", "rate_layer", "reference_config", "patterns_for",
            "with_overrides", "with_measured_cpu", "remote_destinations"]
 
 COLLECTIVES = ("all_gather", "reduce_scatter", "all_reduce", "all_to_all")
@@ -324,7 +326,7 @@ def measure_cpu_rates(hidden: int, intermediate: int, dtype_bytes: int = 4, *, r
     """
     cores = os.cpu_count() or 1
     if ranks <= 1:
-        m = _time_cpu_rates(hidden, intermediate, dtype_bytes, rows, repeats, 0.0, None, layer, 1)
+        m = time_rank_rates(hidden, intermediate, dtype_bytes, rows, repeats, 0.0, None, layer, 1)
     else:
         import multiprocessing as mp
 
@@ -356,117 +358,13 @@ def measure_cpu_rates(hidden: int, intermediate: int, dtype_bytes: int = 4, *, r
                 proc.join(10)
                 if proc.is_alive():
                     proc.kill()
-        share = min(1.0, cores / ranks)
-        m = {"gflops": min(x["gflops"] for x in got) * share, "copy_gbps": min(x["copy_gbps"] for x in got) * share,
-             "elementwise_gbps": min(x["elementwise_gbps"] for x in got) * share,
-             "op_us": max(x["op_us"] for x in got) / share, "shape": got[0]["shape"]}
-        if layer is not None:
-            m["layer_ms"] = max(x["layer_ms"] for x in got) / share
+        m = combine_rank_rates(got, ranks)
     return {**m, "ranks": ranks, "cores": cores}
 
 
 def _cpu_rates_worker(hidden: int, intermediate: int, dtype_bytes: int, rows: int, repeats: int, seconds: float,
                       barrier: Any, results: Any, layer: dict[str, Any] | None, ranks: int) -> None:
-    results.put(_time_cpu_rates(hidden, intermediate, dtype_bytes, rows, repeats, seconds, barrier, layer, ranks))
-
-
-def _time_cpu_rates(hidden: int, intermediate: int, dtype_bytes: int, rows: int, repeats: int, seconds: float,
-                    barrier: Any = None, layer: dict[str, Any] | None = None, ranks: int = 1) -> dict[str, Any]:
-    """One rank's timings (see measure_cpu_rates): ``repeats`` rounds at least, for ``seconds`` at least after the
-    ranks meet at ``barrier``."""
-    import torch
-    import torch.nn.functional as F
-
-    dtype = {2: torch.bfloat16, 4: torch.float32}.get(dtype_bytes, torch.float32)
-    b = torch.finfo(dtype).bits // 8
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        x = torch.randn(rows, hidden, dtype=dtype)
-        w13 = torch.randn(hidden, 2 * intermediate, dtype=dtype)
-        w2 = torch.randn(intermediate, hidden, dtype=dtype)
-        mid = torch.randn(rows, intermediate, dtype=dtype)
-        gate_up = torch.randn(rows, 2 * intermediate, dtype=dtype)
-        src = torch.randn(8 << 20)  # 32 MiB of float32
-        dst = torch.empty_like(src)
-        tiny = torch.randn(8, hidden, dtype=dtype)
-        ops = 64
-
-        def swiglu() -> torch.Tensor:
-            gate, up = gate_up.chunk(2, dim=-1)
-            return F.silu(gate) * up
-
-        x @ w13, mid @ w2, swiglu(), dst.copy_(src), tiny + tiny  # warm-up  # noqa: B018
-        if barrier is not None:
-            barrier.wait()
-        mm, act, copy, op = [], [], [], []
-        end = time.perf_counter() + seconds
-        while len(mm) < repeats or time.perf_counter() < end:
-            t0 = time.perf_counter()
-            x @ w13
-            mid @ w2
-            t1 = time.perf_counter()
-            swiglu()
-            t2 = time.perf_counter()
-            dst.copy_(src)
-            t3 = time.perf_counter()
-            for _ in range(ops):
-                tiny + tiny  # noqa: B018
-            t4 = time.perf_counter()
-            mm.append(t1 - t0), act.append(t2 - t1), copy.append(t3 - t2), op.append((t4 - t3) / ops)
-        layer_s = _time_reference_layer(layer, ranks, repeats, seconds, barrier) if layer is not None else None
-    finally:
-        torch.set_num_threads(threads)
-    q = _lower_quartile
-    return {**({"layer_ms": layer_s * 1e3} if layer_s is not None else {}),
-            "gflops": 2 * rows * hidden * 3 * intermediate / q(mm) / 1e9,
-            "copy_gbps": 2 * src.numel() * 4 / q(copy) / 1e9,
-            "elementwise_gbps": 3 * rows * intermediate * b / q(act) / 1e9,  # read gate and up, write the product
-            "op_us": q(op) * 1e6,
-            "shape": f"[{rows}x{hidden}]@[{hidden}x{2 * intermediate}] + [{rows}x{intermediate}]@[{intermediate}x{hidden}]"}
-
-
-def _time_reference_layer(layer: dict[str, Any], ranks: int, repeats: int, seconds: float, barrier: Any) -> float:
-    """Seconds of the compute of one reference-model layer on one rank of ``ranks``, the lower quartile of the
-    repeats (A2 layout: the experts run over every rank's tokens, as the all-gather delivers them; no collective
-    is run)."""
-    import types
-
-    import torch
-
-    from dbo_runtime.reference.model import Batch, KVCache, MoEConfig, ReferenceMoE, batch_inputs
-
-    config = MoEConfig(**{**layer["config"], "num_layers": 1})
-    model = ReferenceMoE(config, pattern="a2", comm=types.SimpleNamespace(rank=0, world_size=ranks),
-                         dtype=torch.float32)
-    tokens, requests = int(layer["tokens"]), int(layer["requests"])
-    batch = Batch.prefill([tokens // requests + (i < tokens % requests) for i in range(requests)])
-    kv = KVCache(config, batch, rank=0, dtype=torch.float32)
-    x0 = batch_inputs(config, batch, rank=0, step=0, dtype=torch.float32)
-    part = model.whole_part(x0, batch)
-    moe = model.local_moe(ranks)
-
-    def run() -> None:
-        model.layer_forward(part, x0, 0, kv, moe=moe)
-
-    run()  # warm-up
-    if barrier is not None:
-        barrier.wait()
-    times: list[float] = []
-    end = time.perf_counter() + seconds
-    while len(times) < repeats or time.perf_counter() < end:
-        t0 = time.perf_counter()
-        run()
-        times.append(time.perf_counter() - t0)
-    return _lower_quartile(times)
-
-
-def _lower_quartile(times: Sequence[float]) -> float:
-    """The timing a quarter of the repeats beat. Every repeat of a rank runs while the other ranks run theirs (the
-    contention between the ranks is in each); other work on a shared machine only ever slows a repeat, and the
-    lower quartile leaves out such spikes where a median would take them in once they are half the repeats."""
-    ordered = sorted(times)
-    return ordered[(len(ordered) - 1) // 4]
+    results.put(time_rank_rates(hidden, intermediate, dtype_bytes, rows, repeats, seconds, barrier, layer, ranks))
 
 
 # ------------------------------------------------------------------------------------------------- cost model
@@ -865,23 +763,33 @@ def with_measured_cpu(hw: Hardware, spec: ComputeSpec, *, ranks: int = 1, refere
     operators and operator overheads (capped at 1). It is what a preset's ``compute_efficiency`` assumes (the
     fraction of the peak a real layer reaches), measured here on the model that runs here.
     """
-    width = spec.moe_intermediate_size or spec.intermediate_size or 4 * spec.hidden_size
-    layer = None
-    if reference is not None:
-        layer = {"config": asdict(reference), "tokens": layer_tokens, "requests": layer_requests}
-    m = measure_cpu_rates(spec.hidden_size, width, spec.dtype_bytes, ranks=ranks, layer=layer)
+    layer = rate_layer(reference, layer_tokens, layer_requests) if reference is not None else None
+    m = measure_cpu_rates(spec.hidden_size, rate_width(spec), spec.dtype_bytes, ranks=ranks, layer=layer)
+    return with_cpu_rates(hw, spec, m, ranks=ranks)
+
+
+def rate_width(spec: ComputeSpec) -> int:
+    """The MLP width the rates are timed on (the routed experts' where the model has them)."""
+    return spec.moe_intermediate_size or spec.intermediate_size or 4 * spec.hidden_size
+
+
+def with_cpu_rates(hw: Hardware, spec: ComputeSpec, m: dict[str, Any], *, ranks: int = 1) -> Hardware:
+    """``hw`` with rates already timed (:func:`measure_cpu_rates`, or :func:`combine_rank_rates` of timings the
+    caller's own ranks made, as ``dbo-runtime bench`` does beside each sweep row); with a timed layer in ``m``
+    (``layer_ms``, ``layer_tokens``, ``layer_requests``), ``compute_efficiency`` as :func:`with_measured_cpu`
+    sets it."""
     out = replace(hw, tflops=m["gflops"] / 1e3, mem_bw_gbps=m["copy_gbps"], elementwise_gbps=m["elementwise_gbps"],
                   op_us=m["op_us"], compute_efficiency=1.0, mem_efficiency=1.0, measured=m)
-    if layer is None:
+    if "layer_ms" not in m:
         return out
+    layer_tokens, layer_requests = int(m["layer_tokens"]), int(m["layer_requests"])
     work = Workload(layer_tokens, "prefill", prompt_len=max(1, layer_tokens // layer_requests), full_keys=True)
     first = layer_costs(spec, out, work, Parallel(1, ranks, True), "a2")[0]
     compute = [x for x in first.segments if x.kind == "compute"]
     matrix_us = sum(x.flops for x in compute) / out.flops_per_us()
     rest_us = sum(x.elementwise_bytes / out.elementwise_bytes_per_us() + x.ops * out.op_us for x in compute)
     efficiency = min(1.0, matrix_us / max(m["layer_ms"] * 1e3 - rest_us, 1e-9))
-    m = {**m, "layer_tokens": layer_tokens, "layer_predicted_ms": (matrix_us + rest_us) / 1e3,
-         "compute_efficiency": efficiency}
+    m = {**m, "layer_predicted_ms": (matrix_us + rest_us) / 1e3, "compute_efficiency": efficiency}
     return replace(out, compute_efficiency=efficiency, measured=m)
 
 

@@ -33,6 +33,7 @@ __all__ = ["bench"]
 def bench(out: Path, quick: bool, dbo_scheduler: str, tokens: tuple[int, ...], patterns: tuple[str, ...]) -> int:
     from dataclasses import replace
 
+    from dbo_runtime.estimate_check import bench_check
     from dbo_runtime.reference.bench import BenchPlan, format_table, quick_plan, run_bench
     from dbo_runtime.reference.launcher import RanksFailed
 
@@ -42,7 +43,7 @@ def bench(out: Path, quick: bool, dbo_scheduler: str, tokens: tuple[int, ...], p
     if patterns:
         plan = replace(plan, patterns=tuple(dict.fromkeys(patterns)))
     try:
-        summary = run_bench(out, plan)
+        summary = run_bench(out, plan, checks=(bench_check,))
     except RanksFailed as exc:
         for err in exc.errors:
             click.echo(f"dbo-runtime bench: {err.line()}", err=True)

@@ -30,6 +30,7 @@ import statistics
 import sys
 import tempfile
 import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -119,6 +120,10 @@ class BenchPlan:
     decode_schedulers: tuple[str, ...] = ("thread", "greenlet")
     # one extra DBO-off step per row, profiled into <trace_dir>/<row>/ (what `profile-analyzer whatif` is checked on)
     trace_dir: str | None = None
+    # After each sweep row, both ranks time this CPU's rates at once for this long (dbo_runtime.estimate's
+    # time_rank_rates, a reference layer included): the rates `dbo-runtime estimate` is validated with, taken
+    # beside the row's steps rather than minutes later. 0: not timed.
+    row_rate_seconds: float = 1.0
 
 
 def _loadavg_1m() -> float | None:
@@ -179,7 +184,8 @@ def bench_task(rank: int, world_size: int, plan: BenchPlan) -> dict[str, Any]:
                                         half_batch=_batch(max(1, tokens // 2), plan.requests))
                 out["rows"].append({"pattern": pattern, "tokens": tokens, "link": variant.name,
                                     "link_spec": comm.link.spec(), "link_text": comm.link.describe(),
-                                    "off": off, "on": on, "half": half, "loadavg_1m": _loadavg_1m()})  # fmt: skip
+                                    "off": off, "on": on, "half": half, "loadavg_1m": _loadavg_1m(),
+                                    "rates": _row_rates(config, plan, world_size)})  # fmt: skip
                 done += 1
                 _progress(rank, f"[{done}/{total} sweep rows] {pattern} {tokens} tokens, link {variant.name}: "
                                 f"off {off['step_s'] * 1e3:.0f} ms, on {on['step_s'] * 1e3:.0f} ms (rank 0)")
@@ -193,6 +199,24 @@ def bench_task(rank: int, world_size: int, plan: BenchPlan) -> dict[str, Any]:
     finally:
         comm.close()
     return out
+
+
+def _row_rates(config: Any, plan: BenchPlan, world_size: int) -> dict[str, Any] | None:
+    """This rank's CPU rates, timed while the other ranks time theirs (they meet at a barrier of the ranks' process
+    group), on the shapes ``dbo-runtime estimate --hardware cpu-link`` times for this model (its MLP: the routed
+    experts' width; float32, as the bench runs)."""
+    if plan.row_rate_seconds <= 0:
+        return None
+    import types
+
+    import torch.distributed as dist
+
+    from dbo_runtime.reference.rates import rate_layer, time_rank_rates
+
+    barrier = types.SimpleNamespace(wait=dist.barrier) if dist.is_initialized() else None
+    layer = rate_layer(config, tokens=min(512, plan.default_tokens), requests=plan.requests)
+    return time_rank_rates(config.hidden_size, config.expert_intermediate, 4, 512, 9, plan.row_rate_seconds,
+                           barrier, layer, world_size)
 
 
 def _progress(rank: int, line: str) -> None:
@@ -311,6 +335,7 @@ def efficiency(t_off: float, t_on: float, t_compute: float, t_comm: float) -> fl
 def summarize(per_rank: list[dict[str, Any]], handoff: dict[str, Any], plan: BenchPlan) -> dict[str, Any]:
     """``handoff``: the figures of :func:`measure_handoff` per scheduler (or one scheduler's figures)."""
     from dbo_runtime.reference.comm import LINK_STAND_IN_NOTE
+    from dbo_runtime.reference.rates import combine_rank_rates
 
     by_scheduler = handoff if "median_us" not in handoff else {handoff.get("scheduler", "thread"): handoff}
 
@@ -336,7 +361,10 @@ def summarize(per_rank: list[dict[str, Any]], handoff: dict[str, Any], plan: Ben
                   / max(r["rows"][i]["off"]["computes_s"][k] for r in per_rank)
                   for k in range(len(row.get("half", {}).get("computes_s", ())))
                   if max(r["rows"][i]["off"]["computes_s"][k] for r in per_rank) > 0]
+        rates = [r["rows"][i].get("rates") for r in per_rank]
         rows.append({
+            # the rates both ranks timed right after the row (dbo_runtime.estimate.combine_rank_rates)
+            "cpu_rates": combine_rank_rates(rates, len(per_rank)) if all(rates) else None,
             "compute_scale_pairs": statistics.median(scales) if scales else None,
             "efficiency_pairs": statistics.median(pairs) if pairs else float("nan"),
             "pattern": row["pattern"], "tokens": row["tokens"], "link": row["link"], "link_spec": row["link_spec"],
@@ -450,7 +478,23 @@ def format_table(summary: dict[str, Any]) -> str:
     if eq:
         equal, cases, bf16_max = eq
         lines.append(f"DBO on vs off: fp32 bitwise equal in {equal}/{cases} split cases; bf16 max abs diff {bf16_max:.3g}")
+    lines += _check_lines(summary)
     return "\n".join(lines)
+
+
+def _check_lines(summary: dict[str, Any]) -> list[str]:
+    """One line per prediction checked against the sweep: the what-if (from each row's DBO-off trace) and the
+    estimate (from the config and the rates timed beside each row); the tables are in dbo_runtime.md."""
+    lines = []
+    whatif = [r for r in summary.get("whatif") or () if r.get("checked")]
+    if whatif:
+        lines.append(f"what-if check (profile-analyzer whatif): {sum(bool(r['within']) for r in whatif)} of "
+                     f"{len(whatif)} rows within 10% of the measured speed-up")
+    est = (summary.get("estimate_check") or {}).get("summary")
+    if est:
+        lines.append(f"estimate check (dbo-runtime estimate, no profile): {est['within_10pct']} of "
+                     f"{est['long_step_rows']} rows within 10% of the measured speed-up")
+    return lines
 
 
 def _handoff_lines(summary: dict[str, Any], unit: str) -> list[str]:
@@ -600,8 +644,13 @@ def _write_json_atomic(path: Path, data: dict[str, Any]) -> None:
         raise
 
 
-def run_bench(out_dir: str | os.PathLike[str], plan: BenchPlan | None = None, *, timeout_s: float = 1800.0) -> dict:
-    """Run the whole benchmark, write ``out_dir/dbo_runtime.json``, return the summary."""
+def run_bench(out_dir: str | os.PathLike[str], plan: BenchPlan | None = None, *, timeout_s: float = 1800.0,
+              checks: Sequence[Callable[[dict], tuple[str, Any, str] | None]] = ()) -> dict:
+    """Run the whole benchmark, write ``out_dir/dbo_runtime.json``, return the summary.
+
+    ``checks``: predictions checked against the sweep by layers above this one (``dbo-runtime bench`` passes
+    :func:`dbo_runtime.estimate_check.bench_check`); each gets the summary and returns ``(key, result, markdown)``
+    (``result`` goes into the JSON under ``key``, ``markdown`` into dbo_runtime.md) or None."""
     from dbo_runtime.reference.launcher import run_ranks
 
     plan = plan or BenchPlan()
@@ -624,12 +673,20 @@ def run_bench(out_dir: str | os.PathLike[str], plan: BenchPlan | None = None, *,
         from dbo_runtime.reference.whatif_check import validate
 
         summary["whatif"] = validate(summary, plan.trace_dir, per_rank)
+    sections = []
+    for check in checks:
+        got = check(summary)
+        if got is not None:
+            key, result, section = got
+            summary[key] = result
+            sections.append(section)
     _write_json_atomic(Path(out_dir) / "dbo_runtime.json", summary)
     markdown = format_markdown(summary)
     if summary.get("whatif"):
         from dbo_runtime.reference.whatif_check import format_whatif_markdown
 
         markdown += "\n" + format_whatif_markdown(summary["whatif"])
+    markdown += "".join("\n\n" + section for section in sections)
     _write_text_atomic(Path(out_dir) / "dbo_runtime.md", markdown)
     return summary
 
@@ -653,7 +710,7 @@ def quick_plan() -> BenchPlan:
     return BenchPlan(num_layers=2, default_tokens=128, token_counts=(128,), steps=2, warmup=1, no_split_tokens=64,
                      hidden_size=64, expert_intermediate=128, shared_intermediate=128,
                      links=(LinkVariant("default"), LinkVariant("bw x2", bandwidth_scale=2.0)), smoke=True,
-                     decode_layers=2)  # fmt: skip
+                     decode_layers=2, row_rate_seconds=0.1)  # fmt: skip
 
 
 def main(argv: list[str] | None = None) -> int:

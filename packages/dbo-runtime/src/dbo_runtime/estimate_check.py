@@ -1,0 +1,147 @@
+"""Validate ``dbo-runtime estimate`` against the reference sweep: predicted vs measured DBO speed-up.
+
+    .venv/bin/python packages/dbo-runtime/scripts/validate_estimate.py [bench-results/dbo_runtime.json] [--format md|json]
+
+(that script calls :func:`main` here), and ``dbo-runtime bench`` / ``make bench`` run it on their own sweep
+(:func:`bench_check`): the table is the "Estimate check" section of dbo_runtime.md.
+
+For every row of a ``dbo-runtime bench`` JSON (pattern, tokens per rank, link setting; measured T_off, T_on,
+compute and communication), the estimate predicts the step from the reference model's config (written as a
+DeepSeek-V2-style config.json by ``dbo_runtime.estimate.reference_config``, read back through kv-capacity like any
+model) and the ``cpu-link`` hardware with the rates the bench timed right after each row, its two ranks computing
+at once (one thread each, as the bench runs them; measured when this script runs for a bench JSON without them):
+this CPU's matrix rate on the model's MLP shapes, its copy bandwidth, its elementwise rate
+(a SwiGLU of the model's width) and its cost per operator, and one reference layer timed whole (every operator of
+its compute) for the fraction of the matrix rate a layer reaches (``compute_efficiency``); the row's modelled
+link (``link_spec``); and the handoff median the bench measured as the switch cost. Nothing of the measured step
+times goes into the prediction.
+
+On a machine whose speed moves from minute to minute (shared with other work, or throttled), rates timed minutes
+away from a row's steps predict another machine than the one that ran them; beside each row they see the same.
+The table's compute columns show how much of an error is the rate's.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from pathlib import Path
+
+from kv_capacity import compute_spec_from_config
+
+from dbo_runtime import estimate as est
+from dbo_runtime.reference.model import MoEConfig
+
+WITHIN = 0.10
+LONG_STEP_MS = 10.0
+RANKS = 2  # `dbo-runtime bench`: 2 gloo ranks (expert parallel over both, attention data parallel)
+
+
+def validate(bench: dict) -> dict:
+    m = bench["model"]
+    config = MoEConfig(num_layers=m["layers"], hidden_size=m["hidden"], num_experts=m["experts"], top_k=m["top_k"],
+                       expert_intermediate=m["expert_intermediate"], shared_intermediate=m["shared_intermediate"])
+    spec = compute_spec_from_config(est.reference_config(config), name="reference")
+    load_before = os.getloadavg()
+    beside = all(r.get("cpu_rates") for r in bench["rows"])
+    if beside:  # timed by the bench right after each row: the machine's speed of that row
+        hw = None
+    else:
+        hw = est.with_measured_cpu(est.HARDWARE["cpu-link"], spec, ranks=RANKS, reference=config,
+                                   layer_requests=m["requests"])
+    switch = float(bench.get("handoff_us", {}).get("median_us") or est.HARDWARE["cpu-link"].switch_us["thread"])
+    par = est.Parallel(1, RANKS, True)
+    rows = []
+    for r in bench["rows"]:
+        latency, gbps = (float(x) for x in r["link_spec"].split(","))
+        rates_hw = est.with_cpu_rates(est.HARDWARE["cpu-link"], spec, r["cpu_rates"], ranks=RANKS) if beside else hw
+        row_hw = est.with_overrides(rates_hw, link_gbps=gbps, link_latency_us=latency)
+        # bench batches: `requests` prompts of tokens/requests each, no cached context; the reference attends over
+        # its whole padded KV length (full_keys)
+        work = est.Workload(r["tokens"], "prefill", prompt_len=max(1, r["tokens"] // m["requests"]), full_keys=True)
+        layers = est.layer_costs(spec, row_hw, work, par, r["pattern"])
+        sched = est.simulate_step(layers, switch)
+        comp = sum(s.full_us for x in layers for s in x.segments if s.kind == "compute") / 1e3
+        comm = sum(s.full_us for x in layers for s in x.segments if s.kind == "comm") / 1e3
+        err = sched.speedup / r["speedup"] - 1
+        rows.append({"pattern": r["pattern"], "tokens": r["tokens"], "link": r["link"], "link_spec": r["link_spec"],
+                     "t_off_ms": r["t_off_ms"], "t_on_ms": r["t_on_ms"], "pred_off_ms": sched.off_us / 1e3,
+                     "pred_on_ms": sched.on_us / 1e3, "t_compute_ms": r["t_compute_ms"], "pred_compute_ms": comp,
+                     "t_comm_ms": r["t_comm_ms"], "pred_comm_ms": comm, "speedup": r["speedup"],
+                     "pred_speedup": sched.speedup, "error": err, "disturbed": bool(r.get("disturbed")),
+                     "within": abs(err) <= WITHIN, "long_step": r["t_off_ms"] > LONG_STEP_MS,
+                     "gflops": rates_hw.measured["gflops"],
+                     "compute_efficiency": rates_hw.measured.get("compute_efficiency")})
+    long_rows = [x for x in rows if x["long_step"]]
+    return {"rates": None if beside else hw.measured, "rates_beside_rows": beside, "load": {"before": load_before, "after": os.getloadavg()}, "switch_us": switch, "ranks": RANKS, "rows": rows,
+            "summary": {"rows": len(rows), "long_step_rows": len(long_rows),
+                        "within_10pct": sum(x["within"] for x in long_rows),
+                        "max_abs_error": max((abs(x["error"]) for x in long_rows), default=None),
+                        "undisturbed_within_10pct": sum(x["within"] for x in long_rows if not x["disturbed"]),
+                        "undisturbed_rows": sum(not x["disturbed"] for x in long_rows)}}
+
+
+def markdown(result: dict) -> str:
+    rates = result["rates"]
+    if rates is None:
+        out = [f"Rates timed by the bench right after each row, both ranks at once (the GFLOP/s and the fraction of "
+               f"it a reference layer reaches are in the table); switch {result['switch_us']:.1f} us (the bench's "
+               "handoff median)."]
+    else:
+        out = [f"Rates measured now ({rates['ranks']} ranks at once, one thread each, on {rates['cores']} cores; "
+               f"the slowest rank's lower quartiles): {rates['gflops']:.1f} GFLOP/s ({rates['shape']}, fp32), copy "
+               f"{rates['copy_gbps']:.1f} GB/s, elementwise {rates['elementwise_gbps']:.1f} GB/s (SwiGLU), "
+               f"{rates['op_us']:.2f} us per operator; one reference layer of {rates['layer_tokens']} tokens timed "
+               f"at {rates['layer_ms']:.1f} ms against {rates['layer_predicted_ms']:.1f} ms at those rates, so the "
+               f"matrix products reach {100 * rates['compute_efficiency']:.1f}% of the timed rate; switch "
+               f"{result['switch_us']:.1f} us (the bench's handoff median). Load average (1, 5, 15 min) before and "
+               f"after the timing: {' '.join(f'{x:.2f}' for x in result['load']['before'])} / "
+               f"{' '.join(f'{x:.2f}' for x in result['load']['after'])}."]
+    out += ["",
+            "| pattern | tokens | link | GFLOP/s, layer efficiency | off ms (meas / pred) | compute ms (meas / pred) "
+            "| comm ms (meas / pred) | speed-up measured | speed-up predicted | error | |",
+            "|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---|"]
+    for x in result["rows"]:
+        mark = ("ok" if x["within"] else "**miss**") + (" (disturbed)" if x["disturbed"] else "")
+        eff = "" if x["compute_efficiency"] is None else f", {100 * x['compute_efficiency']:.0f}%"
+        out.append(f"| {x['pattern']} | {x['tokens']} | {x['link']} | {x['gflops']:.1f}{eff} "
+                   f"| {x['t_off_ms']:.0f} / {x['pred_off_ms']:.0f} "
+                   f"| {x['t_compute_ms']:.0f} / {x['pred_compute_ms']:.0f} | {x['t_comm_ms']:.0f} / "
+                   f"{x['pred_comm_ms']:.0f} | {x['speedup']:.3f} | {x['pred_speedup']:.3f} | "
+                   f"{100 * x['error']:+.1f}% | {mark} |")
+    s = result["summary"]
+    out += ["", f"Within 10%: {s['within_10pct']} of {s['long_step_rows']} rows with a step over {LONG_STEP_MS:g} ms "
+            f"({s['undisturbed_within_10pct']} of {s['undisturbed_rows']} undisturbed rows); largest error "
+            f"{100 * (s['max_abs_error'] or 0):.1f}%."]
+    return "\n".join(out)
+
+
+def bench_check(bench: dict) -> tuple[str, dict, str] | None:
+    """For :func:`dbo_runtime.reference.bench.run_bench`'s ``checks``: the check of a sweep whose rows carry the rates
+    timed beside them (None for one without: its rates would be timed now, minutes from its rows)."""
+    if not bench["rows"] or not all(r.get("cpu_rates") for r in bench["rows"]):
+        return None
+    result = validate(bench)
+    return "estimate_check", result, "## Estimate check (`dbo-runtime estimate`, no profile)\n\n" + markdown(result)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("bench", nargs="?", default="bench-results/dbo_runtime.json", help="a `dbo-runtime bench` JSON")
+    ap.add_argument("--format", choices=("md", "json"), default="md")
+    args = ap.parse_args(argv)
+    try:
+        bench = json.loads(Path(args.bench).read_text())
+        bench["rows"], bench["model"]  # noqa: B018
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        print(f"validate_estimate: {args.bench}: not a readable `dbo-runtime bench` JSON ({exc})", file=sys.stderr)
+        return 2
+    result = validate(bench)
+    print(json.dumps(result, indent=2) if args.format == "json" else markdown(result))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

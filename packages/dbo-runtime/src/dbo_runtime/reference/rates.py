@@ -1,0 +1,135 @@
+"""This CPU's rates for one rank of the reference model (``dbo-runtime estimate --hardware cpu-link``), timed in
+the calling process while the other ranks time theirs: the matrix rate of the model's MLP shapes, the copy
+bandwidth, the elementwise rate of a SwiGLU, the fixed cost of one operator and, optionally, one whole layer of the
+reference model. :func:`dbo_runtime.estimate.measure_cpu_rates` runs :func:`time_rank_rates` in as many spawned
+processes as ranks; ``dbo-runtime bench`` runs it in its own ranks beside each sweep row. Both combine the ranks'
+timings with :func:`combine_rank_rates`.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Sequence
+from dataclasses import asdict
+from typing import Any
+
+
+def rate_layer(reference: Any, tokens: int = 512, requests: int = 4) -> dict[str, Any]:
+    """The reference-model layer :func:`measure_cpu_rates` / :func:`time_rank_rates` time whole."""
+    return {"config": asdict(reference), "tokens": tokens, "requests": requests}
+
+
+def combine_rank_rates(got: Sequence[dict[str, Any]], ranks: int) -> dict[str, Any]:
+    """The rates of ``ranks`` ranks timed at once (one :func:`time_rank_rates` result per process that ran): the
+    slowest rank's, scaled by cores / ranks where more ranks than cores share the cores."""
+    cores = os.cpu_count() or 1
+    share = min(1.0, cores / ranks)
+    m = {"gflops": min(x["gflops"] for x in got) * share, "copy_gbps": min(x["copy_gbps"] for x in got) * share,
+         "elementwise_gbps": min(x["elementwise_gbps"] for x in got) * share,
+         "op_us": max(x["op_us"] for x in got) / share, "shape": got[0]["shape"], "ranks": ranks, "cores": cores}
+    if all("layer_ms" in x for x in got):
+        m.update(layer_ms=max(x["layer_ms"] for x in got) / share, layer_tokens=got[0]["layer_tokens"],
+                 layer_requests=got[0]["layer_requests"])
+    return m
+
+
+def time_rank_rates(hidden: int, intermediate: int, dtype_bytes: int, rows: int, repeats: int, seconds: float,
+                    barrier: Any = None, layer: dict[str, Any] | None = None, ranks: int = 1) -> dict[str, Any]:
+    """One rank's timings (see measure_cpu_rates): ``repeats`` rounds at least, for ``seconds`` at least after the
+    ranks meet at ``barrier``."""
+    import torch
+    import torch.nn.functional as F
+
+    dtype = {2: torch.bfloat16, 4: torch.float32}.get(dtype_bytes, torch.float32)
+    b = torch.finfo(dtype).bits // 8
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        x = torch.randn(rows, hidden, dtype=dtype)
+        w13 = torch.randn(hidden, 2 * intermediate, dtype=dtype)
+        w2 = torch.randn(intermediate, hidden, dtype=dtype)
+        mid = torch.randn(rows, intermediate, dtype=dtype)
+        gate_up = torch.randn(rows, 2 * intermediate, dtype=dtype)
+        src = torch.randn(8 << 20)  # 32 MiB of float32
+        dst = torch.empty_like(src)
+        tiny = torch.randn(8, hidden, dtype=dtype)
+        ops = 64
+
+        def swiglu() -> torch.Tensor:
+            gate, up = gate_up.chunk(2, dim=-1)
+            return F.silu(gate) * up
+
+        x @ w13, mid @ w2, swiglu(), dst.copy_(src), tiny + tiny  # warm-up  # noqa: B018
+        if barrier is not None:
+            barrier.wait()
+        mm, act, copy, op = [], [], [], []
+        end = time.perf_counter() + seconds
+        while len(mm) < repeats or time.perf_counter() < end:
+            t0 = time.perf_counter()
+            x @ w13
+            mid @ w2
+            t1 = time.perf_counter()
+            swiglu()
+            t2 = time.perf_counter()
+            dst.copy_(src)
+            t3 = time.perf_counter()
+            for _ in range(ops):
+                tiny + tiny  # noqa: B018
+            t4 = time.perf_counter()
+            mm.append(t1 - t0), act.append(t2 - t1), copy.append(t3 - t2), op.append((t4 - t3) / ops)
+        layer_s = _time_reference_layer(layer, ranks, repeats, seconds, barrier) if layer is not None else None
+    finally:
+        torch.set_num_threads(threads)
+    q = _lower_quartile
+    timed_layer = {} if layer is None else {"layer_ms": layer_s * 1e3, "layer_tokens": int(layer["tokens"]),
+                                            "layer_requests": int(layer["requests"])}
+    return {**timed_layer,
+            "gflops": 2 * rows * hidden * 3 * intermediate / q(mm) / 1e9,
+            "copy_gbps": 2 * src.numel() * 4 / q(copy) / 1e9,
+            "elementwise_gbps": 3 * rows * intermediate * b / q(act) / 1e9,  # read gate and up, write the product
+            "op_us": q(op) * 1e6,
+            "shape": f"[{rows}x{hidden}]@[{hidden}x{2 * intermediate}] + [{rows}x{intermediate}]@[{intermediate}x{hidden}]"}
+
+
+def _time_reference_layer(layer: dict[str, Any], ranks: int, repeats: int, seconds: float, barrier: Any) -> float:
+    """Seconds of the compute of one reference-model layer on one rank of ``ranks``, the lower quartile of the
+    repeats (A2 layout: the experts run over every rank's tokens, as the all-gather delivers them; no collective
+    is run)."""
+    import types
+
+    import torch
+
+    from dbo_runtime.reference.model import Batch, KVCache, MoEConfig, ReferenceMoE, batch_inputs
+
+    config = MoEConfig(**{**layer["config"], "num_layers": 1})
+    model = ReferenceMoE(config, pattern="a2", comm=types.SimpleNamespace(rank=0, world_size=ranks),
+                         dtype=torch.float32)
+    tokens, requests = int(layer["tokens"]), int(layer["requests"])
+    batch = Batch.prefill([tokens // requests + (i < tokens % requests) for i in range(requests)])
+    kv = KVCache(config, batch, rank=0, dtype=torch.float32)
+    x0 = batch_inputs(config, batch, rank=0, step=0, dtype=torch.float32)
+    part = model.whole_part(x0, batch)
+    moe = model.local_moe(ranks)
+
+    def run() -> None:
+        model.layer_forward(part, x0, 0, kv, moe=moe)
+
+    run()  # warm-up
+    if barrier is not None:
+        barrier.wait()
+    times: list[float] = []
+    end = time.perf_counter() + seconds
+    while len(times) < repeats or time.perf_counter() < end:
+        t0 = time.perf_counter()
+        run()
+        times.append(time.perf_counter() - t0)
+    return _lower_quartile(times)
+
+
+def _lower_quartile(times: Sequence[float]) -> float:
+    """The timing a quarter of the repeats beat. Every repeat of a rank runs while the other ranks run theirs (the
+    contention between the ranks is in each); other work on a shared machine only ever slows a repeat, and the
+    lower quartile leaves out such spikes where a median would take them in once they are half the repeats."""
+    ordered = sorted(times)
+    return ordered[(len(ordered) - 1) // 4]
