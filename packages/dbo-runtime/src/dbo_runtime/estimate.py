@@ -321,8 +321,9 @@ def measure_cpu_rates(hidden: int, intermediate: int, dtype_bytes: int = 4, *, r
     repeats' lower quartiles (see ``_lower_quartile``).
 
     ``layer`` (``{"config": MoEConfig fields, "tokens": n, "requests": r}``): also time one layer of the reference
-    model itself, every operator of its compute (``layer_ms``, the slowest rank's median), with the same ranks at
-    once: what a whole layer reaches of the timed rates (``with_measured_cpu``).
+    model itself, every operator of its compute (``layer_ms``, the slowest rank's lower quartile, timed in the same
+    rounds as the rates), with the same ranks at once: what a whole layer reaches of the timed rates
+    (``with_measured_cpu``).
     """
     cores = os.cpu_count() or 1
     if ranks <= 1:

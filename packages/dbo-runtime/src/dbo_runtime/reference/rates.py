@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import asdict
 from typing import Any
 
@@ -37,7 +37,10 @@ def combine_rank_rates(got: Sequence[dict[str, Any]], ranks: int) -> dict[str, A
 def time_rank_rates(hidden: int, intermediate: int, dtype_bytes: int, rows: int, repeats: int, seconds: float,
                     barrier: Any = None, layer: dict[str, Any] | None = None, ranks: int = 1) -> dict[str, Any]:
     """One rank's timings (see measure_cpu_rates): ``repeats`` rounds at least, for ``seconds`` at least after the
-    ranks meet at ``barrier``."""
+    ranks meet at ``barrier`` (twice that with a ``layer``). Each round times every probe once, the layer too: on
+    a machine whose speed moves from second to second, the rates and the layer are timed at the same moments (timed
+    one after the other, the fraction of the matrix rate a layer reaches moved between 0.6 and the cap 1 from one
+    sweep row to the next)."""
     import torch
     import torch.nn.functional as F
 
@@ -60,11 +63,14 @@ def time_rank_rates(hidden: int, intermediate: int, dtype_bytes: int, rows: int,
             gate, up = gate_up.chunk(2, dim=-1)
             return F.silu(gate) * up
 
+        run_layer = _reference_layer(layer, ranks) if layer is not None else None
         x @ w13, mid @ w2, swiglu(), dst.copy_(src), tiny + tiny  # warm-up  # noqa: B018
+        if run_layer is not None:
+            run_layer()
         if barrier is not None:
             barrier.wait()
-        mm, act, copy, op = [], [], [], []
-        end = time.perf_counter() + seconds
+        mm, act, copy, op, layer_times = [], [], [], [], []
+        end = time.perf_counter() + seconds * (1 if run_layer is None else 2)
         while len(mm) < repeats or time.perf_counter() < end:
             t0 = time.perf_counter()
             x @ w13
@@ -78,11 +84,13 @@ def time_rank_rates(hidden: int, intermediate: int, dtype_bytes: int, rows: int,
                 tiny + tiny  # noqa: B018
             t4 = time.perf_counter()
             mm.append(t1 - t0), act.append(t2 - t1), copy.append(t3 - t2), op.append((t4 - t3) / ops)
-        layer_s = _time_reference_layer(layer, ranks, repeats, seconds, barrier) if layer is not None else None
+            if run_layer is not None:
+                run_layer()
+                layer_times.append(time.perf_counter() - t4)
     finally:
         torch.set_num_threads(threads)
     q = _lower_quartile
-    timed_layer = {} if layer is None else {"layer_ms": layer_s * 1e3, "layer_tokens": int(layer["tokens"]),
+    timed_layer = {} if layer is None else {"layer_ms": q(layer_times) * 1e3, "layer_tokens": int(layer["tokens"]),
                                             "layer_requests": int(layer["requests"])}
     return {**timed_layer,
             "gflops": 2 * rows * hidden * 3 * intermediate / q(mm) / 1e9,
@@ -92,10 +100,9 @@ def time_rank_rates(hidden: int, intermediate: int, dtype_bytes: int, rows: int,
             "shape": f"[{rows}x{hidden}]@[{hidden}x{2 * intermediate}] + [{rows}x{intermediate}]@[{intermediate}x{hidden}]"}
 
 
-def _time_reference_layer(layer: dict[str, Any], ranks: int, repeats: int, seconds: float, barrier: Any) -> float:
-    """Seconds of the compute of one reference-model layer on one rank of ``ranks``, the lower quartile of the
-    repeats (A2 layout: the experts run over every rank's tokens, as the all-gather delivers them; no collective
-    is run)."""
+def _reference_layer(layer: dict[str, Any], ranks: int) -> Callable[[], None]:
+    """A call that runs the compute of one reference-model layer as one rank of ``ranks`` (A2 layout: the experts
+    run over every rank's tokens, as the all-gather delivers them; no collective is run)."""
     import types
 
     import torch
@@ -115,16 +122,7 @@ def _time_reference_layer(layer: dict[str, Any], ranks: int, repeats: int, secon
     def run() -> None:
         model.layer_forward(part, x0, 0, kv, moe=moe)
 
-    run()  # warm-up
-    if barrier is not None:
-        barrier.wait()
-    times: list[float] = []
-    end = time.perf_counter() + seconds
-    while len(times) < repeats or time.perf_counter() < end:
-        t0 = time.perf_counter()
-        run()
-        times.append(time.perf_counter() - t0)
-    return _lower_quartile(times)
+    return run
 
 
 def _lower_quartile(times: Sequence[float]) -> float:
