@@ -91,7 +91,7 @@ def markdown(result: dict) -> str:
                "handoff median)."]
     else:
         out = [f"Rates measured now ({rates['ranks']} ranks at once, one thread each, on {rates['cores']} cores; "
-               f"the slowest rank's lower quartiles): {rates['gflops']:.1f} GFLOP/s ({rates['shape']}, fp32), copy "
+               f"the slowest rank's medians): {rates['gflops']:.1f} GFLOP/s ({rates['shape']}, fp32), copy "
                f"{rates['copy_gbps']:.1f} GB/s, elementwise {rates['elementwise_gbps']:.1f} GB/s (SwiGLU), "
                f"{rates['op_us']:.2f} us per operator; one reference layer of {rates['layer_tokens']} tokens timed "
                f"at {rates['layer_ms']:.1f} ms against {rates['layer_predicted_ms']:.1f} ms at those rates, so the "

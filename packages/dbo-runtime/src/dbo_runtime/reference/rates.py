@@ -9,6 +9,7 @@ timings with :func:`combine_rank_rates`.
 from __future__ import annotations
 
 import os
+import statistics
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict
@@ -89,7 +90,7 @@ def time_rank_rates(hidden: int, intermediate: int, dtype_bytes: int, rows: int,
                 layer_times.append(time.perf_counter() - t4)
     finally:
         torch.set_num_threads(threads)
-    q = _lower_quartile
+    q = statistics.median  # as the bench's step times: a rate that predicts a typical step, not a best one
     timed_layer = {} if layer is None else {"layer_ms": q(layer_times) * 1e3, "layer_tokens": int(layer["tokens"]),
                                             "layer_requests": int(layer["requests"])}
     return {**timed_layer,
@@ -123,11 +124,3 @@ def _reference_layer(layer: dict[str, Any], ranks: int) -> Callable[[], None]:
         model.layer_forward(part, x0, 0, kv, moe=moe)
 
     return run
-
-
-def _lower_quartile(times: Sequence[float]) -> float:
-    """The timing a quarter of the repeats beat. Every repeat of a rank runs while the other ranks run theirs (the
-    contention between the ranks is in each); other work on a shared machine only ever slows a repeat, and the
-    lower quartile leaves out such spikes where a median would take them in once they are half the repeats."""
-    ordered = sorted(times)
-    return ordered[(len(ordered) - 1) // 4]
