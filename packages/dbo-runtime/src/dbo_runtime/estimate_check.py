@@ -75,7 +75,8 @@ def validate(bench: dict) -> dict:
                      "gflops": rates_hw.measured["gflops"],
                      "compute_efficiency": rates_hw.measured.get("compute_efficiency")})
     long_rows = [x for x in rows if x["long_step"]]
-    return {"rates": None if beside else hw.measured, "rates_beside_rows": beside, "load": {"before": load_before, "after": os.getloadavg()}, "switch_us": switch, "ranks": RANKS, "rows": rows,
+    return {"rates": None if beside else hw.measured, "rates_beside_rows": beside,
+            "load": {"before": load_before, "after": os.getloadavg()}, "switch_us": switch, "ranks": RANKS, "rows": rows,
             "summary": {"rows": len(rows), "long_step_rows": len(long_rows),
                         "within_10pct": sum(x["within"] for x in long_rows),
                         "max_abs_error": max((abs(x["error"]) for x in long_rows), default=None),

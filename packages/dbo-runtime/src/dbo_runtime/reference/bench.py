@@ -120,7 +120,7 @@ class BenchPlan:
     decode_schedulers: tuple[str, ...] = ("thread", "greenlet")
     # one extra DBO-off step per row, profiled into <trace_dir>/<row>/ (what `profile-analyzer whatif` is checked on)
     trace_dir: str | None = None
-    # After each sweep row, both ranks time this CPU's rates at once for this long (dbo_runtime.estimate's
+    # After each sweep row, both ranks time this CPU's rates at once for this long (reference.rates'
     # time_rank_rates, a reference layer included): the rates `dbo-runtime estimate` is validated with, taken
     # beside the row's steps rather than minutes later. 0: not timed.
     row_rate_seconds: float = 1.0
@@ -363,7 +363,7 @@ def summarize(per_rank: list[dict[str, Any]], handoff: dict[str, Any], plan: Ben
                   if max(r["rows"][i]["off"]["computes_s"][k] for r in per_rank) > 0]
         rates = [r["rows"][i].get("rates") for r in per_rank]
         rows.append({
-            # the rates both ranks timed right after the row (dbo_runtime.estimate.combine_rank_rates)
+            # the rates both ranks timed right after the row (reference.rates.combine_rank_rates)
             "cpu_rates": combine_rank_rates(rates, len(per_rank)) if all(rates) else None,
             "compute_scale_pairs": statistics.median(scales) if scales else None,
             "efficiency_pairs": statistics.median(pairs) if pairs else float("nan"),
