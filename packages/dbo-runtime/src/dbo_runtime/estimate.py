@@ -319,7 +319,7 @@ def measure_cpu_rates(hidden: int, intermediate: int, dtype_bytes: int = 4, *, r
     core) over a common window of ``seconds``, and the slowest rank's rates are kept (a step waits for it); with
     more ranks than cores the ranks also share the cores, and the rates are scaled by cores / ranks. The timed
     repeats' medians, as the bench takes its step times: a typical rate, not a best one (with the lower quartile,
-    used before, the estimate put the DBO-off compute of 11 of the 12 reference sweep rows 10-23 % below what the
+    used before, the estimate put the DBO-off compute of 11 of the 12 reference sweep rows 9.5-23 % below what the
     steps measured, on a machine whose speed moved from second to second).
 
     ``layer`` (``{"config": MoEConfig fields, "tokens": n, "requests": r}``): also time one layer of the reference
