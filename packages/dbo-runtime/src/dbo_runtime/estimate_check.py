@@ -139,7 +139,13 @@ def main(argv: list[str] | None = None) -> int:
     except (OSError, ValueError, KeyError, TypeError) as exc:
         print(f"validate_estimate: {args.bench}: not a readable `dbo-runtime bench` JSON ({exc})", file=sys.stderr)
         return 2
-    result = validate(bench)
+    try:
+        result = validate(bench)
+    except (KeyError, TypeError, ValueError, AttributeError) as exc:  # a JSON of another layout than the bench's
+        print(f"validate_estimate: {args.bench}: not a `dbo-runtime bench` JSON ({type(exc).__name__}: {exc} in its "
+              "rows or model); accepted: the dbo_runtime.json that `dbo-runtime bench --out DIR` writes",
+              file=sys.stderr)
+        return 2
     print(json.dumps(result, indent=2) if args.format == "json" else markdown(result))
     return 0
 
