@@ -153,6 +153,37 @@ def test_a_collective_in_pieces_with_only_waiting_between_is_one_segment(tmp_pat
     assert [s.full_us for s in comms] == [40, 40, 40, 40]  # 20 + 10 waiting + 10
 
 
+def _cpu_trace(events: list[tuple[str, str, int, int, int]]) -> dict:
+    """A CPU Kineto trace in the shape gloo's collectives take (dbo-runtime's reference model, DBO off): the
+    model's thread (tid 1) runs aten operators and the ranges that launch or wait for a collective; gloo runs
+    each transfer on its own thread (tid 2). ``events``: (category, name, tid, start µs, duration µs)."""
+    ev = [{"ph": "X", "cat": c, "name": n, "pid": 1, "tid": tid, "ts": ts, "dur": d} for c, n, tid, ts, d in events]
+    return {"schemaVersion": 1, "distributedInfo": {"rank": 0, "world_size": 1}, "traceEvents": ev}
+
+
+def test_only_waiting_for_a_collective_is_a_switch_point(tmp_path: Path) -> None:
+    """Exposed communication that is not the rank waiting stays in the compute chain: the range that launched an
+    asynchronous collective (its transfer outlives it), and the host gaps between operators while that transfer is
+    in flight. A synchronous range whose transfer ends inside it is a wait, and so is a transfer nothing hid."""
+    (tmp_path / "t.json").write_text(json.dumps(_cpu_trace([
+        ("cpu_op", "aten::mm", 1, 0, 100),
+        ("user_annotation", "dbo.full.launch.all_to_all_counts.layer0", 1, 100, 10),  # async launch
+        ("user_annotation", "gloo:all_to_all", 2, 112, 178),  # its transfer: 112-290
+        ("cpu_op", "aten::mm", 1, 110, 90),
+        ("cpu_op", "aten::mm", 1, 210, 90),  # 200-210: a host gap while the transfer is in flight
+        ("user_annotation", "dbo.full.comm.all_to_all.layer0", 1, 300, 200),  # synchronous: waits 300-500
+        ("user_annotation", "gloo:all_to_all", 2, 305, 190),
+        ("cpu_op", "aten::mm", 1, 500, 100),
+        ("user_annotation", "gloo:all_reduce", 2, 600, 50),  # exposed, nothing launched it on tid 1: a wait
+        ("cpu_op", "aten::mm", 1, 650, 50),
+    ])))
+    segs = segments_from_rank(pa.load(tmp_path / "t.json").ranks[0])
+    assert sum(s.full_us for s in segs) == pytest.approx(700, abs=0.01)
+    assert [s.kind for s in segs] == ["compute", "comm", "compute", "comm", "compute"]
+    assert [s.full_us for s in segs] == pytest.approx([300, 200, 100, 50, 50], abs=0.01)
+    assert segs[1].name == "dbo.full.comm.all_to_all.layer0"
+
+
 def test_measured_step_rescales_compute_only(cuda_profile: Path) -> None:
     d = whatif(pa.load(cuda_profile), measured_off_us=1000.0, switch_us=0)
     (r,) = d["ranks"]

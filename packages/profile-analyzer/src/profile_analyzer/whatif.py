@@ -32,11 +32,15 @@ time: too little communication to hide the switches and the collective latency p
 Reading segments from a profile
 -------------------------------
 For one rank and one step: every interval of the union of communication tasks becomes one ``comm`` segment of
-its exposed length (the part no compute task overlaps); everything else in the step window (compute, the
-part of a collective that compute already overlapped, gaps) is ``compute``; free time between two pieces of
-communication is waiting for communication and joins it, and pieces of one operator with only compute that
-overlapped it in between are one segment. So the segments add up to the
-measured DBO-off step exactly. A segment's layer is the number in a ``layer<N>`` / ``layers.<N>.`` name of
+its exposed length (the part no compute task overlaps) where the rank waited for it; everything else in the
+step window (compute, the part of a collective that compute already overlapped, gaps) is ``compute``. A piece
+of exposed communication is a wait only where a transfer ends with it: a piece that ends where compute resumes
+while the collective goes on is host time between operators, and one that ends with the range that launched an
+asynchronous collective (its transfer, on a thread or stream without compute, outlives the range) is the launch;
+both stay in the compute, because DBO does not switch micro-batches there (A3's token-count exchange, launched
+under the shared expert, is one). Free time between two pieces of communication is waiting for communication and
+joins it, and pieces of one operator with only compute that overlapped it in between are one segment. So the
+segments add up to the measured DBO-off step exactly. A segment's layer is the number in a ``layer<N>`` / ``layers.<N>.`` name of
 the tasks it covers; without such names a "layer" is one period of the sequence of collective names (two
 all-reduces per layer in a tensor-parallel dense model read as one period of length 1 unless their names
 differ).
@@ -304,11 +308,13 @@ def segments_from_rank(rt: RankTimeline, window: tuple[int, int] | None = None) 
     comm_mask = rt.of_kind(*COMM_KINDS) & inside
     comp = iv.clip(iv.union(*rt.select(comp_mask)), lo, hi)
     comm = iv.clip(iv.union(*rt.select(comm_mask)), lo, hi)
-    cno = iv.difference(comm, comp)
+    exposed = iv.difference(comm, comp)
+    cno = _waits(rt, comm_mask, comm, exposed)
+    no_wait = iv.difference(exposed, cno)  # exposed, but the rank did not wait: it joins the compute
     # the step window as elementary pieces: compute (any compute task, including what overlapped communication),
     # exposed communication, and free time (neither)
     free = iv.gaps(iv.union_sets(comp, comm), lo, hi)
-    pieces = sorted([(int(a), int(b), "compute") for a, b in zip(*comp, strict=True)]
+    pieces = sorted([(int(a), int(b), "compute") for a, b in zip(*iv.union_sets(comp, no_wait), strict=True)]
                     + [(int(a), int(b), "comm") for a, b in zip(*cno, strict=True)]
                     + [(int(a), int(b), "free") for a, b in zip(*free, strict=True)])
     # free time between two pieces of communication is the rank waiting for communication; elsewhere it is
@@ -361,6 +367,43 @@ def segments_from_rank(rt: RankTimeline, window: tuple[int, int] | None = None) 
                             layer=_layer_of(names)))
         owners.append(owner)
     return _assign_layers(segs)
+
+
+def _waits(rt: RankTimeline, comm_mask: np.ndarray, comm: iv.IntervalSet, exposed: iv.IntervalSet
+           ) -> iv.IntervalSet:
+    """The pieces of ``exposed`` communication during which the rank waited for it. Two kinds of piece are not
+    waiting, and go to the compute: one that ends where compute resumes while the communication goes on (host time
+    between two operators while a collective is in flight), and one that ends where the range that launched an
+    asynchronous collective ends (its transfer, on a thread or stream that does no compute, outlives it): the rank
+    launched and went on, it did not wait."""
+    es, ee = exposed
+    if es.size == 0:
+        return exposed
+    keep = np.isin(ee, comm[1])
+    idx = np.nonzero(comm_mask)[0]
+    starts, ends = rt.start_ns[idx], rt.end_ns[idx]
+    on_compute = np.isin(rt.stream[idx], rt.stream[rt.of_kind(*COMPUTE_KINDS)])
+    if on_compute.all() or not on_compute.any():  # no launch ranges, or no transfers apart from them
+        return es[keep], ee[keep]
+    t_order = np.argsort(starts[~on_compute], kind="stable")
+    t_start, t_end = starts[~on_compute][t_order], ends[~on_compute][t_order]
+    l_start = np.sort(starts[on_compute])
+    by_end = np.argsort(ends, kind="stable")
+    sorted_ends = ends[by_end]
+    for i in np.nonzero(keep)[0]:
+        ending = by_end[np.searchsorted(sorted_ends, ee[i], "left"):np.searchsorted(sorted_ends, ee[i], "right")]
+        if ending.size == 0 or not on_compute[ending].all():
+            continue  # a transfer ends here (or the step window cut it): the rank waited for it
+        for j in ending:
+            # the transfer this range launched: the first to start after it starts and before the next launch
+            nxt = np.searchsorted(l_start, ends[j], side="right")
+            limit = l_start[nxt] if nxt < l_start.size else np.iinfo(np.int64).max
+            k = np.searchsorted(t_start, starts[j], side="left")
+            if k >= t_start.size or t_start[k] >= limit or t_end[k] <= ends[j]:
+                break  # a synchronous range: its transfer ended inside it
+        else:
+            keep[i] = False
+    return es[keep], ee[keep]
 
 
 def _assign_layers(segs: list[Segment]) -> list[Segment]:
