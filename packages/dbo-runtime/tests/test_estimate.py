@@ -150,6 +150,34 @@ def test_presets_have_every_field(name):
     assert est.hardware_from_dict(hw.to_dict()) == hw
 
 
+def test_matrix_rate_follows_the_curve_of_token_rows():
+    hw = replace(est.HARDWARE["cpu-link"], matrix_curve=((128.0, 0.8), (512.0, 1.0), (2048.0, 0.9)))
+    peak = hw.flops_per_us()
+    assert hw.flops_per_us(512) == peak and hw.matrix_factor(None) == 1.0
+    assert hw.flops_per_us(256) == pytest.approx(0.9 * peak)  # halfway in log2(rows) between 128 and 512
+    assert hw.flops_per_us(64) == pytest.approx(0.8 * peak) and hw.flops_per_us(8192) == pytest.approx(0.9 * peak)
+    assert est.hardware_from_dict(json.loads(json.dumps(hw.to_dict()))) == hw  # a --hardware-file keeps it
+
+
+def test_a_micro_batch_of_slower_small_products_costs_more_than_half():
+    """Timed rates whose matrix products run slower at fewer rows (as this CPU's do, below 512) make a micro-batch
+    of half the tokens cost more than half of the whole batch's compute; a flat curve keeps it at about half."""
+    spec = compute_spec_from_config(est.reference_config(MoEConfig()), name="reference")
+    flat = {"gflops": 60.0, "copy_gbps": 20.0, "elementwise_gbps": 7.0, "op_us": 0.0, "shape": "s",
+            "gflops_by_rows": {"128": 60.0, "256": 60.0, "512": 60.0, "1024": 60.0}}
+    slow_small = {**flat, "gflops_by_rows": {"128": 45.0, "256": 52.0, "512": 60.0, "1024": 60.0}}
+    work = est.Workload(512, "prefill", prompt_len=128, full_keys=True)
+
+    def part_over_full(m):
+        hw = est.with_cpu_rates(est.HARDWARE["cpu-link"], spec, m, ranks=2)
+        segs = [s for x in est.layer_costs(spec, hw, work, est.Parallel(1, 2, True), "a2") for s in x.segments
+                if s.kind == "compute"]
+        return sum(s.part_us for s in segs) / sum(s.full_us for s in segs)
+
+    assert part_over_full(flat) == pytest.approx(0.5, abs=0.01)
+    assert part_over_full(slow_small) > 0.53
+
+
 def test_full_mesh_bandwidth_grows_with_the_peers():
     hw = est.HARDWARE["910B"]  # 56 GB/s per peer link, 392 per NPU
     assert hw.link("all_gather", 2).gbps == pytest.approx(56 * hw.link_efficiency)
@@ -177,6 +205,12 @@ _NEW = {"elementwise_gbps": 1, "op_us": 1}
       "op_us": -1}, "op_us"),
     ({"tflops": 1, "mem_bw_gbps": 1, "link_gbps": 1, "latency_us": 1, "switch_us": 1, **_NEW, "fused": "yes"},
      "fused"),
+    ({"tflops": 1, "mem_bw_gbps": 1, "link_gbps": 1, "latency_us": 1, "switch_us": 1, **_NEW,
+      "matrix_curve": [[512, 1], [256, 0.9]]}, "increasing rows"),
+    ({"tflops": 1, "mem_bw_gbps": 1, "link_gbps": 1, "latency_us": 1, "switch_us": 1, **_NEW,
+      "matrix_curve": [[512, 0]]}, "matrix_curve factor"),
+    ({"tflops": 1, "mem_bw_gbps": 1, "link_gbps": 1, "latency_us": 1, "switch_us": 1, **_NEW,
+      "matrix_curve": 1.0}, "rows, factor"),
 ])
 def test_bad_hardware_numbers_are_refused(data, needle):
     with pytest.raises(DBOConfigError, match=needle):
@@ -328,16 +362,23 @@ def test_cpu_link_times_the_ranks_at_once_and_a_reference_layer():
     assert hw.elementwise_gbps == m["elementwise_gbps"] > 0 and hw.op_us == m["op_us"] > 0
     assert 0 < hw.compute_efficiency == m["compute_efficiency"] <= 1
     assert hw.mem_efficiency == 1.0 and hw.tflops == pytest.approx(m["gflops"] / 1e3)
+    from dbo_runtime.reference.rates import CURVE_ROWS, RATE_ROWS
+    assert sorted(m["gflops_by_rows"]) == sorted({*CURVE_ROWS, RATE_ROWS})
+    assert m["gflops_by_rows"][RATE_ROWS] == m["gflops"]  # the matrix rate is the curve's point at RATE_ROWS
+    assert [r for r, _ in hw.matrix_curve] == sorted({*CURVE_ROWS, RATE_ROWS})
+    assert dict(hw.matrix_curve)[RATE_ROWS] == 1.0
 
 
 def test_rates_of_ranks_timed_at_once_are_the_slowest_ranks():
     """A step waits for its slowest rank: the combined rates are the lowest rates and the largest costs, and a
     layer timing is kept only where every rank has one."""
     fast = {"gflops": 20.0, "copy_gbps": 9.0, "elementwise_gbps": 4.0, "op_us": 1.0, "shape": "s", "layer_ms": 5.0,
-            "layer_tokens": 512, "layer_requests": 4}
-    slow = {**fast, "gflops": 10.0, "copy_gbps": 6.0, "elementwise_gbps": 3.0, "op_us": 2.0, "layer_ms": 8.0}
+            "layer_tokens": 512, "layer_requests": 4, "gflops_by_rows": {256: 18.0, 512: 20.0}}
+    slow = {**fast, "gflops": 10.0, "copy_gbps": 6.0, "elementwise_gbps": 3.0, "op_us": 2.0, "layer_ms": 8.0,
+            "gflops_by_rows": {256: 19.0, 512: 10.0}}
     m = est.combine_rank_rates([fast, slow], 1)  # one rank's share of the cores: nothing scaled
     assert (m["gflops"], m["copy_gbps"], m["elementwise_gbps"], m["op_us"], m["layer_ms"]) == (10.0, 6.0, 3.0, 2.0, 8.0)
+    assert m["gflops_by_rows"] == {256: 18.0, 512: 10.0}  # per size, the slowest rank's
     assert m["layer_tokens"] == 512 and m["layer_requests"] == 4
     without_layer = {k: v for k, v in slow.items() if not k.startswith("layer")}
     assert "layer_ms" not in est.combine_rank_rates([fast, without_layer], 1)

@@ -44,7 +44,13 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from dbo_runtime.errors import DBOConfigError, DBOError
-from dbo_runtime.reference.rates import combine_rank_rates, rate_layer, time_rank_rates
+from dbo_runtime.reference.rates import (
+    RATE_REPEATS,
+    RATE_ROWS,
+    combine_rank_rates,
+    rate_layer,
+    time_rank_rates,
+)
 
 if TYPE_CHECKING:  # kv_capacity and profile_analyzer are imported where used (.venv-vllm has no profile_analyzer)
     from kv_capacity import ComputeSpec
@@ -86,6 +92,11 @@ class Hardware:
     attention keeps its scores on chip (FlashAttention, FIA) and the routed experts run as one grouped kernel each
     step (vLLM's serving paths); False: one operator per step, the attention scores written to memory and the
     experts looped over, as the reference model's plain torch does.
+
+    ``matrix_curve``: ((rows, factor), ...), the matrix rate of a product of that many token rows relative to
+    ``tflops`` (which is the rate at the rows where the factor is 1), in increasing rows; between two points the
+    factor follows log2(rows) linearly, outside them it stays at the nearest. Empty (the presets): one rate for
+    every size. ``cpu-link`` times it on this CPU (:data:`dbo_runtime.reference.rates.CURVE_ROWS`).
     """
 
     name: str
@@ -104,13 +115,27 @@ class Hardware:
     link_efficiency: float = 1.0
     sources: tuple[str, ...] = ()
     measured: dict[str, Any] = field(default_factory=dict)
+    matrix_curve: tuple[tuple[float, float], ...] = ()
 
     def link(self, kind: str, ranks: int) -> Link:
         bw = min(self.link_gbps, self.peer_gbps * max(1, ranks - 1)) * self.link_efficiency
         return Link(self.latency_us[kind], bw)
 
-    def flops_per_us(self) -> float:
-        return self.tflops * 1e6 * self.compute_efficiency
+    def flops_per_us(self, rows: float | None = None) -> float:
+        """The matrix rate reached (FLOP per µs), of a product of ``rows`` token rows where the curve is known."""
+        return self.tflops * 1e6 * self.compute_efficiency * self.matrix_factor(rows)
+
+    def matrix_factor(self, rows: float | None) -> float:
+        curve = self.matrix_curve
+        if not curve or rows is None or rows <= 0:
+            return 1.0
+        if rows <= curve[0][0]:
+            return curve[0][1]
+        for (r0, f0), (r1, f1) in zip(curve, curve[1:], strict=False):
+            if rows <= r1:
+                w = math.log2(rows / r0) / math.log2(r1 / r0)
+                return f0 + w * (f1 - f0)
+        return curve[-1][1]
 
     def bytes_per_us(self) -> float:
         return self.mem_bw_gbps * 1e3 * self.mem_efficiency
@@ -284,7 +309,19 @@ def hardware_from_dict(data: dict[str, Any], *, base: Hardware | None = None, wh
     values["switch_us"] = {k: float(sw[k]) for k in SCHEDULERS}
     values["sources"] = tuple(values.get("sources") or ())
     values["measured"] = dict(values.get("measured") or {})
+    values["matrix_curve"] = _curve(values.get("matrix_curve") or (), where)
     return Hardware(**values)
+
+
+def _curve(points: Any, where: str) -> tuple[tuple[float, float], ...]:
+    """A ``matrix_curve`` from a hardware file: pairs [rows, factor] with rows increasing, both > 0."""
+    what = f"{where} matrix_curve"
+    if not isinstance(points, list | tuple) or not all(isinstance(p, list | tuple) and len(p) == 2 for p in points):
+        raise DBOConfigError(f"{what} {points!r} is invalid; accepted: a list of [rows, factor] pairs")
+    out = tuple((_positive(f"{what} rows", r), _positive(f"{what} factor", f)) for r, f in points)
+    if any(b[0] <= a[0] for a, b in zip(out, out[1:], strict=False)):
+        raise DBOConfigError(f"{what} rows {[r for r, _ in out]} are invalid; accepted: increasing rows")
+    return out
 
 
 def hardware_from_file(path: str | Path) -> Hardware:
@@ -308,8 +345,8 @@ def hardware_from_file(path: str | Path) -> Hardware:
     return hardware_from_dict(data, where=f"--hardware-file {p.name}")
 
 
-def measure_cpu_rates(hidden: int, intermediate: int, dtype_bytes: int = 4, *, rows: int = 512, repeats: int = 9,
-                      ranks: int = 1, seconds: float = 1.5, layer: dict[str, Any] | None = None) -> dict[str, Any]:
+def measure_cpu_rates(hidden: int, intermediate: int, dtype_bytes: int = 4, *, rows: int = RATE_ROWS,
+                      repeats: int = RATE_REPEATS, ranks: int = 1, seconds: float = 1.5, layer: dict[str, Any] | None = None) -> dict[str, Any]:
     """This CPU's rates for one rank of the reference model, one thread per rank, ``ranks`` ranks computing at once.
 
     Timed on the model's shapes: the matrix rate (GFLOP/s) of its MLP matmuls, the copy bandwidth (GB/s), the
@@ -426,6 +463,7 @@ class SegmentCost:
     collective: str | None = None
     elementwise_bytes: float = 0.0  # bytes the elementwise and data-movement operators read/write (compute)
     ops: float = 0.0  # operators (kernels) launched (compute)
+    rows: float | None = None  # token rows of each matrix product, whole batch (compute)
 
 
 @dataclass(frozen=True)
@@ -440,19 +478,21 @@ class LayerCost:
 
 def _compute(name: str, hw: Hardware, tokens: float, parts: int, *, flops_of: Callable[[float], float],
              mem_of: Callable[[float], float], elementwise_of: Callable[[float], float] = lambda t: 0.0,
-             ops_of: Callable[[float], float] = lambda t: 0.0) -> SegmentCost:
+             ops_of: Callable[[float], float] = lambda t: 0.0,
+             rows_of: Callable[[float], float] = lambda t: t) -> SegmentCost:
     """A compute segment of ``tokens`` (and of a micro-batch of ``tokens / parts``): the matrix products' roofline,
     ``max(FLOPs / rate, bytes / bandwidth)``, plus the elementwise operators' bytes at their rate, plus the fixed
-    cost of every operator (which a micro-batch pays again: it does not shrink with the tokens)."""
+    cost of every operator (which a micro-batch pays again: it does not shrink with the tokens). ``rows_of``: the
+    token rows of each of the segment's matrix products (their rate depends on it: ``Hardware.matrix_curve``)."""
     def cost(t: float) -> tuple[float, float, float, float, float]:
         flops, mem, ew, ops = flops_of(t), mem_of(t), elementwise_of(t), ops_of(t)
-        us = max(flops / hw.flops_per_us(), mem / hw.bytes_per_us()) + ew / hw.elementwise_bytes_per_us() \
+        us = max(flops / hw.flops_per_us(rows_of(t)), mem / hw.bytes_per_us()) + ew / hw.elementwise_bytes_per_us() \
             + ops * hw.op_us
         return us, flops, mem, ew, ops
 
     full, flops, mem, ew, ops = cost(tokens)
     part = cost(tokens / parts)[0]
-    return SegmentCost("compute", name, full, part, flops, mem, elementwise_bytes=ew, ops=ops)
+    return SegmentCost("compute", name, full, part, flops, mem, elementwise_bytes=ew, ops=ops, rows=rows_of(tokens))
 
 
 def _comm(name: str, collective: str, hw: Hardware, ranks: int, wire_bytes: float, parts: int) -> SegmentCost:
@@ -606,6 +646,7 @@ def layer_costs(spec: ComputeSpec, hw: Hardware, work: Workload, par: Parallel, 
         expert_seg = _compute(
             "routed experts", hw, t_moe, parts,
             flops_of=lambda t, k=k, p=expert_params: 2 * _ep_flops(t, k, p),
+            rows_of=lambda t, k=k, E=E: t * g * k / E,  # each expert's rows: the group's tokens routed to it
             mem_of=lambda t, k=k, E=E, p=expert_params: E * hit(t) * p * b / g + 2 * t * k * h * b,
             elementwise_of=lambda t, k=k, w=width: t * k * (2 * h + 3 * w + 3 * h) * b,
             ops_of=expert_ops)
@@ -781,15 +822,17 @@ def with_cpu_rates(hw: Hardware, spec: ComputeSpec, m: dict[str, Any], *, ranks:
     caller's own ranks made, as ``dbo-runtime bench`` does beside each sweep row); with a timed layer in ``m``
     (``layer_ms``, ``layer_tokens``, ``layer_requests``), ``compute_efficiency`` as :func:`with_measured_cpu`
     sets it."""
+    curve = sorted((float(r), g / m["gflops"]) for r, g in (m.get("gflops_by_rows") or {}).items())
     out = replace(hw, tflops=m["gflops"] / 1e3, mem_bw_gbps=m["copy_gbps"], elementwise_gbps=m["elementwise_gbps"],
-                  op_us=m["op_us"], compute_efficiency=1.0, mem_efficiency=1.0, measured=m)
+                  op_us=m["op_us"], compute_efficiency=1.0, mem_efficiency=1.0, measured=m,
+                  matrix_curve=tuple(curve))
     if "layer_ms" not in m:
         return out
     layer_tokens, layer_requests = int(m["layer_tokens"]), int(m["layer_requests"])
     work = Workload(layer_tokens, "prefill", prompt_len=max(1, layer_tokens // layer_requests), full_keys=True)
     first = layer_costs(spec, out, work, Parallel(1, ranks, True), "a2")[0]
     compute = [x for x in first.segments if x.kind == "compute"]
-    matrix_us = sum(x.flops for x in compute) / out.flops_per_us()
+    matrix_us = sum(x.flops / out.flops_per_us(x.rows) for x in compute)
     rest_us = sum(x.elementwise_bytes / out.elementwise_bytes_per_us() + x.ops * out.op_us for x in compute)
     efficiency = min(1.0, matrix_us / max(m["layer_ms"] * 1e3 - rest_us, 1e-9))
     m = {**m, "layer_predicted_ms": (matrix_us + rest_us) / 1e3, "compute_efficiency": efficiency}

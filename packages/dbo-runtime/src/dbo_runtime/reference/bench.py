@@ -211,12 +211,12 @@ def _row_rates(config: Any, plan: BenchPlan, world_size: int) -> dict[str, Any] 
 
     import torch.distributed as dist
 
-    from dbo_runtime.reference.rates import rate_layer, time_rank_rates
+    from dbo_runtime.reference.rates import RATE_REPEATS, RATE_ROWS, rate_layer, time_rank_rates
 
     barrier = types.SimpleNamespace(wait=dist.barrier) if dist.is_initialized() else None
     layer = rate_layer(config, tokens=min(512, plan.default_tokens), requests=plan.requests)
-    return time_rank_rates(config.hidden_size, config.expert_intermediate, 4, 512, 9, plan.row_rate_seconds,
-                           barrier, layer, world_size)
+    return time_rank_rates(config.hidden_size, config.expert_intermediate, 4, RATE_ROWS, RATE_REPEATS,
+                           plan.row_rate_seconds, barrier, layer, world_size)
 
 
 def _progress(rank: int, line: str) -> None:

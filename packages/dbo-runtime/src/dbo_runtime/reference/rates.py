@@ -15,6 +15,16 @@ from collections.abc import Callable, Sequence
 from dataclasses import asdict
 from typing import Any
 
+RATE_ROWS = 512
+"""Token rows of the timed matrix products (the shape of a prefill chunk's MLP)."""
+RATE_REPEATS = 9
+"""Rounds of the probes at the least (more where the time window allows)."""
+CURVE_ROWS = (128, 256, 512, 1024, 2048)
+"""Token rows at which the matrix rate is also timed: a matrix product's rate depends on its rows (small ones
+use the vector units poorly, large ones spill the caches), so a micro-batch of half the tokens is not simply half
+the time. The range covers the reference sweep's products, whole batch and micro-batch (experts: 128-1024 rows
+each, attention and shared experts: 256-2048)."""
+
 
 def rate_layer(reference: Any, tokens: int = 512, requests: int = 4) -> dict[str, Any]:
     """The reference-model layer :func:`measure_cpu_rates` / :func:`time_rank_rates` time whole."""
@@ -27,6 +37,8 @@ def combine_rank_rates(got: Sequence[dict[str, Any]], ranks: int) -> dict[str, A
     cores = os.cpu_count() or 1
     share = min(1.0, cores / ranks)
     m = {"gflops": min(x["gflops"] for x in got) * share, "copy_gbps": min(x["copy_gbps"] for x in got) * share,
+         "gflops_by_rows": {r: min(x["gflops_by_rows"][r] for x in got) * share for r in got[0]["gflops_by_rows"]}
+         if all("gflops_by_rows" in x for x in got) else {},
          "elementwise_gbps": min(x["elementwise_gbps"] for x in got) * share,
          "op_us": max(x["op_us"] for x in got) / share, "shape": got[0]["shape"], "ranks": ranks, "cores": cores}
     if all("layer_ms" in x for x in got):
@@ -50,10 +62,10 @@ def time_rank_rates(hidden: int, intermediate: int, dtype_bytes: int, rows: int,
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
-        x = torch.randn(rows, hidden, dtype=dtype)
         w13 = torch.randn(hidden, 2 * intermediate, dtype=dtype)
         w2 = torch.randn(intermediate, hidden, dtype=dtype)
-        mid = torch.randn(rows, intermediate, dtype=dtype)
+        curve = sorted({*CURVE_ROWS, rows})
+        inputs = {n: (torch.randn(n, hidden, dtype=dtype), torch.randn(n, intermediate, dtype=dtype)) for n in curve}
         gate_up = torch.randn(rows, 2 * intermediate, dtype=dtype)
         src = torch.randn(8 << 20)  # 32 MiB of float32
         dst = torch.empty_like(src)
@@ -65,17 +77,22 @@ def time_rank_rates(hidden: int, intermediate: int, dtype_bytes: int, rows: int,
             return F.silu(gate) * up
 
         run_layer = _reference_layer(layer, ranks) if layer is not None else None
-        x @ w13, mid @ w2, swiglu(), dst.copy_(src), tiny + tiny  # warm-up  # noqa: B018
+        for x, mid in inputs.values():  # warm-up
+            x @ w13, mid @ w2  # noqa: B018
+        swiglu(), dst.copy_(src), tiny + tiny  # noqa: B018
         if run_layer is not None:
             run_layer()
         if barrier is not None:
             barrier.wait()
-        mm, act, copy, op, layer_times = [], [], [], [], []
+        mm: dict[int, list[float]] = {n: [] for n in curve}
+        act, copy, op, layer_times = [], [], [], []
         end = time.perf_counter() + seconds * (1 if run_layer is None else 2)
-        while len(mm) < repeats or time.perf_counter() < end:
-            t0 = time.perf_counter()
-            x @ w13
-            mid @ w2
+        while len(act) < repeats or time.perf_counter() < end:
+            for n, (x, mid) in inputs.items():
+                t0 = time.perf_counter()
+                x @ w13
+                mid @ w2
+                mm[n].append(time.perf_counter() - t0)
             t1 = time.perf_counter()
             swiglu()
             t2 = time.perf_counter()
@@ -84,7 +101,7 @@ def time_rank_rates(hidden: int, intermediate: int, dtype_bytes: int, rows: int,
             for _ in range(ops):
                 tiny + tiny  # noqa: B018
             t4 = time.perf_counter()
-            mm.append(t1 - t0), act.append(t2 - t1), copy.append(t3 - t2), op.append((t4 - t3) / ops)
+            act.append(t2 - t1), copy.append(t3 - t2), op.append((t4 - t3) / ops)
             if run_layer is not None:
                 run_layer()
                 layer_times.append(time.perf_counter() - t4)
@@ -94,7 +111,8 @@ def time_rank_rates(hidden: int, intermediate: int, dtype_bytes: int, rows: int,
     timed_layer = {} if layer is None else {"layer_ms": q(layer_times) * 1e3, "layer_tokens": int(layer["tokens"]),
                                             "layer_requests": int(layer["requests"])}
     return {**timed_layer,
-            "gflops": 2 * rows * hidden * 3 * intermediate / q(mm) / 1e9,
+            "gflops": 2 * rows * hidden * 3 * intermediate / q(mm[rows]) / 1e9,
+            "gflops_by_rows": {n: 2 * n * hidden * 3 * intermediate / q(mm[n]) / 1e9 for n in curve},
             "copy_gbps": 2 * src.numel() * 4 / q(copy) / 1e9,
             "elementwise_gbps": 3 * rows * intermediate * b / q(act) / 1e9,  # read gate and up, write the product
             "op_us": q(op) * 1e6,
