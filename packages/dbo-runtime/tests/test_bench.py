@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import subprocess
 import sys
 
@@ -12,9 +13,11 @@ from dbo_runtime import estimate_check
 from dbo_runtime.reference.bench import (
     TARGET_EFFICIENCY,
     BenchPlan,
+    _handoff_lines,
     efficiency,
     format_markdown,
     format_table,
+    handoff_by_cpu,
     main,
     measure_handoff,
     summarize,
@@ -42,6 +45,24 @@ def test_greenlet_handoff_is_cheaper_than_a_thread_wake_up():
     thread = measure_handoff(500, mode="thread")
     greenlet = measure_handoff(500, mode="greenlet")
     assert greenlet["median_us"] < thread["median_us"], (greenlet, thread)
+
+
+@pytest.mark.skipif(not hasattr(os, "sched_getaffinity") or len(os.sched_getaffinity(0)) < 2,
+                    reason="pinning to each CPU needs two CPUs or more")
+@pytest.mark.parametrize("mode", ["thread", "greenlet"])
+def test_handoff_pinned_to_each_cpu_in_turn(mode):
+    """The handoff per CPU (the vCPUs of this machine have differed by 1.7x): every CPU the process may use is
+    measured, and the process may use them all again afterwards."""
+    before = os.sched_getaffinity(0)
+    by_cpu = handoff_by_cpu(mode, 200)
+    assert sorted(by_cpu) == sorted(before) and all(0 < v < 50_000 for v in by_cpu.values())
+    assert os.sched_getaffinity(0) == before
+    summary = {"handoff_by_scheduler": {mode: {"median_us": 1.0, "p99_us": 2.0, "samples": 200,
+                                               "median_us_by_cpu": {0: 2.5, 1: 1.5}}},
+               "handoff_target_us": {"greenlet": 2.0}}
+    (line,) = _handoff_lines(summary, "us")
+    assert line.endswith("pinned to one CPU: cpu0 2.50 us, cpu1 1.50 us" + (" (met on 1 of 2)" if mode == "greenlet"
+                                                                          else ""))
 
 
 def test_bad_out_is_one_line_exit_2(tmp_path, capsys):

@@ -10,7 +10,8 @@ compute and communication), the estimate predicts the step from the reference mo
 DeepSeek-V2-style config.json by ``dbo_runtime.estimate.reference_config``, read back through kv-capacity like any
 model) and the ``cpu-link`` hardware with the rates the bench timed right after each row, its two ranks computing
 at once (one thread each, as the bench runs them; measured when this script runs for a bench JSON without them):
-this CPU's matrix rate on the model's MLP shapes, its copy bandwidth, its elementwise rate
+this CPU's matrix rate on the model's MLP shapes (at 128-2048 token rows: a micro-batch's products have half the
+rows, and their rate differs), its copy bandwidth, its elementwise rate
 (a SwiGLU of the model's width) and its cost per operator, and one reference layer timed whole (every operator of
 its compute) for the fraction of the matrix rate a layer reaches (``compute_efficiency``); the row's modelled
 link (``link_spec``); and the handoff median the bench measured as the switch cost. Nothing of the measured step
@@ -87,9 +88,10 @@ def validate(bench: dict) -> dict:
 def markdown(result: dict) -> str:
     rates = result["rates"]
     if rates is None:
-        out = [f"Rates timed by the bench right after each row, both ranks at once (the GFLOP/s and the fraction of "
-               f"it a reference layer reaches are in the table); switch {result['switch_us']:.1f} us (the bench's "
-               "handoff median)."]
+        out = [f"Rates timed by the bench right after each row, both ranks at once (the GFLOP/s at 512 rows and the "
+               f"fraction of it a reference layer reaches are in the table; the matrix rate is also timed at 128-2048 "
+               f"rows, for the products of a micro-batch); switch {result['switch_us']:.1f} us (the bench's handoff "
+               "median)."]
     else:
         out = [f"Rates measured now ({rates['ranks']} ranks at once, one thread each, on {rates['cores']} cores; "
                f"the slowest rank's medians): {rates['gflops']:.1f} GFLOP/s ({rates['shape']}, fp32), copy "
