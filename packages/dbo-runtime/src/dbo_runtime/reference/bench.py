@@ -86,7 +86,7 @@ def measure_handoff(num_yields: int = 2000, mode: str = "thread") -> dict[str, f
 def handoff_by_cpu(mode: str = "thread", num_yields: int = 2000) -> dict[int, float]:
     """The handoff median (µs) with the process pinned to each CPU it may run on in turn ({} with one CPU, or where
     the OS cannot pin). On this project's 2-vCPU virtual machine the greenlet handoff once measured 2.0 µs on one
-    vCPU and 1.2 µs on the other (12 repeats each, 2026-12-03 15:0x), and minutes later 2.4 µs on both: an unpinned
+    vCPU and 1.2 µs on the other (12 repeats each), and minutes later 2.4 µs on both: an unpinned
     figure is whichever vCPU the OS picked, at the machine's speed of that moment."""
     if not hasattr(os, "sched_getaffinity"):
         return {}
