@@ -14,6 +14,7 @@ from dbo_runtime.cli import main
 from dbo_runtime.errors import DBOConfigError
 from dbo_runtime.reference.comm import LinkModel
 from dbo_runtime.reference.model import MoEConfig
+from dbo_runtime.reference.rates import CURVE_ROWS, RATE_ROWS
 from kv_capacity import compute_spec_from_config, load_compute_spec
 
 # A config small enough to work by hand: hidden 8, 2 heads of 4 (MHA), 4 experts top-2 of width 16, one shared
@@ -362,7 +363,6 @@ def test_cpu_link_times_the_ranks_at_once_and_a_reference_layer():
     assert hw.elementwise_gbps == m["elementwise_gbps"] > 0 and hw.op_us == m["op_us"] > 0
     assert 0 < hw.compute_efficiency == m["compute_efficiency"] <= 1
     assert hw.mem_efficiency == 1.0 and hw.tflops == pytest.approx(m["gflops"] / 1e3)
-    from dbo_runtime.reference.rates import CURVE_ROWS, RATE_ROWS
     assert sorted(m["gflops_by_rows"]) == sorted({*CURVE_ROWS, RATE_ROWS})
     assert m["gflops_by_rows"][RATE_ROWS] == m["gflops"]  # the matrix rate is the curve's point at RATE_ROWS
     assert [r for r, _ in hw.matrix_curve] == sorted({*CURVE_ROWS, RATE_ROWS})

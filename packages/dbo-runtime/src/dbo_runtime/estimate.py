@@ -346,7 +346,8 @@ def hardware_from_file(path: str | Path) -> Hardware:
 
 
 def measure_cpu_rates(hidden: int, intermediate: int, dtype_bytes: int = 4, *, rows: int = RATE_ROWS,
-                      repeats: int = RATE_REPEATS, ranks: int = 1, seconds: float = 1.5, layer: dict[str, Any] | None = None) -> dict[str, Any]:
+                      repeats: int = RATE_REPEATS, ranks: int = 1, seconds: float = 1.5,
+                      layer: dict[str, Any] | None = None) -> dict[str, Any]:
     """This CPU's rates for one rank of the reference model, one thread per rank, ``ranks`` ranks computing at once.
 
     Timed on the model's shapes: the matrix rate (GFLOP/s) of its MLP matmuls, the copy bandwidth (GB/s), the

@@ -85,9 +85,9 @@ def measure_handoff(num_yields: int = 2000, mode: str = "thread") -> dict[str, f
 
 def handoff_by_cpu(mode: str = "thread", num_yields: int = 2000) -> dict[int, float]:
     """The handoff median (µs) with the process pinned to each CPU it may run on in turn ({} with one CPU, or where
-    the OS cannot pin). On this project's 2-vCPU virtual machine the greenlet handoff once measured 2.0 µs on one
-    vCPU and 1.2 µs on the other (12 repeats each), and minutes later 2.4 µs on both: an unpinned
-    figure is whichever vCPU the OS picked, at the machine's speed of that moment."""
+    the OS cannot pin). On this project's 2-vCPU virtual machine the two vCPUs' greenlet figures have differed by up
+    to 1.7x, which one was faster changing from run to run (docs/dbo.md): an unpinned figure is whichever vCPU the
+    OS picked, at the machine's speed of that moment."""
     if not hasattr(os, "sched_getaffinity"):
         return {}
     cpus = sorted(os.sched_getaffinity(0))
@@ -532,10 +532,12 @@ def _handoff_lines(summary: dict[str, Any], unit: str) -> list[str]:
         verdict = "" if target is None else (f" (target: median <= {target:g} {unit}: "
                                              f"{'met' if h['median_us'] <= target else 'MISSED'})")
         lead = "yield handoff" if unit == "us" else "Yield handoff"
-        pinned = h.get("median_us_by_cpu") or {}
-        per_cpu = "" if not pinned else ("; pinned to one CPU: " + ", ".join(
-            f"cpu{c} {v:.2f} {unit}" for c, v in sorted(pinned.items(), key=lambda x: int(x[0])))
-            + ("" if target is None else f" (met on {sum(v <= target for v in pinned.values())} of {len(pinned)})"))
+        pinned = sorted((int(c), v) for c, v in (h.get("median_us_by_cpu") or {}).items())  # JSON keys are str
+        per_cpu = ""
+        if pinned:
+            per_cpu = "; pinned to one CPU: " + ", ".join(f"cpu{c} {v:.2f} {unit}" for c, v in pinned)
+            if target is not None:
+                per_cpu += f" (met on {sum(v <= target for _, v in pinned)} of {len(pinned)})"
         lines.append(f"{lead}, {name} scheduler: median {h['median_us']:.2f} {unit}, p99 {h['p99_us']:.2f} "
                      f"{unit} ({h['samples']} samples){verdict}{per_cpu}")
     return lines
