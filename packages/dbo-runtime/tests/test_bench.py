@@ -216,4 +216,8 @@ def test_the_paired_compute_scale_is_the_median_of_the_steps_ratios_and_wins():
     summary = summarize(per_rank, {"median_us": 40.0, "p99_us": 80.0, "samples": 10}, BenchPlan(default_tokens=1024))
     r = summary["rows"][0]
     assert r["compute_scale_pairs"] == pytest.approx(0.6)  # ratios 0.5167, 0.6, 0.7
+    # the steps the medians came from, in the order they ran, the slowest rank's per step (ms)
+    assert r["per_step_ms"]["compute_half"] == pytest.approx([310.0, 360.0, 420.0])
+    assert r["per_step_ms"]["compute_off"] == pytest.approx([600.0, 600.0, 600.0])
+    assert r["per_step_ms"]["off"] == pytest.approx([1000.0]) and r["per_step_ms"]["on"] == pytest.approx([800.0])
     assert compute_scale({**r, "t_compute_half_ms": 150.0}) == pytest.approx(0.6)

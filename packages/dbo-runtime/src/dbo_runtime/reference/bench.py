@@ -366,6 +366,20 @@ def efficiency(t_off: float, t_on: float, t_compute: float, t_comm: float) -> fl
     return (t_off - t_on) / hideable if hideable > 0 else float("nan")
 
 
+def _per_step_ms(per_rank: list[dict[str, Any]], i: int) -> dict[str, list[float]]:
+    """Row ``i``'s timed steps in the order they ran, the slowest rank's per step (ms): the DBO-off and DBO-on step,
+    the compute and communication inside them, and the DBO-off compute of half the tokens where it was timed. The
+    medians above come from these; kept so that a reading of the sweep can pair what ran side by side."""
+    series = {"off": ("off", "steps_s"), "on": ("on", "steps_s"), "compute_off": ("off", "computes_s"),
+              "compute_on": ("on", "computes_s"), "comm_off": ("off", "comms_s"), "compute_half": ("half", "computes_s")}
+    out: dict[str, list[float]] = {}
+    for name, (mode, key) in series.items():
+        runs = [r["rows"][i].get(mode, {}).get(key) for r in per_rank]
+        if all(runs):
+            out[name] = [max(step) * 1e3 for step in zip(*runs, strict=False)]
+    return out
+
+
 def summarize(per_rank: list[dict[str, Any]], handoff: dict[str, Any], plan: BenchPlan) -> dict[str, Any]:
     """``handoff``: the figures of :func:`measure_handoff` per scheduler (or one scheduler's figures)."""
     from dbo_runtime.reference.comm import LINK_STAND_IN_NOTE
@@ -415,6 +429,7 @@ def summarize(per_rank: list[dict[str, Any]], handoff: dict[str, Any], plan: Ben
             # The same compute ran in both modes; if their medians differ this much, other work took the cores
             # during part of the row (a lagging load average alone does not show it).
             "disturbed": t_comp > 0 and abs(t_comp_on / t_comp - 1.0) > DISTURBED_COMPUTE_RATIO,
+            "per_step_ms": _per_step_ms(per_rank, i),
         })  # fmt: skip
         r = rows[-1]
         r["is_default"] = r["link"] == "default" and r["tokens"] == plan.default_tokens
