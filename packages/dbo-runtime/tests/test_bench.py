@@ -221,3 +221,30 @@ def test_the_paired_compute_scale_is_the_median_of_the_steps_ratios_and_wins():
     assert r["per_step_ms"]["compute_off"] == pytest.approx([600.0, 600.0, 600.0])
     assert r["per_step_ms"]["off"] == pytest.approx([1000.0]) and r["per_step_ms"]["on"] == pytest.approx([800.0])
     assert compute_scale({**r, "t_compute_half_ms": 150.0}) == pytest.approx(0.6)
+
+
+def test_the_whatif_check_scores_each_step_against_its_own_prediction():
+    """Each timed step gets the prediction made from its own DBO-off time and compute scale; the scatter of those
+    errors around the row's median is what a row's median of n steps moves by, 1.25 sigma / sqrt(n)."""
+    from dbo_runtime.reference.whatif_check import _step_errors, format_whatif_markdown, step_scatter
+
+    calls = []
+
+    def predict(*, compute_scale, measured_off_us):  # a stand-in for the simulation: on = off x (scale + 0.1)
+        calls.append((compute_scale, measured_off_us))
+        return {"summary": {"on_us": measured_off_us * (compute_scale + 0.1)}}
+
+    steps = {"off": [1000.0, 1000.0, 800.0], "on": [660.0, 540.0, 480.0], "compute_off": [600.0, 600.0, 500.0],
+             "compute_half": [300.0, 300.0, 250.0]}
+    errors = _step_errors(predict, steps)
+    assert calls == [(0.5, 1e6), (0.5, 1e6), (0.5, 8e5)]  # each step's own figures, in µs
+    assert errors == pytest.approx([0.1, -0.1, 0.0])  # T_on / predicted T_on - 1
+    assert _step_errors(predict, {**steps, "compute_half": []}) == []  # no half-token compute timed: no steps
+    row = {"pattern": "a2", "tokens": 512, "link": "default", "t_off_ms": 1000.0, "t_on_ms": 600.0,
+           "predicted_on_ms": 600.0, "predicted_speedup": 1.6, "measured_speedup": 1.6, "error": 0.0,
+           "within": True, "checked": True, "disturbed": False, "compute_scale": 0.5,
+           "compute_scale_measured": True, "error_scale_half": 0.0, "step_errors": errors}  # fmt: skip
+    assert step_scatter([row]) == pytest.approx(math.sqrt(0.02 / 2))
+    md = format_whatif_markdown([row])
+    assert "| -5 / +0 / +5% |" in md and "scatter by 10.0%" in md and "median of 3 steps" in md
+    assert step_scatter([{**row, "step_errors": []}]) is None

@@ -139,7 +139,12 @@ class BenchPlan:
         LinkVariant("bw x2", bandwidth_scale=2.0),
         LinkVariant("latency 200us", latency_us=200.0),
     )
-    steps: int = 7
+    # Timed steps per sweep row. On this 2-core machine one step's DBO-on time scatters around the what-if's
+    # prediction from the DBO-off step beside it by more than the 10 % the check allows (the what-if table prints
+    # the scatter per row); a row's median over 7 steps then still moved from run to run by half that. 15 steps
+    # halve the variance of the median, for about 5 more minutes of bench.
+    steps: int = 15
+    no_split_steps: int = 14  # the below-threshold rows (DBO on must cost nothing there)
     warmup: int = 1
     no_split_tokens: int = 256  # below the 512-token prefill threshold
     hidden_size: int = 256
@@ -157,7 +162,7 @@ class BenchPlan:
     # After each sweep row, both ranks time this CPU's rates at once for this long (reference.rates'
     # time_rank_rates, a reference layer included): the rates `dbo-runtime estimate` is validated with, taken
     # beside the row's steps rather than minutes later. 0: not timed.
-    row_rate_seconds: float = 1.0
+    row_rate_seconds: float = 2.0
 
 
 def _loadavg_1m() -> float | None:
@@ -226,7 +231,7 @@ def bench_task(rank: int, world_size: int, plan: BenchPlan) -> dict[str, Any]:
             # Below the thresholds (vLLM defaults): DBO on must take the plain path and cost nothing.
             comm.link = default_link
             spec = RunSpec(pattern=pattern, config=config, batch=_batch(plan.no_split_tokens, plan.requests),
-                           steps=plan.steps * 2, warmup=plan.warmup, timeout_s=120.0)  # fmt: skip
+                           steps=plan.no_split_steps, warmup=plan.warmup, timeout_s=120.0)  # fmt: skip
             off, on = measure(model, replace(spec), modes=(False, True))
             out["no_split"].append({"pattern": pattern, "tokens": plan.no_split_tokens, "off": off, "on": on})
         out["decode"] = _decode_rows(plan, comm, world_size)

@@ -26,10 +26,12 @@ import functools
 import math
 import re
 import statistics
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-__all__ = ["row_trace_dir", "validate", "compute_scale", "format_whatif_markdown", "TOLERANCE", "MIN_STEP_MS"]
+__all__ = ["row_trace_dir", "validate", "compute_scale", "format_whatif_markdown", "step_scatter", "TOLERANCE",
+           "MIN_STEP_MS"]
 
 TOLERANCE = 0.10
 MIN_STEP_MS = 10.0
@@ -77,6 +79,31 @@ def compute_scale(row: dict[str, Any]) -> float | None:
     return min(1.0, half / full)
 
 
+def _step_errors(predict: Callable[..., dict[str, Any]], steps: dict[str, list[float]]) -> list[float]:
+    """Step by step (the row's timed steps, ``per_step_ms`` of the bench summary): the prediction from that step's
+    DBO-off time and compute scale against the DBO-on step that ran beside it (predicted speed-up / measured - 1,
+    which is T_on / predicted T_on - 1). Their scatter is how far one step lands from the model on this machine;
+    the row's error is taken on medians, whose scatter shrinks with the number of steps."""
+    need = ("off", "on", "compute_off", "compute_half")
+    if not all(steps.get(k) for k in need):
+        return []
+    out = []
+    for off, on, comp, half in zip(*(steps[k] for k in need), strict=False):
+        if off <= 0 or comp <= 0 or half <= 0:
+            continue
+        predicted = predict(compute_scale=min(1.0, half / comp), measured_off_us=off * 1000.0)["summary"]["on_us"]
+        out.append(on * 1000.0 / predicted - 1.0)
+    return out
+
+
+def step_scatter(rows: list[dict[str, Any]]) -> float | None:
+    """The standard deviation of the steps' errors around their row's median, pooled over the rows (None with
+    fewer than two steps in every row)."""
+    dev = [e - statistics.median(r["step_errors"]) for r in rows for e in r.get("step_errors", ())]
+    n = sum(max(0, len(r.get("step_errors", ())) - 1) for r in rows)
+    return math.sqrt(sum(x * x for x in dev) / n) if n > 0 else None
+
+
 def validate(summary: dict[str, Any], trace_root: str | Path,
              per_rank: list[dict[str, Any]] | None = None) -> list[dict[str, Any]]:
     """One row per sweep row with a trace: predicted vs measured DBO-on step, and predicted vs measured speed-up
@@ -95,10 +122,11 @@ def validate(summary: dict[str, Any], trace_root: str | Path,
         scale = compute_scale(r)
         try:
             timeline = load(folder, workers=1)
-            predict = functools.partial(whatif, timeline, switch_us=switch_us, comm_fixed_us=latency_us,
-                                        measured_off_us=r["t_off_ms"] * 1000.0)
-            d = predict(compute_scale=scale)
-            d_half = predict(compute_scale=None) if scale is not None else d  # None: the default scale, 1/2
+            predict = functools.partial(whatif, timeline, switch_us=switch_us, comm_fixed_us=latency_us)
+            d = predict(compute_scale=scale, measured_off_us=r["t_off_ms"] * 1000.0)
+            # None: the default scale, 1/2
+            d_half = predict(compute_scale=None, measured_off_us=r["t_off_ms"] * 1000.0) if scale is not None else d
+            step_errors = _step_errors(predict, r.get("per_step_ms") or {})
         except ProfileError as exc:  # a trace the simulation cannot use is a row without a prediction
             out.append({"pattern": r["pattern"], "tokens": r["tokens"], "link": r["link"], "trace": str(folder),
                         "error_message": str(exc)})
@@ -120,7 +148,7 @@ def validate(summary: dict[str, Any], trace_root: str | Path,
             "measured_speedup_of_medians": r["speedup"], "speedup_from_pairs": pairs is not None, "error": err, "checked": checked,
             "within": (abs(err) <= TOLERANCE) if checked else None, "disturbed": bool(r.get("disturbed")),
             "switch_us": switch_us, "comm_fixed_us": latency_us, "compute_scale": 0.5 if scale is None else scale,
-            "compute_scale_measured": scale is not None, "error_scale_half": err_half,
+            "compute_scale_measured": scale is not None, "error_scale_half": err_half, "step_errors": step_errors,
             "layers_that_cannot_pay": sorted({x["layer"] for rank in d["ranks"] for x in rank["layers"]
                                               if not x["pays"] and x["layer"] is not None}),
         })  # fmt: skip
@@ -141,8 +169,9 @@ def format_whatif_markdown(rows: list[dict[str, Any]]) -> str:
         "speed-up - 1; the last column: the error with the what-if's default compute scale, 1/2.",
         "",
         "| pattern | tokens/rank | link | T_off ms | compute scale | T_on measured ms | T_on predicted ms | "
-        "speed-up measured (pairs) | speed-up predicted | error | within 10% | error at scale 1/2 |",
-        "|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---|---:|",
+        "speed-up measured (pairs) | speed-up predicted | error | within 10% | error at scale 1/2 "
+        "| error per step: quartiles |",
+        "|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---|---:|---:|",
     ]
     for r in rows:
         within = "-" if r["within"] is None else ("yes" if r["within"] else "**no**")
@@ -151,12 +180,26 @@ def format_whatif_markdown(rows: list[dict[str, Any]]) -> str:
             f"| {r['compute_scale']:.2f}{'' if r['compute_scale_measured'] else ' (default)'} | {r['t_on_ms']:.0f} "
             f"| {r['predicted_on_ms']:.0f} | {r['measured_speedup']:.2f}x | {r['predicted_speedup']:.2f}x "
             f"| {r['error'] * 100:+.1f}% | {within}{' (disturbed row)' if r['disturbed'] else ''} "
-            f"| {r['error_scale_half'] * 100:+.1f}% |"
+            f"| {r['error_scale_half'] * 100:+.1f}% | {_quartiles(r.get('step_errors') or [])} |"
         )
-    lines += [f"| {r['pattern']} | {r['tokens']} | {r['link']} | | | | | | | | no prediction: {r['error_message']} | |"
+    lines += [f"| {r['pattern']} | {r['tokens']} | {r['link']} | | | | | | | | no prediction: {r['error_message']} | | |"
               for r in failed]
     ok_half = sum(abs(r["error_scale_half"]) <= TOLERANCE for r in checked)
     lines += ["", f"Within {TOLERANCE:.0%}: {ok} of {len(checked)} rows whose step takes over {MIN_STEP_MS:g} ms"
               + f" ({ok_half} of {len(checked)} at compute scale 1/2)"
               + (f"; {len(failed)} row(s) without a prediction." if failed else "."), ""]
+    scatter = step_scatter(checked)
+    if scatter is not None:
+        steps = max(len(r["step_errors"]) for r in checked)
+        lines += [f"One step against the prediction from the DBO-off step beside it: errors scatter by {scatter:.1%} "
+                  f"(standard deviation around each row's median, pooled over the rows); a row's median of {steps} "
+                  f"steps then moves by about {1.25 * scatter / math.sqrt(steps):.1%} from run to run (1.25 sigma / "
+                  "sqrt(steps), the standard error of a median).", ""]
     return "\n".join(lines)
+
+
+def _quartiles(errors: list[float]) -> str:
+    if len(errors) < 2:
+        return "-"
+    q1, q2, q3 = statistics.quantiles(errors, n=4, method="inclusive")
+    return f"{q1 * 100:+.0f} / {q2 * 100:+.0f} / {q3 * 100:+.0f}%"
