@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import statistics
 import subprocess
 import sys
 
@@ -122,9 +123,12 @@ def test_quick_bench_writes_results(tmp_path):
         rates = row["cpu_rates"]
         assert rates["ranks"] == 2 and rates["gflops"] > 0 and rates["layer_ms"] > 0 and rates["layer_tokens"] == 128
     checked = estimate_check.validate(data)
-    assert checked["rates_beside_rows"] is True and checked["rates"] is None
-    assert [x["gflops"] for x in checked["rows"]] == [r["cpu_rates"]["gflops"] for r in data["rows"]]
+    assert checked["rates_beside_rows"] is True and checked["rates"]["timings"] == len(data["rows"])
+    # the rows' timings pooled (their median) for the prediction; each row's own timing kept beside it
+    assert checked["rates"]["gflops"] == pytest.approx(statistics.median(r["cpu_rates"]["gflops"] for r in data["rows"]))
+    assert [x["row_gflops"] for x in checked["rows"]] == [r["cpu_rates"]["gflops"] for r in data["rows"]]
     assert all(0 < x["compute_efficiency"] <= 1 and x["pred_speedup"] > 0 for x in checked["rows"])
+    assert all(math.isfinite(x["error_row_rates"]) for x in checked["rows"])
     assert "timed by the bench right after each row" in estimate_check.markdown(checked)
     assert data["estimate_check"]["summary"]["rows"] == len(data["rows"])
     assert "estimate check (dbo-runtime estimate, no profile)" in out.stdout

@@ -369,6 +369,23 @@ def test_cpu_link_times_the_ranks_at_once_and_a_reference_layer():
     assert dict(hw.matrix_curve)[RATE_ROWS] == 1.0
 
 
+def test_timings_of_one_machine_pool_to_their_medians():
+    """The bench times the rates beside every sweep row; the estimate check predicts with their median, figure by
+    figure and the curve point by point (one noisy timing does not move it), the rest taken from the first."""
+    from dbo_runtime.reference.rates import pool_rates
+
+    base = {"gflops": 60.0, "copy_gbps": 20.0, "op_us": 2.0, "shape": "s", "ranks": 2, "cores": 2,
+            "layer_tokens": 512, "layer_requests": 4, "gflops_by_rows": {"256": 55.0, "512": 60.0}}
+    timings = [base, {**base, "gflops": 80.0, "op_us": 9.0, "gflops_by_rows": {"256": 70.0, "512": 80.0}},
+               {**base, "gflops": 58.0, "op_us": 2.5, "gflops_by_rows": {"256": 50.0, "512": 58.0}}]
+    m = pool_rates(timings)
+    assert (m["gflops"], m["copy_gbps"], m["op_us"]) == (60.0, 20.0, 2.5)
+    assert m["gflops_by_rows"] == {"256": 55.0, "512": 60.0}
+    assert (m["shape"], m["ranks"], m["cores"], m["layer_tokens"], m["timings"]) == ("s", 2, 2, 512, 3)
+    assert isinstance(m["layer_tokens"], int) and isinstance(m["layer_requests"], int)
+    assert "gflops_by_rows" not in pool_rates([{k: v for k, v in base.items() if k != "gflops_by_rows"}])
+
+
 def test_rates_of_ranks_timed_at_once_are_the_slowest_ranks():
     """A step waits for its slowest rank: the combined rates are the lowest rates and the largest costs, and a
     layer timing is kept only where every rank has one."""

@@ -9,7 +9,9 @@ For every row of a ``dbo-runtime bench`` JSON (pattern, tokens per rank, link se
 compute and communication), the estimate predicts the step from the reference model's config (written as a
 DeepSeek-V2-style config.json by ``dbo_runtime.estimate.reference_config``, read back through kv-capacity like any
 model) and the ``cpu-link`` hardware with the rates the bench timed right after each row, its two ranks computing
-at once (one thread each, as the bench runs them; measured when this script runs for a bench JSON without them):
+at once (one thread each, as the bench runs them; measured when this script runs for a bench JSON without them),
+pooled over the sweep (the median of the rows' timings: one set of rates for the machine, as a user's
+``--hardware cpu-link`` has; the error with each row's own timing is beside it):
 this CPU's matrix rate on the model's MLP shapes (at 128-2048 token rows: a micro-batch's products have half the
 rows, and their rate differs), its copy bandwidth, its elementwise rate
 (a SwiGLU of the model's width) and its cost per operator, and one reference layer timed whole (every operator of
@@ -18,8 +20,10 @@ link (``link_spec``); and the handoff median the bench measured as the switch co
 times goes into the prediction.
 
 On a machine whose speed moves from minute to minute (shared with other work, or throttled), rates timed minutes
-away from a row's steps predict another machine than the one that ran them; beside each row they see the same.
-The table's compute columns show how much of an error is the rate's.
+away from the sweep predict another machine than the one that ran it, so they are timed within it, beside every
+row. One row's timing (a few seconds) is itself noisy, so the prediction takes the median over the rows; the
+error with the row's own rates is the table's last column. The table's compute columns show how much of an
+error is the rate's.
 """
 
 from __future__ import annotations
@@ -29,11 +33,13 @@ import json
 import os
 import sys
 from pathlib import Path
+from typing import Any
 
 from kv_capacity import compute_spec_from_config
 
 from dbo_runtime import estimate as est
 from dbo_runtime.reference.model import MoEConfig
+from dbo_runtime.reference.rates import pool_rates
 
 WITHIN = 0.10
 LONG_STEP_MS = 10.0
@@ -47,51 +53,64 @@ def validate(bench: dict) -> dict:
     spec = compute_spec_from_config(est.reference_config(config), name="reference")
     load_before = os.getloadavg()
     beside = all(r.get("cpu_rates") for r in bench["rows"])
-    if beside:  # timed by the bench right after each row: the machine's speed of that row
-        hw = None
+    if beside:  # timed by the bench right after each row: their median is the machine's
+        hw = est.with_cpu_rates(est.HARDWARE["cpu-link"], spec, pool_rates([r["cpu_rates"] for r in bench["rows"]]),
+                                ranks=RANKS)
     else:
         hw = est.with_measured_cpu(est.HARDWARE["cpu-link"], spec, ranks=RANKS, reference=config,
                                    layer_requests=m["requests"])
     switch = float(bench.get("handoff_us", {}).get("median_us") or est.HARDWARE["cpu-link"].switch_us["thread"])
     par = est.Parallel(1, RANKS, True)
-    rows = []
-    for r in bench["rows"]:
+
+    def predict(r: dict, rates_hw: est.Hardware) -> tuple[Any, float, float]:
         latency, gbps = (float(x) for x in r["link_spec"].split(","))
-        rates_hw = est.with_cpu_rates(est.HARDWARE["cpu-link"], spec, r["cpu_rates"], ranks=RANKS) if beside else hw
         row_hw = est.with_overrides(rates_hw, link_gbps=gbps, link_latency_us=latency)
         # bench batches: `requests` prompts of tokens/requests each, no cached context; the reference attends over
         # its whole padded KV length (full_keys)
         work = est.Workload(r["tokens"], "prefill", prompt_len=max(1, r["tokens"] // m["requests"]), full_keys=True)
         layers = est.layer_costs(spec, row_hw, work, par, r["pattern"])
-        sched = est.simulate_step(layers, switch)
         comp = sum(s.full_us for x in layers for s in x.segments if s.kind == "compute") / 1e3
         comm = sum(s.full_us for x in layers for s in x.segments if s.kind == "comm") / 1e3
+        return est.simulate_step(layers, switch), comp, comm
+
+    rows = []
+    for r in bench["rows"]:
+        sched, comp, comm = predict(r, hw)
         err = sched.speedup / r["speedup"] - 1
+        row_err = None
+        if beside:  # the same prediction with the rates timed right after this row alone
+            row_hw = est.with_cpu_rates(est.HARDWARE["cpu-link"], spec, r["cpu_rates"], ranks=RANKS)
+            row_err = predict(r, row_hw)[0].speedup / r["speedup"] - 1
         rows.append({"pattern": r["pattern"], "tokens": r["tokens"], "link": r["link"], "link_spec": r["link_spec"],
                      "t_off_ms": r["t_off_ms"], "t_on_ms": r["t_on_ms"], "pred_off_ms": sched.off_us / 1e3,
                      "pred_on_ms": sched.on_us / 1e3, "t_compute_ms": r["t_compute_ms"], "pred_compute_ms": comp,
                      "t_comm_ms": r["t_comm_ms"], "pred_comm_ms": comm, "speedup": r["speedup"],
                      "pred_speedup": sched.speedup, "error": err, "disturbed": bool(r.get("disturbed")),
                      "within": abs(err) <= WITHIN, "long_step": r["t_off_ms"] > LONG_STEP_MS,
-                     "gflops": rates_hw.measured["gflops"],
-                     "compute_efficiency": rates_hw.measured.get("compute_efficiency")})
+                     "gflops": hw.measured["gflops"], "compute_efficiency": hw.measured.get("compute_efficiency"),
+                     "error_row_rates": row_err,
+                     "row_gflops": r["cpu_rates"]["gflops"] if beside else None})
     long_rows = [x for x in rows if x["long_step"]]
-    return {"rates": None if beside else hw.measured, "rates_beside_rows": beside,
+    return {"rates": hw.measured, "rates_beside_rows": beside,
             "load": {"before": load_before, "after": os.getloadavg()}, "switch_us": switch, "ranks": RANKS, "rows": rows,
             "summary": {"rows": len(rows), "long_step_rows": len(long_rows),
                         "within_10pct": sum(x["within"] for x in long_rows),
                         "max_abs_error": max((abs(x["error"]) for x in long_rows), default=None),
                         "undisturbed_within_10pct": sum(x["within"] for x in long_rows if not x["disturbed"]),
-                        "undisturbed_rows": sum(not x["disturbed"] for x in long_rows)}}
+                        "undisturbed_rows": sum(not x["disturbed"] for x in long_rows),
+                        "within_10pct_row_rates": sum(abs(x["error_row_rates"]) <= WITHIN for x in long_rows)
+                        if beside else None}}
 
 
 def markdown(result: dict) -> str:
     rates = result["rates"]
-    if rates is None:
-        out = [f"Rates timed by the bench right after each row, both ranks at once (the GFLOP/s at 512 rows and the "
-               f"fraction of it a reference layer reaches are in the table; the matrix rate is also timed at 128-2048 "
-               f"rows, for the products of a micro-batch); switch {result['switch_us']:.1f} us (the bench's handoff "
-               "median)."]
+    if result["rates_beside_rows"]:
+        curve = ", ".join(f"{v:.1f} at {k}" for k, v in (rates.get("gflops_by_rows") or {}).items())
+        out = [f"Rates timed by the bench right after each row, both ranks at once, and pooled: the median over the "
+               f"{len(result['rows'])} rows' timings, {rates['gflops']:.1f} GFLOP/s at 512 rows (by rows: {curve}), "
+               f"a reference layer reaching {100 * (rates.get('compute_efficiency') or 0):.0f}% of it. The GFLOP/s "
+               "column is each row's own timing; the last column is the error with it instead of the median. Switch "
+               f"{result['switch_us']:.1f} us (the bench's handoff median)."]
     else:
         out = [f"Rates measured now ({rates['ranks']} ranks at once, one thread each, on {rates['cores']} cores; "
                f"the slowest rank's medians): {rates['gflops']:.1f} GFLOP/s ({rates['shape']}, fp32), copy "
@@ -104,20 +123,24 @@ def markdown(result: dict) -> str:
                f"{' '.join(f'{x:.2f}' for x in result['load']['after'])}."]
     out += ["",
             "| pattern | tokens | link | GFLOP/s, layer efficiency | off ms (meas / pred) | compute ms (meas / pred) "
-            "| comm ms (meas / pred) | speed-up measured | speed-up predicted | error | |",
-            "|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---|"]
+            "| comm ms (meas / pred) | speed-up measured | speed-up predicted | error | | error, the row's rates |",
+            "|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---|---:|"]
     for x in result["rows"]:
         mark = ("ok" if x["within"] else "**miss**") + (" (disturbed)" if x["disturbed"] else "")
         eff = "" if x["compute_efficiency"] is None else f", {100 * x['compute_efficiency']:.0f}%"
-        out.append(f"| {x['pattern']} | {x['tokens']} | {x['link']} | {x['gflops']:.1f}{eff} "
+        gflops = f"{x['row_gflops']:.1f}" if x.get("row_gflops") is not None else f"{x['gflops']:.1f}{eff}"
+        row_err = "-" if x.get("error_row_rates") is None else f"{100 * x['error_row_rates']:+.1f}%"
+        out.append(f"| {x['pattern']} | {x['tokens']} | {x['link']} | {gflops} "
                    f"| {x['t_off_ms']:.0f} / {x['pred_off_ms']:.0f} "
                    f"| {x['t_compute_ms']:.0f} / {x['pred_compute_ms']:.0f} | {x['t_comm_ms']:.0f} / "
                    f"{x['pred_comm_ms']:.0f} | {x['speedup']:.3f} | {x['pred_speedup']:.3f} | "
-                   f"{100 * x['error']:+.1f}% | {mark} |")
+                   f"{100 * x['error']:+.1f}% | {mark} | {row_err} |")
     s = result["summary"]
     out += ["", f"Within 10%: {s['within_10pct']} of {s['long_step_rows']} rows with a step over {LONG_STEP_MS:g} ms "
             f"({s['undisturbed_within_10pct']} of {s['undisturbed_rows']} undisturbed rows); largest error "
-            f"{100 * (s['max_abs_error'] or 0):.1f}%."]
+            f"{100 * (s['max_abs_error'] or 0):.1f}%"
+            + (f"; with each row's own rates: {s['within_10pct_row_rates']} of {s['long_step_rows']}."
+               if s.get("within_10pct_row_rates") is not None else ".")]
     return "\n".join(out)
 
 

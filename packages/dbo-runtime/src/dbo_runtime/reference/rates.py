@@ -47,6 +47,21 @@ def combine_rank_rates(got: Sequence[dict[str, Any]], ranks: int) -> dict[str, A
     return m
 
 
+def pool_rates(timings: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """One set of rates from several timings of the same ranks on the same machine (``dbo-runtime bench`` times them
+    beside each sweep row, a few seconds each): the median of every measured figure (a float), the rate curve
+    point by point; the rest (the shape, the counts of ranks and cores, the layer's size) from the first."""
+    out = dict(timings[0])
+    for key, value in timings[0].items():
+        if isinstance(value, float):
+            out[key] = statistics.median(float(t[key]) for t in timings)
+    curves = [t.get("gflops_by_rows") or {} for t in timings]
+    if all(curves):
+        out["gflops_by_rows"] = {rows: statistics.median(c[rows] for c in curves) for rows in curves[0]}
+    out["timings"] = len(timings)
+    return out
+
+
 def time_rank_rates(hidden: int, intermediate: int, dtype_bytes: int, rows: int, repeats: int, seconds: float,
                     barrier: Any = None, layer: dict[str, Any] | None = None, ranks: int = 1) -> dict[str, Any]:
     """One rank's timings (see measure_cpu_rates): ``repeats`` rounds at least, for ``seconds`` at least after the
