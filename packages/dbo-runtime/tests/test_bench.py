@@ -244,6 +244,15 @@ def test_the_whatif_check_scores_each_step_against_its_own_prediction():
     assert calls == [(0.5, 1e6), (0.5, 1e6), (0.5, 8e5)]  # each step's own figures, in µs
     assert errors == pytest.approx([0.1, -0.1, 0.0])  # T_on / predicted T_on - 1
     assert _step_errors(predict, {**steps, "compute_half": []}) == []  # no half-token compute timed: no steps
+
+    def refuses_short_steps(*, compute_scale, measured_off_us):  # as whatif does below the exposed communication
+        from profile_analyzer import ProfileError
+
+        if measured_off_us < 9e5:
+            raise ProfileError("trace", "the measured DBO-off step must be longer than the exposed communication")
+        return predict(compute_scale=compute_scale, measured_off_us=measured_off_us)
+
+    assert _step_errors(refuses_short_steps, steps) == pytest.approx([0.1, -0.1])  # that step left out, not the row
     row = {"pattern": "a2", "tokens": 512, "link": "default", "t_off_ms": 1000.0, "t_on_ms": 600.0,
            "predicted_on_ms": 600.0, "predicted_speedup": 1.6, "measured_speedup": 1.6, "error": 0.0,
            "within": True, "checked": True, "disturbed": False, "compute_scale": 0.5,

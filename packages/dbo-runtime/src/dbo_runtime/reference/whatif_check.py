@@ -83,7 +83,10 @@ def _step_errors(predict: Callable[..., dict[str, Any]], steps: dict[str, list[f
     """Step by step (the row's timed steps, ``per_step_ms`` of the bench summary): the prediction from that step's
     DBO-off time and compute scale against the DBO-on step that ran beside it (predicted speed-up / measured - 1,
     which is T_on / predicted T_on - 1). Their scatter is how far one step lands from the model on this machine;
-    the row's error is taken on medians, whose scatter shrinks with the number of steps."""
+    the row's error is taken on medians, whose scatter shrinks with the number of steps. A step the simulation
+    refuses (a DBO-off time below the profile's exposed communication) is left out, not the row."""
+    from profile_analyzer import ProfileError
+
     need = ("off", "on", "compute_off", "compute_half")
     if not all(steps.get(k) for k in need):
         return []
@@ -91,8 +94,11 @@ def _step_errors(predict: Callable[..., dict[str, Any]], steps: dict[str, list[f
     for off, on, comp, half in zip(*(steps[k] for k in need), strict=False):
         if off <= 0 or comp <= 0 or half <= 0:
             continue
-        predicted = predict(compute_scale=min(1.0, half / comp), measured_off_us=off * 1000.0)["summary"]["on_us"]
-        out.append(on * 1000.0 / predicted - 1.0)
+        try:
+            result = predict(compute_scale=min(1.0, half / comp), measured_off_us=off * 1000.0)
+        except ProfileError:
+            continue
+        out.append(on * 1000.0 / result["summary"]["on_us"] - 1.0)
     return out
 
 
