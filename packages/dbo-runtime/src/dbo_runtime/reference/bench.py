@@ -767,8 +767,8 @@ def equality_summary() -> list[dict[str, Any]]:
 
 def quick_plan() -> BenchPlan:
     """A few seconds of measurements with a tiny model: for tests and a smoke check, not for the figures."""
-    return BenchPlan(num_layers=2, default_tokens=128, token_counts=(128,), steps=2, warmup=1, no_split_tokens=64,
-                     hidden_size=64, expert_intermediate=128, shared_intermediate=128,
+    return BenchPlan(num_layers=2, default_tokens=128, token_counts=(128,), steps=2, no_split_steps=4, warmup=1,
+                     no_split_tokens=64, hidden_size=64, expert_intermediate=128, shared_intermediate=128,
                      links=(LinkVariant("default"), LinkVariant("bw x2", bandwidth_scale=2.0)), smoke=True,
                      decode_layers=2, row_rate_seconds=0.1)  # fmt: skip
 
