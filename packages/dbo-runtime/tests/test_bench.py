@@ -75,7 +75,8 @@ def test_bad_out_is_one_line_exit_2(tmp_path, capsys):
 
 
 @pytest.mark.parametrize("argv, needle", [(["--tokens", "4"], "--tokens"), (["--tokens", "x"], "--tokens"),
-                                          (["--pattern", "a4"], "--pattern")])
+                                          (["--pattern", "a4"], "--pattern"), (["--steps", "1"], "--steps"),
+                                          (["--steps", "x"], "--steps")])
 def test_bad_sweep_options_are_one_line_exit_2(tmp_path, capsys, argv, needle):
     assert main(["--out", str(tmp_path), *argv]) == 2
     err = capsys.readouterr().err.strip().splitlines()
@@ -86,11 +87,13 @@ def test_bad_sweep_options_are_one_line_exit_2(tmp_path, capsys, argv, needle):
 def test_quick_bench_writes_results(tmp_path):
     # --tokens: the default-link rows in the order given (one count twice: how one setting varies within a run)
     out = subprocess.run([sys.executable, "-m", "dbo_runtime.bench", "--out", str(tmp_path), "--quick",
-                          "--tokens", "128", "--tokens", "96", "--tokens", "128"],
+                          "--tokens", "128", "--tokens", "96", "--tokens", "128", "--steps", "3"],
                          capture_output=True, text=True, timeout=240)  # fmt: skip
     assert out.returncode == 0, out.stderr[-2000:]
     data = json.loads((tmp_path / "dbo_runtime.json").read_text())
     assert "stand-in for HCCS" in data["link_note"]
+    # --steps: every row timed that many steps (the quick plan's own is 2), each kept in the order it ran
+    assert all(r["steps"] == 3 and len(r["per_step_ms"]["off"]) == 3 for r in data["rows"])
     assert {r["pattern"] for r in data["rows"]} == {"a2", "a3"}
     for pattern in ("a2", "a3"):
         assert [r["tokens"] for r in data["rows"] if r["pattern"] == pattern and r["link"] == "default"] == [128, 96, 128]

@@ -30,7 +30,11 @@ __all__ = ["bench"]
                    "(a count may come again, to see how one setting varies within a run)  [default: 512 1024 2048]")
 @click.option("--pattern", "patterns", type=click.Choice(("a2", "a3")), multiple=True,
               help="communication pattern(s) to sweep; repeat for both  [default: a2 and a3]")
-def bench(out: Path, quick: bool, dbo_scheduler: str, tokens: tuple[int, ...], patterns: tuple[str, ...]) -> int:
+@click.option("--steps", type=BoundedInt(2, 200, what="timed steps per sweep row"), default=None, metavar="N",
+              help="timed steps per sweep row, each DBO off, DBO on and half the tokens; the what-if and estimate "
+                   "checks read their medians (fewer: a quicker, noisier sweep; make bench runs 7)  [default: 15]")
+def bench(out: Path, quick: bool, dbo_scheduler: str, tokens: tuple[int, ...], patterns: tuple[str, ...],
+          steps: int | None) -> int:
     from dataclasses import replace
 
     from dbo_runtime.estimate_check import bench_check
@@ -42,6 +46,8 @@ def bench(out: Path, quick: bool, dbo_scheduler: str, tokens: tuple[int, ...], p
         plan = replace(plan, token_counts=tokens)
     if patterns:
         plan = replace(plan, patterns=tuple(dict.fromkeys(patterns)))
+    if steps is not None:
+        plan = replace(plan, steps=steps)
     try:
         summary = run_bench(out, plan, checks=(bench_check,))
     except RanksFailed as exc:
