@@ -105,8 +105,9 @@ def _step_errors(predict: Callable[..., dict[str, Any]], steps: dict[str, list[f
 def step_scatter(rows: list[dict[str, Any]]) -> float | None:
     """The standard deviation of the steps' errors around their row's median, pooled over the rows (None with
     fewer than two steps in every row)."""
-    dev = [e - statistics.median(r["step_errors"]) for r in rows for e in r.get("step_errors", ())]
-    n = sum(max(0, len(r.get("step_errors", ())) - 1) for r in rows)
+    errors = [(r["step_errors"], statistics.median(r["step_errors"])) for r in rows if r.get("step_errors")]
+    dev = [e - mid for errs, mid in errors for e in errs]
+    n = sum(len(errs) - 1 for errs, _ in errors)
     return math.sqrt(sum(x * x for x in dev) / n) if n > 0 else None
 
 
@@ -129,9 +130,9 @@ def validate(summary: dict[str, Any], trace_root: str | Path,
         try:
             timeline = load(folder, workers=1)
             predict = functools.partial(whatif, timeline, switch_us=switch_us, comm_fixed_us=latency_us)
-            d = predict(compute_scale=scale, measured_off_us=r["t_off_ms"] * 1000.0)
-            # None: the default scale, 1/2
-            d_half = predict(compute_scale=None, measured_off_us=r["t_off_ms"] * 1000.0) if scale is not None else d
+            off_us = r["t_off_ms"] * 1000.0
+            d = predict(compute_scale=scale, measured_off_us=off_us)
+            d_half = predict(compute_scale=None, measured_off_us=off_us) if scale is not None else d  # None: 1/2
             step_errors = _step_errors(predict, r.get("per_step_ms") or {})
         except ProfileError as exc:  # a trace the simulation cannot use is a row without a prediction
             out.append({"pattern": r["pattern"], "tokens": r["tokens"], "link": r["link"], "trace": str(folder),
