@@ -102,6 +102,12 @@ def test_quick_bench_writes_results(tmp_path):
     assert len(data["whatif"]) == len(data["rows"])
     assert len({w["trace"] for w in data["whatif"]}) == len(data["whatif"])
     assert not [w for w in data["whatif"] if "appears twice" in w.get("error_message", "")]
+    # gloo's transfers in the real DBO-off traces are the collectives' host work, charged to the compute beside them
+    predicted = [w for w in data["whatif"] if "error_message" not in w]
+    assert predicted and all(w["host_work_ms"] >= 0 and math.isfinite(w["error_without_host_work"]) for w in predicted)
+    assert any(w["host_work_ms"] > 0 for w in predicted)
+    assert all(w["predicted_on_ms"] >= w["t_off_ms"] / (1 + w["error_without_host_work"]) / w["measured_speedup"]
+               - 1e-9 for w in predicted)  # host work only ever lengthens the DBO-on step
     for row in data["rows"]:
         assert 0.1 < row["compute_scale_pairs"] < 1.5  # half the tokens' compute, measured beside the row's own
         assert row["split_on"] and not row["split_off"]

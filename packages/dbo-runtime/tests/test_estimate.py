@@ -212,6 +212,10 @@ _NEW = {"elementwise_gbps": 1, "op_us": 1}
       "matrix_curve": [[512, 0]]}, "matrix_curve factor"),
     ({"tflops": 1, "mem_bw_gbps": 1, "link_gbps": 1, "latency_us": 1, "switch_us": 1, **_NEW,
       "matrix_curve": 1.0}, "rows, factor"),
+    ({"tflops": 1, "mem_bw_gbps": 1, "link_gbps": 1, "latency_us": 1, "switch_us": 1, **_NEW,
+      "host_gbps": {"broadcast": 1}}, "host_gbps .* accepted: a mapping from all_gather"),
+    ({"tflops": 1, "mem_bw_gbps": 1, "link_gbps": 1, "latency_us": 1, "switch_us": 1, **_NEW,
+      "host_gbps": {"all_gather": 0}}, "host_gbps.all_gather"),
 ])
 def test_bad_hardware_numbers_are_refused(data, needle):
     with pytest.raises(DBOConfigError, match=needle):
@@ -367,6 +371,28 @@ def test_cpu_link_times_the_ranks_at_once_and_a_reference_layer():
     assert m["gflops_by_rows"][RATE_ROWS] == m["gflops"]  # the matrix rate is the curve's point at RATE_ROWS
     assert [r for r, _ in hw.matrix_curve] == sorted({*CURVE_ROWS, RATE_ROWS})
     assert dict(hw.matrix_curve)[RATE_ROWS] == 1.0
+    # the two timing processes form a gloo group and time every collective kind: the collectives' host work
+    assert set(m["host_gbps"]) == set(est.COLLECTIVES) and all(v > 0 for v in m["host_gbps"].values())
+    assert hw.host_gbps == m["host_gbps"]
+
+
+def test_the_collectives_host_work_slows_the_compute_beside_them():
+    """A backend that moves a collective's bytes with the rank's cores (gloo; ``host_gbps``): each collective
+    carries wire bytes / that rate of host work, a micro-batch half of it; with DBO off it hides in the wait, with
+    DBO on it takes the cores from the other micro-batch's compute, so the step with DBO on is longer."""
+    work = est.Workload(4, "prefill", prompt_len=4)
+    par = est.Parallel(1, 2, True)
+    hosted = replace(UNIT, host_gbps={"all_gather": 2e-3, "reduce_scatter": 2e-3})  # 2 bytes per us
+    plain, host = (est.layer_costs(_tiny(), hw, work, par, "a2") for hw in (UNIT, hosted))
+    for a, b in zip(plain[0].segments, host[0].segments, strict=True):
+        assert (a.full_us, a.part_us) == (b.full_us, b.part_us)  # the link's time is the same
+        if b.kind == "comm":
+            assert b.host_us == pytest.approx(b.bytes / 2) and b.host_part_us == pytest.approx(b.bytes / 4)
+        else:
+            assert b.host_us == 0
+    off, on = est.simulate_step(plain, 0.0), est.simulate_step(host, 0.0)
+    assert on.off_us == off.off_us and on.on_us > off.on_us and on.host_us > 0
+    assert est.hardware_from_dict(json.loads(json.dumps(hosted.to_dict()))) == hosted  # a --hardware-file keeps it
 
 
 def test_timings_of_one_machine_pool_to_their_medians():
@@ -384,6 +410,8 @@ def test_timings_of_one_machine_pool_to_their_medians():
     assert (m["shape"], m["ranks"], m["cores"], m["layer_tokens"], m["timings"]) == ("s", 2, 2, 512, 3)
     assert isinstance(m["layer_tokens"], int) and isinstance(m["layer_requests"], int)
     assert "gflops_by_rows" not in pool_rates([{k: v for k, v in base.items() if k != "gflops_by_rows"}])
+    hosted = [{**t, "host_gbps": {"all_gather": g}} for t, g in zip(timings, (0.5, 0.9, 0.4), strict=True)]
+    assert pool_rates(hosted)["host_gbps"] == {"all_gather": 0.5}
 
 
 def test_rates_of_ranks_timed_at_once_are_the_slowest_ranks():
@@ -399,6 +427,10 @@ def test_rates_of_ranks_timed_at_once_are_the_slowest_ranks():
     assert m["layer_tokens"] == 512 and m["layer_requests"] == 4
     without_layer = {k: v for k, v in slow.items() if not k.startswith("layer")}
     assert "layer_ms" not in est.combine_rank_rates([fast, without_layer], 1)
+    # a collective's rate: the rank that waited least for its peers (its time is the transfer's)
+    both = [{**fast, "host_gbps": {"all_gather": 0.3}}, {**slow, "host_gbps": {"all_gather": 0.7}}]
+    assert est.combine_rank_rates(both, 1)["host_gbps"] == {"all_gather": 0.7}
+    assert "host_gbps" not in est.combine_rank_rates([both[0], slow], 1)
     cfg = MoEConfig()
     spec = compute_spec_from_config(est.reference_config(cfg), name="reference")
     hw = est.with_cpu_rates(est.HARDWARE["cpu-link"], spec, m)

@@ -9,12 +9,21 @@ from __future__ import annotations
 
 import gzip
 import json
+from dataclasses import replace
 from pathlib import Path
 
 import profile_analyzer as pa
 import pytest
 from profile_analyzer.cli import main
-from profile_analyzer.whatif import Segment, segments_from_rank, simulate, split_parts, step_windows, whatif
+from profile_analyzer.whatif import (
+    Segment,
+    paired_host,
+    segments_from_rank,
+    simulate,
+    split_parts,
+    step_windows,
+    whatif,
+)
 
 VLLM_OFF = Path(__file__).resolve().parent / "data" / "vllm-cpu" / "dbo-off"
 
@@ -45,6 +54,29 @@ def test_every_switch_costs_compute_time() -> None:
     s = simulate(chain(("compute", 100), ("comm", 60), ("compute", 100)), switch_us=10)
     # u0 0-50 (comm 50-80); u1 60-110 (comm 110-140); u0 120-170; u1 180-230
     assert s.on_us == 230 and s.switches == 3
+
+
+def test_host_work_of_a_collective_slows_the_compute_beside_it() -> None:
+    # halves: compute 50, comm 30 with 10 µs of host work, compute 50. u0 0-50, comm 50-80; u1 computes 50-100 and
+    # meets u0's host work (10) -> 50-110, comm 110-140; u0 resumes at 110, meets u1's (10) -> 110-170; u1 170-220
+    segs = [Segment("compute", 100), Segment("comm", 60, host_us=20), Segment("compute", 100)]
+    s = simulate(segs)
+    assert (s.off_us, s.on_us, s.host_us) == (260, 220, 20)
+    assert [(e.ubatch, e.kind, e.start_us, e.end_us) for e in s.events] == [
+        (0, "compute", 0, 50), (0, "comm", 50, 80), (1, "compute", 50, 110), (1, "comm", 110, 140),
+        (0, "compute", 110, 170), (1, "compute", 170, 220)]
+    assert simulate([replace(x, host_us=0) for x in segs]).on_us == 200
+
+
+def test_host_work_that_meets_idle_cores_costs_nothing() -> None:
+    # halves: compute 5, comm 50 with 20 µs of host work, compute 5: u1's first compute (5-10) meets 5 µs of u0's
+    # host work (5-15); the rest of the step waits for the link anyway, so the step ends as without host work
+    segs = [Segment("compute", 10), Segment("comm", 100, host_us=40), Segment("compute", 10)]
+    s = simulate(segs)
+    assert s.on_us == 110 and s.host_us == 10
+    assert [(e.start_us, e.end_us) for e in s.events if e.kind == "compute"][:2] == [(0, 5), (5, 15)]
+    with pytest.raises(ValueError, match="host_us"):
+        Segment("comm", 10, host_us=-1)
 
 
 def test_no_communication_means_dbo_only_costs_the_switches() -> None:
@@ -182,6 +214,29 @@ def test_only_waiting_for_a_collective_is_a_switch_point(tmp_path: Path) -> None
     assert [s.kind for s in segs] == ["compute", "comm", "compute", "comm", "compute"]
     assert [s.full_us for s in segs] == pytest.approx([300, 200, 100, 50, 50], abs=0.01)
     assert segs[1].name == "dbo.full.comm.all_to_all.layer0"
+    # gloo's transfers that end in a wait are those collectives' host work; the one the compute overlapped (it ended
+    # at 290, inside the compute) is already in the compute's time
+    assert [s.host_us for s in segs] == pytest.approx([0, 190, 0, 50, 0], abs=0.01)
+
+
+def test_host_work_is_the_shortest_of_the_ranks_transfers(tmp_path: Path) -> None:
+    """Two ranks, one synchronous collective: gloo's transfer takes 150 µs on the rank that came first (it waited for
+    its peer) and 60 µs on the other; the transfer itself, the host work of both, is the shorter one."""
+    for rank, (compute, wait, gloo) in enumerate(((100, 200, 150), (190, 110, 60))):
+        trace = _cpu_trace([("cpu_op", "aten::mm", 1, 0, compute),
+                            ("user_annotation", "dbo.full.comm.all_gather.layer0", 1, compute, wait),
+                            ("user_annotation", "gloo:all_gather", 2, 300 - gloo, gloo),
+                            ("cpu_op", "aten::mm", 1, 300, 100)])
+        trace["distributedInfo"] = {"rank": rank, "world_size": 2}
+        (tmp_path / f"rank{rank}.pt.trace.json").write_text(json.dumps(trace))
+    tl = pa.load(tmp_path, workers=1)
+    windows = {r: step_windows(tl.ranks[r])[0][:2] for r in (0, 1)}
+    assert [[us for _, us in paired_host(tl, windows)[r]] for r in (0, 1)] == [[60.0], [60.0]]
+    d = whatif(tl, switch_us=0)
+    off = whatif(tl, switch_us=0, host_work=False)
+    assert [r["host_us"] for r in d["ranks"]] == pytest.approx([60, 60])  # 30 per micro-batch, both met compute
+    assert d["summary"]["on_us"] > off["summary"]["on_us"]
+    assert off["settings"]["host_work"] is False and all(r["host_us"] == 0 for r in off["ranks"])
 
 
 def test_measured_step_rescales_compute_only(cuda_profile: Path) -> None:

@@ -37,6 +37,7 @@ import json
 import math
 import os
 import queue
+import tempfile
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field, replace
@@ -93,6 +94,11 @@ class Hardware:
     step (vLLM's serving paths); False: one operator per step, the attention scores written to memory and the
     experts looped over, as the reference model's plain torch does.
 
+    ``host_gbps``: per collective kind, the rate (GB/s of wire bytes) at which the collective backend moves the bytes
+    with the rank's own cores (gloo on a CPU): the collective's host work, which with DBO on takes those cores from
+    the compute beside it. Empty (the presets): the data moves without the compute's cores (HCCL's and NCCL's DMA
+    engines and communication cores; ASSUMPTION: no contention with the compute is modelled).
+
     ``matrix_curve``: ((rows, factor), ...), the matrix rate of a product of that many token rows relative to
     ``tflops`` (which is the rate at the rows where the factor is 1), in increasing rows; between two points the
     factor follows log2(rows) linearly, outside them it stays at the nearest. Empty (the presets): one rate for
@@ -116,6 +122,7 @@ class Hardware:
     sources: tuple[str, ...] = ()
     measured: dict[str, Any] = field(default_factory=dict)
     matrix_curve: tuple[tuple[float, float], ...] = ()
+    host_gbps: dict[str, float] = field(default_factory=dict)
 
     def link(self, kind: str, ranks: int) -> Link:
         bw = min(self.link_gbps, self.peer_gbps * max(1, ranks - 1)) * self.link_efficiency
@@ -310,6 +317,11 @@ def hardware_from_dict(data: dict[str, Any], *, base: Hardware | None = None, wh
     values["sources"] = tuple(values.get("sources") or ())
     values["measured"] = dict(values.get("measured") or {})
     values["matrix_curve"] = _curve(values.get("matrix_curve") or (), where)
+    host = values.get("host_gbps") or {}
+    if not isinstance(host, dict) or set(host) - set(COLLECTIVES):
+        raise DBOConfigError(f"{where} host_gbps {host!r} is invalid; accepted: a mapping from {', '.join(COLLECTIVES)} "
+                             "to GB/s")
+    values["host_gbps"] = {k: _positive(f"{where} host_gbps.{k}", v) for k, v in host.items()}
     return Hardware(**values)
 
 
@@ -374,10 +386,11 @@ def measure_cpu_rates(hidden: int, intermediate: int, dtype_bytes: int = 4, *, r
         ctx = mp.get_context("spawn")
         workers = min(ranks, cores)
         barrier, results = ctx.Barrier(workers), ctx.Queue()
+        store = tempfile.TemporaryDirectory(prefix="dbo-rates-")  # the workers' gloo group meets in a file there
         procs = [ctx.Process(target=_cpu_rates_worker, daemon=True,
                              args=(hidden, intermediate, dtype_bytes, rows, repeats, seconds, barrier, results,
-                                   layer, ranks))
-                 for _ in range(workers)]
+                                   layer, ranks, (i, workers, str(Path(store.name) / "group"))))
+                 for i in range(workers)]
         for proc in procs:
             proc.start()
         got: list[dict[str, Any]] = []
@@ -399,13 +412,29 @@ def measure_cpu_rates(hidden: int, intermediate: int, dtype_bytes: int = 4, *, r
                 proc.join(10)
                 if proc.is_alive():
                     proc.kill()
+            store.cleanup()
         m = combine_rank_rates(got, ranks)
     return {**m, "ranks": ranks, "cores": cores}
 
 
 def _cpu_rates_worker(hidden: int, intermediate: int, dtype_bytes: int, rows: int, repeats: int, seconds: float,
-                      barrier: Any, results: Any, layer: dict[str, Any] | None, ranks: int) -> None:
-    results.put(time_rank_rates(hidden, intermediate, dtype_bytes, rows, repeats, seconds, barrier, layer, ranks))
+                      barrier: Any, results: Any, layer: dict[str, Any] | None, ranks: int,
+                      group: tuple[int, int, str] | None = None) -> None:
+    """One timing process; ``group`` = (its rank, the processes, a store file): the processes also form a gloo
+    group, whose collectives ``time_rank_rates`` times (the collectives' host work, ``Hardware.host_gbps``)."""
+    import datetime
+
+    import torch.distributed as dist
+
+    if group is not None:
+        rank, world, path = group
+        dist.init_process_group("gloo", init_method=f"file://{path}", rank=rank, world_size=world,
+                                timeout=datetime.timedelta(seconds=60))
+    try:
+        results.put(time_rank_rates(hidden, intermediate, dtype_bytes, rows, repeats, seconds, barrier, layer, ranks))
+    finally:
+        if group is not None:
+            dist.destroy_process_group()
 
 
 # ------------------------------------------------------------------------------------------------- cost model
@@ -465,6 +494,8 @@ class SegmentCost:
     elementwise_bytes: float = 0.0  # bytes the elementwise and data-movement operators read/write (compute)
     ops: float = 0.0  # operators (kernels) launched (compute)
     rows: float | None = None  # token rows of each matrix product, whole batch (compute)
+    host_us: float = 0.0  # the collective's host work, whole batch and micro-batch (comm; Hardware.host_gbps)
+    host_part_us: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -498,8 +529,11 @@ def _compute(name: str, hw: Hardware, tokens: float, parts: int, *, flops_of: Ca
 
 def _comm(name: str, collective: str, hw: Hardware, ranks: int, wire_bytes: float, parts: int) -> SegmentCost:
     link = hw.link(collective, ranks)
-    return SegmentCost("comm", name, link.time_us(wire_bytes), link.time_us(wire_bytes / parts), 0.0, wire_bytes,
-                       collective)
+    full, part = link.time_us(wire_bytes), link.time_us(wire_bytes / parts)
+    rate = hw.host_gbps.get(collective)
+    host = wire_bytes / (rate * 1e3) if rate else 0.0  # within the collective's time: the link waits on it too
+    return SegmentCost("comm", name, full, part, 0.0, wire_bytes, collective, host_us=min(host, full),
+                       host_part_us=min(host / parts, part))
 
 
 def remote_destinations(experts: int, top_k: int, ranks: int) -> float:
@@ -674,7 +708,7 @@ def step_segments(layers: Sequence[LayerCost]) -> list:
     """The whatif segments of a step (lazily imports profile_analyzer)."""
     from profile_analyzer.whatif import Segment
 
-    return [Segment(s.kind, s.full_us, s.part_us, layer=i, name=s.name)
+    return [Segment(s.kind, s.full_us, s.part_us, layer=i, name=s.name, host_us=s.host_us, host_part_us=s.host_part_us)
             for i, layer in enumerate(layers) for s in layer.segments]
 
 
@@ -826,7 +860,7 @@ def with_cpu_rates(hw: Hardware, spec: ComputeSpec, m: dict[str, Any], *, ranks:
     curve = sorted((float(r), g / m["gflops"]) for r, g in (m.get("gflops_by_rows") or {}).items())
     out = replace(hw, tflops=m["gflops"] / 1e3, mem_bw_gbps=m["copy_gbps"], elementwise_gbps=m["elementwise_gbps"],
                   op_us=m["op_us"], compute_efficiency=1.0, mem_efficiency=1.0, measured=m,
-                  matrix_curve=tuple(curve))
+                  matrix_curve=tuple(curve), host_gbps=dict(m.get("host_gbps") or {}))
     if "layer_ms" not in m:
         return out
     layer_tokens, layer_requests = int(m["layer_tokens"]), int(m["layer_requests"])

@@ -229,6 +229,9 @@ def _finite(lo: float, hi: float, *, min_open: bool = False) -> click.FloatRange
 @click.option("--measured-on", "measured_on", metavar="PATH",
               help="a profile of the same work taken with DBO on: the prediction is compared with its steps, and the "
                    "communication operators of both profiles are put side by side")
+@click.option("--no-host-work", "no_host_work", is_flag=True,
+              help="leave out the collectives' host work: by default the time a CPU collective backend (gloo) spends "
+                   "moving the bytes on the rank's cores is taken from the compute that runs beside it with DBO on")
 @format_option("text", "json", "md")
 @output_option()
 @_output_path_option
@@ -239,7 +242,8 @@ def _finite(lo: float, hi: float, *, min_open: bool = False) -> click.FloatRange
 def whatif_command(path: str | None, profiling_path: str | None, ubatches: int, switch_us: float,
                    compute_scale: float | None, comm_scale: float | None, comm_fixed_us: float,
                    measured_off_us: float | None, measured_on: str | None, format: str, output: Path | None,
-                   output_path: Path | None, rank: int | None, step: int | None, comm_patterns: tuple[str, ...]) -> int:
+                   output_path: Path | None, rank: int | None, step: int | None, comm_patterns: tuple[str, ...],
+                   no_host_work: bool = False) -> int:
     from profile_analyzer.report.whatif import render_whatif
     from profile_analyzer.whatif import whatif
 
@@ -250,7 +254,7 @@ def whatif_command(path: str | None, profiling_path: str | None, ubatches: int, 
                               comm_patterns=comm_patterns) if measured_on is not None else None)
     d = whatif(tl, ubatches=ubatches, switch_us=switch_us, rank=rank, step=step, compute_scale=compute_scale,
                comm_scale=comm_scale, comm_fixed_us=comm_fixed_us, measured_off_us=measured_off_us,
-               measured_on=on_tl)
+               measured_on=on_tl, host_work=not no_host_work)
     write_output(target, render_whatif(d, format))
     return 0
 

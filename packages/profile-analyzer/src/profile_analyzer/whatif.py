@@ -20,6 +20,11 @@ resource per rank:
 * collectives run one at a time on the communication resource, in launch order;
 * every handoff between micro-batches costs ``switch_us`` of compute-resource time (the yield: an OS-thread
   handoff, a greenlet switch, a stream-event wait);
+* a collective's ``host_us`` is the part of its transfer that the rank's compute resource does too (a CPU
+  collective's copies: gloo moves the bytes with the same cores that compute). With DBO off it lies inside the
+  wait; with DBO on it takes the cores from the compute that runs beside the collective: a compute piece that
+  overlaps a collective in flight is longer by the host work it meets (at most the overlap), and host work that
+  meets idle cores costs nothing. A device collective moved by a DMA engine has none;
 * segments flagged ``split=False`` (work outside the micro-batched region, e.g. sampling) run once, whole,
   before or after the ping-pong.
 
@@ -40,7 +45,11 @@ asynchronous collective (its transfer, on a thread or stream without compute, ou
 both stay in the compute, because DBO does not switch micro-batches there (A3's token-count exchange, launched
 under the shared expert, is one). Free time between two pieces of communication is waiting for communication and
 joins it, and pieces of one operator with only compute that overlapped it in between are one segment. So the
-segments add up to the measured DBO-off step exactly. A segment's layer is the number in a ``layer<N>`` / ``layers.<N>.`` name of
+segments add up to the measured DBO-off step exactly. A collective's host work is the time of the tasks a CPU
+collective backend runs to move its bytes (``HOST_COPY``: gloo's own ``gloo:<collective>`` ranges) ending in its
+segment, paired across ranks by their order (every rank issues its collectives in one order) and taken from the
+rank that waited least for its peers (the shortest): the rest of such a task on a faster rank is that rank waiting.
+A segment's layer is the number in a ``layer<N>`` / ``layers.<N>.`` name of
 the tasks it covers; without such names a "layer" is one period of the sequence of collective names (two
 all-reduces per layer in a tensor-parallel dense model read as one period of length 1 unless their names
 differ).
@@ -59,13 +68,17 @@ from profile_analyzer import intervals as iv
 from profile_analyzer.errors import ProfileError
 from profile_analyzer.timeline import COMM_KINDS, COMPUTE_KINDS, RankTimeline, Timeline
 
-__all__ = ["Segment", "Schedule", "LayerResult", "simulate", "split_parts", "segments_from_rank", "step_windows", "whatif",
+__all__ = ["HOST_COPY", "Segment", "host_copies", "paired_host", "Schedule", "LayerResult", "simulate", "split_parts", "segments_from_rank", "step_windows", "whatif",
            "measured", "collectives_by_name", "LAYER_NAME"]
 
 LAYER_NAME = re.compile(r"(?<![a-z])layers?[._#-]?(\d+)(?!\d)", re.IGNORECASE)
 """A layer index in a task name: ``layer3``, ``attn_layer_3``, ``model.layers.3.mlp``, ``Layer#3``."""
 
 KINDS = ("compute", "comm")
+
+HOST_COPY = re.compile(r"^gloo:")
+"""Tasks in which a CPU collective backend moves the bytes with the host's cores (gloo's ``gloo:all_gather``,
+``gloo:all_reduce``, ... ranges): their time, on the rank that waited least, is the collective's host work."""
 
 
 @dataclass(frozen=True)
@@ -78,11 +91,14 @@ class Segment:
     layer: int | None = None
     name: str = ""
     split: bool = True
+    host_us: float = 0.0
+    host_part_us: float | None = None
 
     def __post_init__(self) -> None:
         if self.kind not in KINDS:
             raise ValueError(f"segment kind must be one of {KINDS}, got {self.kind!r}")
-        for what, v in (("full_us", self.full_us), ("part_us", self.part_us)):
+        for what, v in (("full_us", self.full_us), ("part_us", self.part_us), ("host_us", self.host_us),
+                        ("host_part_us", self.host_part_us)):
             if v is not None and not (v >= 0 and np.isfinite(v)):
                 raise ValueError(f"segment {what} must be a finite non-negative number, got {v!r}")
 
@@ -121,6 +137,8 @@ class Schedule:
     comm_exposed_us: float
     layers: list[LayerResult]
     events: list[Event] = field(repr=False)
+    host_us: float = 0.0
+    """Compute-resource time the collectives' host work took from the compute beside them (see the module doc)."""
 
     @property
     def speedup(self) -> float:
@@ -129,7 +147,7 @@ class Schedule:
     def to_dict(self, events: bool = False) -> dict[str, Any]:
         d = {"ubatches": self.ubatches, "switch_us": self.switch_us, "off_us": self.off_us, "on_us": self.on_us,
              "speedup": self.speedup, "switches": self.switches, "compute_idle_us": self.compute_idle_us,
-             "comm_exposed_us": self.comm_exposed_us, "layers": [asdict(x) for x in self.layers],
+             "comm_exposed_us": self.comm_exposed_us, "host_us": self.host_us, "layers": [asdict(x) for x in self.layers],
              "layers_that_cannot_pay": [x.layer for x in self.layers if not x.pays]}
         if events:
             d["events"] = [asdict(e) for e in self.events]
@@ -140,7 +158,9 @@ def split_parts(segments: Sequence[Segment], ubatches: int = 2, *, compute_scale
                 comm_scale: float | None = None, comm_fixed_us: float = 0.0, compute_fixed_us: float = 0.0
                 ) -> list[Segment]:
     """Fill in ``part_us`` where it is missing: ``fixed + (full - fixed) * scale`` (scale defaults to
-    ``1/ubatches``: time proportional to tokens, above a fixed part such as a collective's latency)."""
+    ``1/ubatches``: time proportional to tokens, above a fixed part such as a collective's latency), and
+    ``host_part_us``: the host work in proportion to the bytes (``host_us * comm scale``), or to ``part_us`` where
+    that was given."""
     if ubatches < 2:
         raise ValueError(f"ubatches must be 2 or more, got {ubatches}")
     scales = {"compute": 1.0 / ubatches if compute_scale is None else compute_scale,
@@ -152,10 +172,13 @@ def split_parts(segments: Sequence[Segment], ubatches: int = 2, *, compute_scale
     out = []
     for s in segments:
         if s.part_us is not None or not s.split:
-            out.append(s if s.part_us is not None else replace(s, part_us=s.full_us))
-            continue
-        f = min(fixed[s.kind], s.full_us)
-        out.append(replace(s, part_us=f + (s.full_us - f) * scales[s.kind]))
+            s = s if s.part_us is not None else replace(s, part_us=s.full_us)
+            host = s.host_us * (s.part_us / s.full_us if s.full_us > 0 else 1.0)
+        else:
+            f = min(fixed[s.kind], s.full_us)
+            s = replace(s, part_us=f + (s.full_us - f) * scales[s.kind])
+            host = s.host_us * scales[s.kind]
+        out.append(s if s.host_part_us is not None else replace(s, host_part_us=min(host, s.part_us)))
     return out
 
 
@@ -207,6 +230,19 @@ def simulate(segments: Sequence[Segment], ubatches: int = 2, switch_us: float = 
     idle = 0.0
     current = None
     comm_exposed = 0.0
+    in_flight: list[list[float]] = []  # [start, end, host work not yet charged] of collectives with host work
+    host_total = 0.0
+
+    def charge(a: float, b: float) -> float:
+        """The host work of collectives in flight that a compute piece running from ``a`` to ``b`` meets."""
+        taken = 0.0
+        for c in in_flight:
+            if c[2] > 0 and c[0] < b and c[1] > a:
+                x = min(c[2], min(b, c[1]) - max(a, c[0]))
+                c[2] -= x
+                taken += x
+        return taken
+
     for compute, comm in chunks:
         for u in range(ubatches):
             start = max(compute_free, ready[u])
@@ -216,8 +252,10 @@ def simulate(segments: Sequence[Segment], ubatches: int = 2, switch_us: float = 
             idle += max(0.0, ready[u] - compute_free)
             current = u
             for s in compute:
-                events.append(Event(u, "compute", start, start + s.part_us, s.layer, s.name))
-                start += s.part_us
+                extra = charge(start, start + s.part_us) if in_flight else 0.0
+                host_total += extra
+                events.append(Event(u, "compute", start, start + s.part_us + extra, s.layer, s.name))
+                start += s.part_us + extra
                 layer_end[s.layer] = max(layer_end.get(s.layer, 0.0), start)
             compute_free = start
             if comm is None:
@@ -226,6 +264,9 @@ def simulate(segments: Sequence[Segment], ubatches: int = 2, switch_us: float = 
             cstart = max(start, comm_free)
             comm_free = cend = cstart + comm.part_us
             events.append(Event(u, "comm", cstart, cend, comm.layer, comm.name))
+            if comm.host_part_us:
+                in_flight = [c for c in in_flight if c[2] > 0 and c[1] > start]
+                in_flight.append([cstart, cend, comm.host_part_us])
             layer_end[comm.layer] = max(layer_end.get(comm.layer, 0.0), cend)
             ready[u] = cend
     end = max([compute_free, *ready]) if chunks else t
@@ -252,7 +293,7 @@ def simulate(segments: Sequence[Segment], ubatches: int = 2, switch_us: float = 
         prev = e
     if layers and prev < on_us:  # rounding: give the rest to the last row
         layers[-1].on_us += on_us - prev
-    return Schedule(ubatches, switch_us, off_us, on_us, switches, idle, comm_exposed, layers, events)
+    return Schedule(ubatches, switch_us, off_us, on_us, switches, idle, comm_exposed, layers, events, host_total)
 
 
 def _alone(segs: list[Segment], ubatches: int, switch_us: float) -> float:
@@ -300,8 +341,22 @@ def step_windows(rt: RankTimeline, step: int | None = None) -> list[tuple[int, i
     return [(int(rt.start_ns[work].min()), int(rt.end_ns[work].max()), None)]
 
 
-def segments_from_rank(rt: RankTimeline, window: tuple[int, int] | None = None) -> list[Segment]:
-    """The DBO-off chain of one rank between ``window`` = (start_ns, end_ns) (default: its last step)."""
+def host_copies(rt: RankTimeline, window: tuple[int, int]) -> list[tuple[int, float]]:
+    """(end_ns, µs) of the rank's ``HOST_COPY`` tasks that end inside ``window``, in the order they started."""
+    lo, hi = window
+    ids = [i for i, n in enumerate(rt.names) if HOST_COPY.search(n)]
+    if not ids:
+        return []
+    idx = np.nonzero(np.isin(rt.name_id, ids) & (rt.end_ns > lo) & (rt.end_ns <= hi))[0]
+    idx = idx[np.argsort(rt.start_ns[idx], kind="stable")]
+    return [(int(e), (e - b) / 1000.0) for b, e in zip(rt.start_ns[idx].tolist(), rt.end_ns[idx].tolist(), strict=True)]
+
+
+def segments_from_rank(rt: RankTimeline, window: tuple[int, int] | None = None,
+                       host: Sequence[tuple[int, float]] | None = None) -> list[Segment]:
+    """The DBO-off chain of one rank between ``window`` = (start_ns, end_ns) (default: its last step). ``host``:
+    (end_ns, µs) of each collective's host work (default: the rank's own ``host_copies``); a communication segment
+    carries the host work that ends inside it (host work that ends in compute overlapped compute already)."""
     lo, hi = window if window is not None else step_windows(rt)[-1][:2]
     inside = (rt.start_ns < hi) & (rt.end_ns > lo)
     comp_mask = rt.of_kind(*COMPUTE_KINDS) & inside
@@ -338,12 +393,14 @@ def segments_from_rank(rt: RankTimeline, window: tuple[int, int] | None = None) 
     by_len = c_idx[np.argsort(-(c_e - c_s), kind="stable")]
     segs: list[Segment] = []
     owners: list[int] = []  # per segment: the outermost communication task it lies in (-1: compute)
+    spans: list[tuple[int, int]] = []  # per segment: from where to where in the step
     for a, b, k, tot in runs:
         if tot == 0:
             continue
         if k == "compute":
             segs.append(Segment("compute", tot / 1000.0))
             owners.append(-1)
+            spans.append((a, b))
             continue
         hit = by_len[(rt.start_ns[by_len] < b) & (rt.end_ns[by_len] > a)]
         names = [rt.names[int(rt.name_id[j])] for j in hit]
@@ -355,18 +412,50 @@ def segments_from_rank(rt: RankTimeline, window: tuple[int, int] | None = None) 
             owners.pop()
             prev = segs.pop()
             owners.pop()
+            mid_span = spans.pop()
+            prev_span = spans.pop()
             if segs and segs[-1].kind == "compute":
                 segs[-1] = replace(segs[-1], full_us=segs[-1].full_us + mid.full_us)
+                spans[-1] = (spans[-1][0], mid_span[1])
             else:
                 segs.append(mid)
                 owners.append(-1)
+                spans.append(mid_span)
             segs.append(replace(prev, full_us=prev.full_us + tot / 1000.0))
             owners.append(owner)
+            spans.append((prev_span[0], b))
             continue
         segs.append(Segment("comm", tot / 1000.0, name=names[0] if names else "communication",
                             layer=_layer_of(names)))
         owners.append(owner)
-    return _assign_layers(segs)
+        spans.append((a, b))
+    return _assign_layers(_with_host(segs, spans, host_copies(rt, (lo, hi)) if host is None else host))
+
+
+def _with_host(segs: list[Segment], spans: list[tuple[int, int]], host: Sequence[tuple[int, float]]
+               ) -> list[Segment]:
+    """Each communication segment with the host work that ends inside it (at most the segment itself)."""
+    if not host:
+        return segs
+    starts = np.array([a for a, _ in spans], dtype=np.int64)
+    per = [0.0] * len(segs)
+    for end, us in host:
+        i = int(np.searchsorted(starts, end, side="left")) - 1  # the segment the host work ends in
+        if 0 <= i < len(segs) and segs[i].kind == "comm" and spans[i][0] < end <= spans[i][1]:
+            per[i] += us
+    return [replace(s, host_us=min(h, s.full_us)) if h else s for s, h in zip(segs, per, strict=True)]
+
+
+def paired_host(timeline: Timeline, windows: dict[int, tuple[int, int]]) -> dict[int, list[tuple[int, float]]]:
+    """Per rank, its ``host_copies`` in ``windows[rank]``, each as long as the shortest of the tasks in the same
+    place of every rank's order (every rank issues its collectives in one order; the rest of a longer one is that
+    rank waiting for its peers). Ranks whose counts differ keep their own times."""
+    own = {r: host_copies(timeline.ranks[r], w) for r, w in windows.items()}
+    counts = {len(v) for v in own.values()}
+    if len(counts) != 1 or len(own) < 2:
+        return own
+    shortest = [min(own[r][k][1] for r in own) for k in range(counts.pop())]
+    return {r: [(end, shortest[k]) for k, (end, _) in enumerate(v)] for r, v in own.items()}
 
 
 def _waits(rt: RankTimeline, comm_mask: np.ndarray, comm: iv.IntervalSet, exposed: iv.IntervalSet
@@ -474,7 +563,7 @@ def measured(timeline: Timeline, rank: int | None = None) -> dict[str, Any]:
 def whatif(timeline: Timeline, *, ubatches: int = 2, switch_us: float = 30.0, rank: int | None = None,
            step: int | None = None, compute_scale: float | None = None, comm_scale: float | None = None,
            comm_fixed_us: float = 0.0, measured_off_us: float | None = None,
-           measured_on: Timeline | None = None) -> dict[str, Any]:
+           measured_on: Timeline | None = None, host_work: bool = True) -> dict[str, Any]:
     """Every step of every rank simulated with DBO on; a step is as slow as its slowest rank.
 
     ``ranks[*].steps``: per step off/on; ``ranks[*]`` itself carries the full schedule summary and the per-layer
@@ -486,15 +575,24 @@ def whatif(timeline: Timeline, *, ubatches: int = 2, switch_us: float = 30.0, ra
     ``measured_on``: a profile of the same work taken with DBO on; the result's ``measured_on`` compares the
     predicted mean step with its measured one, and puts each profile's communication operators side by side
     (the prediction assumes DBO runs the same collectives; where DBO changes them it cannot know).
+
+    ``host_work``: charge the collectives' host work (``HOST_COPY`` tasks, paired across ranks) to the compute
+    beside them; False leaves the compute resource to the compute alone.
     """
     if rank is not None and rank not in timeline.ranks:
         raise ProfileError(timeline.source, f"rank {rank} not in the profile; ranks present: {sorted(timeline.ranks)}")
     ranks = [rank] if rank is not None else sorted(timeline.ranks)
     rows = []
     per_step: dict[int | None, list[tuple[float, float]]] = {}
+    windows = {r: step_windows(timeline.ranks[r], step) for r in ranks}
+    host: dict[tuple[int, int | None], list[tuple[int, float]]] = {}
+    for sid in {w[2] for ws in windows.values() for w in ws} if host_work else ():
+        mine = {r: (lo, hi) for r, ws in windows.items() for lo, hi, x in ws if x == sid}
+        host.update({(r, sid): v for r, v in paired_host(timeline, mine).items()})
     for r in ranks:
         rt = timeline.ranks[r]
-        chains = [(sid, segments_from_rank(rt, (lo, hi))) for lo, hi, sid in step_windows(rt, step)]
+        chains = [(sid, segments_from_rank(rt, (lo, hi), host.get((r, sid), [])))
+                  for lo, hi, sid in windows[r]]
         scale = 1.0
         if measured_off_us is not None:
             comp = sum(x.full_us for _, segs in chains for x in segs if x.kind == "compute")
@@ -513,6 +611,7 @@ def whatif(timeline: Timeline, *, ubatches: int = 2, switch_us: float = 30.0, ra
             sched = simulate(segs, ubatches, switch_us, compute_scale=compute_scale, comm_scale=comm_scale,
                              comm_fixed_us=comm_fixed_us)
             steps.append({"step": sid, "off_us": sched.off_us, "on_us": sched.on_us, "speedup": sched.speedup,
+                          "host_us": sched.host_us,
                           "collectives": sum(x.kind == "comm" for x in segs),
                           "comm_us": sum(x.full_us for x in segs if x.kind == "comm")})
             per_step.setdefault(sid, []).append((sched.off_us, sched.on_us))
@@ -532,7 +631,7 @@ def whatif(timeline: Timeline, *, ubatches: int = 2, switch_us: float = 30.0, ra
         "settings": {"ubatches": ubatches, "switch_us": switch_us,
                      "compute_scale": 1.0 / ubatches if compute_scale is None else compute_scale,
                      "comm_scale": 1.0 / ubatches if comm_scale is None else comm_scale,
-                     "comm_fixed_us": comm_fixed_us, "measured_off_us": measured_off_us},
+                     "comm_fixed_us": comm_fixed_us, "measured_off_us": measured_off_us, "host_work": host_work},
         "summary": {"steps": len(per_step), "off_us": off, "on_us": on, "speedup": off / on if on else None,
                     "pays": on < off, "exposed_comm_us": max(sum(s["comm_us"] for s in x["steps"]) for x in rows)},
         "ranks": rows,

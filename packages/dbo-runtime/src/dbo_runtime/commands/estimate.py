@@ -34,6 +34,9 @@ def _format_text(result: dict[str, Any]) -> str:
     if hw.get("measured"):
         lines.append(f"measured here: {hw['measured']['gflops']:.1f} GFLOP/s on {hw['measured']['shape']}, "
                      f"copy {hw['measured']['copy_gbps']:.1f} GB/s")
+    if hw.get("host_gbps"):
+        lines.append("collectives' host work (the backend moving the bytes with this CPU's cores, taken from the compute "
+                     "beside it with DBO on): " + ", ".join(f"{k} {v:.3g} GB/s" for k, v in hw["host_gbps"].items()))
     if hw.get("matrix_curve"):
         lines.append("matrix rate by token rows (x the rate above): "
                      + ", ".join(f"{r:g}: {f:.2f}" for r, f in hw["matrix_curve"]))

@@ -1,7 +1,8 @@
 """This CPU's rates for one rank of the reference model (``dbo-runtime estimate --hardware cpu-link``), timed in
 the calling process while the other ranks time theirs: the matrix rate of the model's MLP shapes, the copy
-bandwidth, the elementwise rate of a SwiGLU, the fixed cost of one operator and, optionally, one whole layer of the
-reference model. :func:`dbo_runtime.estimate.measure_cpu_rates` runs :func:`time_rank_rates` in as many spawned
+bandwidth, the elementwise rate of a SwiGLU, the fixed cost of one operator, optionally one whole layer of the
+reference model and, where the ranks share a process group (gloo), the rate at which gloo moves each collective's
+bytes with the ranks' own cores (``host_gbps``: the collectives' host work, which DBO overlaps with compute). :func:`dbo_runtime.estimate.measure_cpu_rates` runs :func:`time_rank_rates` in as many spawned
 processes as ranks; ``dbo-runtime bench`` runs it in its own ranks beside each sweep row. Both combine the ranks'
 timings with :func:`combine_rank_rates`.
 """
@@ -25,6 +26,12 @@ use the vector units poorly, large ones spill the caches), so a micro-batch of h
 the time. The range covers the reference sweep's products, whole batch and micro-batch (experts: 128-1024 rows
 each, attention and shared experts: 256-2048)."""
 
+COLLECTIVE_ROWS = 1024
+"""Token rows per rank of the timed collectives (the reference sweep's default batch): smaller ones are mostly
+gloo's fixed cost per call, and their rate moved by 3x from one timing to the next here."""
+COLLECTIVE_ROUNDS = 31
+"""Timed calls of each collective kind (about half a second in all at ``COLLECTIVE_ROWS`` here)."""
+
 
 def rate_layer(reference: Any, tokens: int = 512, requests: int = 4) -> dict[str, Any]:
     """The reference-model layer :func:`measure_cpu_rates` / :func:`time_rank_rates` time whole."""
@@ -41,6 +48,8 @@ def combine_rank_rates(got: Sequence[dict[str, Any]], ranks: int) -> dict[str, A
          if all("gflops_by_rows" in x for x in got) else {},
          "elementwise_gbps": min(x["elementwise_gbps"] for x in got) * share,
          "op_us": max(x["op_us"] for x in got) / share, "shape": got[0]["shape"], "ranks": ranks, "cores": cores}
+    if all(x.get("host_gbps") for x in got):  # the rank that waited least for its peers: the transfer itself
+        m["host_gbps"] = {k: max(x["host_gbps"][k] for x in got) for k in got[0]["host_gbps"]}
     if all("layer_ms" in x for x in got):
         m.update(layer_ms=max(x["layer_ms"] for x in got) / share, layer_tokens=got[0]["layer_tokens"],
                  layer_requests=got[0]["layer_requests"])
@@ -55,9 +64,10 @@ def pool_rates(timings: Sequence[dict[str, Any]]) -> dict[str, Any]:
     for key, value in timings[0].items():
         if isinstance(value, float):
             out[key] = statistics.median(float(t[key]) for t in timings)
-    curves = [t.get("gflops_by_rows") or {} for t in timings]
-    if all(curves):
-        out["gflops_by_rows"] = {rows: statistics.median(c[rows] for c in curves) for rows in curves[0]}
+    for key in ("gflops_by_rows", "host_gbps"):
+        curves = [t.get(key) or {} for t in timings]
+        if all(curves):
+            out[key] = {k: statistics.median(c[k] for c in curves) for k in curves[0]}
     out["timings"] = len(timings)
     return out
 
@@ -122,16 +132,60 @@ def time_rank_rates(hidden: int, intermediate: int, dtype_bytes: int, rows: int,
                 layer_times.append(time.perf_counter() - t4)
     finally:
         torch.set_num_threads(threads)
+    host = time_collectives(hidden, COLLECTIVE_ROWS, COLLECTIVE_ROUNDS)
     q = statistics.median  # as the bench's step times: a rate that predicts a typical step, not a best one
     timed_layer = {} if layer is None else {"layer_ms": q(layer_times) * 1e3, "layer_tokens": int(layer["tokens"]),
                                             "layer_requests": int(layer["requests"])}
-    return {**timed_layer,
+    return {**timed_layer, **({"host_gbps": host} if host else {}),
             "gflops": 2 * rows * hidden * 3 * intermediate / q(mm[rows]) / 1e9,
             "gflops_by_rows": {n: 2 * n * hidden * 3 * intermediate / q(mm[n]) / 1e9 for n in curve},
             "copy_gbps": 2 * src.numel() * 4 / q(copy) / 1e9,
             "elementwise_gbps": 3 * rows * intermediate * b / q(act) / 1e9,  # read gate and up, write the product
             "op_us": q(op) * 1e6,
             "shape": f"[{rows}x{hidden}]@[{hidden}x{2 * intermediate}] + [{rows}x{intermediate}]@[{intermediate}x{hidden}]"}
+
+
+def collective_wire_bytes(kind: str, nbytes: float, ranks: int) -> float:
+    """What one rank moves over its link in a collective whose per-rank tensor is ``nbytes`` (the input of an
+    all-gather, all-to-all or all-reduce, the output of a reduce-scatter), as ``dbo-runtime estimate`` counts it."""
+    if kind == "all_reduce":
+        return 2 * (ranks - 1) / ranks * nbytes
+    if kind == "all_to_all":
+        return (ranks - 1) / ranks * nbytes
+    return (ranks - 1) * nbytes
+
+
+def time_collectives(hidden: int, rows: int, rounds: int) -> dict[str, float]:
+    """Where this process is one rank of an initialised process group of two or more ranks (``dbo-runtime bench``'s
+    ranks, ``measure_cpu_rates``' workers): each collective kind of ``dbo-runtime estimate`` on ``rows`` x ``hidden``
+    float32 per rank, ``rounds`` times after a barrier (a fixed count: every rank makes the same calls), as the
+    wire bytes it moves over the median time (GB/s). On a CPU backend (gloo) that time is the host's cores moving
+    the bytes; empty without such a group."""
+    import torch
+    import torch.distributed as dist
+
+    if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() < 2:
+        return {}
+    n = dist.get_world_size()
+    x = torch.randn(rows, hidden)
+    gathered, wide, out = torch.empty(n * rows, hidden), torch.randn(n * rows, hidden), torch.empty(rows, hidden)
+    gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor  # as reference.comm calls them
+    scatter = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
+    ops = {"all_gather": lambda: gather(gathered, x),
+           "reduce_scatter": lambda: scatter(out, wide),
+           "all_reduce": lambda: dist.all_reduce(out),
+           "all_to_all": lambda: dist.all_to_all_single(gathered[:rows], x)}
+    rates = {}
+    for kind, op in ops.items():
+        op()  # warm-up
+        times = []
+        for _ in range(rounds):
+            dist.barrier()
+            t0 = time.perf_counter()
+            op()
+            times.append(time.perf_counter() - t0)
+        rates[kind] = collective_wire_bytes(kind, x.numel() * 4, n) / statistics.median(times) / 1e9
+    return rates
 
 
 def _reference_layer(layer: dict[str, Any], ranks: int) -> Callable[[], None]:

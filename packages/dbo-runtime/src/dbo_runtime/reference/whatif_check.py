@@ -17,7 +17,10 @@ Settings of the prediction, and why:
   half the tokens; else 1/2 (compute proportional to tokens). A micro-batch computes what a batch of half the tokens
   does, and on this CPU that is not half: at 256 tokens per rank the reference model's DBO-off compute is about
   three quarters of its compute at 512 (the sweep's below-threshold rows against its 512-token rows, in
-  ``dbo_runtime.json``). A user does the same with two DBO-off profiles (``--compute-scale``).
+  ``dbo_runtime.json``). A user does the same with two DBO-off profiles (``--compute-scale``);
+* the collectives' host work (the what-if's default): gloo moves each collective's bytes with the cores the ranks
+  compute on. With DBO off that happens while the rank waits; with DBO on it takes the cores from the other
+  micro-batch's compute. The table keeps the error without it (``--no-host-work``) beside the error with it.
 """
 
 from __future__ import annotations
@@ -133,6 +136,7 @@ def validate(summary: dict[str, Any], trace_root: str | Path,
             off_us = r["t_off_ms"] * 1000.0
             d = predict(compute_scale=scale, measured_off_us=off_us)
             d_half = predict(compute_scale=None, measured_off_us=off_us) if scale is not None else d  # None: 1/2
+            d_nohost = predict(compute_scale=scale, measured_off_us=off_us, host_work=False)
             step_errors = _step_errors(predict, r.get("per_step_ms") or {})
         except ProfileError as exc:  # a trace the simulation cannot use is a row without a prediction
             out.append({"pattern": r["pattern"], "tokens": r["tokens"], "link": r["link"], "trace": str(folder),
@@ -147,6 +151,8 @@ def validate(summary: dict[str, Any], trace_root: str | Path,
         # the same prediction with the what-if's default scale (1/2: compute proportional to tokens), for comparison
         on_half = d_half["summary"]["on_us"] / 1000.0
         err_half = (r["t_off_ms"] / on_half) / measured_speedup - 1.0 if measured_speedup and on_half else math.nan
+        on_nohost = d_nohost["summary"]["on_us"] / 1000.0
+        err_nohost = (r["t_off_ms"] / on_nohost) / measured_speedup - 1.0 if measured_speedup and on_nohost else math.nan
         checked = max(measured, r["t_off_ms"]) > MIN_STEP_MS
         out.append({
             "pattern": r["pattern"], "tokens": r["tokens"], "link": r["link"], "trace": str(folder),
@@ -156,6 +162,8 @@ def validate(summary: dict[str, Any], trace_root: str | Path,
             "within": (abs(err) <= TOLERANCE) if checked else None, "disturbed": bool(r.get("disturbed")),
             "switch_us": switch_us, "comm_fixed_us": latency_us, "compute_scale": 0.5 if scale is None else scale,
             "compute_scale_measured": scale is not None, "error_scale_half": err_half, "step_errors": step_errors,
+            "error_without_host_work": err_nohost,
+            "host_work_ms": max(x["host_us"] for x in d["ranks"]) / 1000.0,
             "layers_that_cannot_pay": sorted({x["layer"] for rank in d["ranks"] for x in rank["layers"]
                                               if not x["pays"] and x["layer"] is not None}),
         })  # fmt: skip
@@ -173,12 +181,14 @@ def format_whatif_markdown(rows: list[dict[str, Any]]) -> str:
         "settings) vs the measured DBO-on step. Compute scale: the DBO-off compute at half the tokens over the row's "
         "DBO-off compute, measured step by step beside it (median of the steps' ratios; without the profiler). Speed-up "
         "measured: the median over the row's adjacent off/on step pairs; error: predicted speed-up / measured "
-        "speed-up - 1; the last column: the error with the what-if's default compute scale, 1/2.",
+        "speed-up - 1. Host work: gloo's transfers, taken from the compute beside them with DBO on (the slowest "
+        "rank's, ms per step); the error without it and the error with the what-if's default compute scale, 1/2, "
+        "follow.",
         "",
         "| pattern | tokens/rank | link | T_off ms | compute scale | T_on measured ms | T_on predicted ms | "
-        "speed-up measured (pairs) | speed-up predicted | error | within 10% | error at scale 1/2 "
-        "| error per step: quartiles |",
-        "|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---|---:|---:|",
+        "speed-up measured (pairs) | speed-up predicted | error | within 10% | host work ms | error without host work "
+        "| error at scale 1/2 | error per step: quartiles |",
+        "|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---|---:|---:|---:|---:|",
     ]
     for r in rows:
         within = "-" if r["within"] is None else ("yes" if r["within"] else "**no**")
@@ -187,13 +197,15 @@ def format_whatif_markdown(rows: list[dict[str, Any]]) -> str:
             f"| {r['compute_scale']:.2f}{'' if r['compute_scale_measured'] else ' (default)'} | {r['t_on_ms']:.0f} "
             f"| {r['predicted_on_ms']:.0f} | {r['measured_speedup']:.2f}x | {r['predicted_speedup']:.2f}x "
             f"| {r['error'] * 100:+.1f}% | {within}{' (disturbed row)' if r['disturbed'] else ''} "
+            f"| {r.get('host_work_ms', 0.0):.1f} | {r.get('error_without_host_work', math.nan) * 100:+.1f}% "
             f"| {r['error_scale_half'] * 100:+.1f}% | {_quartiles(r.get('step_errors') or [])} |"
         )
-    lines += [f"| {r['pattern']} | {r['tokens']} | {r['link']} | | | | | | | | no prediction: {r['error_message']} | | |"
-              for r in failed]
+    lines += [f"| {r['pattern']} | {r['tokens']} | {r['link']} | | | | | | | | no prediction: {r['error_message']} "
+              "| | | | |" for r in failed]
     ok_half = sum(abs(r["error_scale_half"]) <= TOLERANCE for r in checked)
+    ok_nohost = sum(abs(r.get("error_without_host_work", math.nan)) <= TOLERANCE for r in checked)
     lines += ["", f"Within {TOLERANCE:.0%}: {ok} of {len(checked)} rows whose step takes over {MIN_STEP_MS:g} ms"
-              + f" ({ok_half} of {len(checked)} at compute scale 1/2)"
+              + f" ({ok_nohost} without the host work, {ok_half} at compute scale 1/2)"
               + (f"; {len(failed)} row(s) without a prediction." if failed else "."), ""]
     scatter = step_scatter(checked)
     if scatter is not None:

@@ -64,6 +64,12 @@ def render_whatif(d: dict[str, Any], fmt: str, width: int = 120) -> str:
                f"{st['comm_fixed_us']:g} µs + the rest x{st['comm_scale']:g}; a switch costs {st['switch_us']:g} µs")
     if st.get("measured_off_us") is not None:
         setting += f"; compute scaled to a measured DBO-off step of {st['measured_off_us']:,.1f} µs"
+    host = max((r["host_us"] for r in d["ranks"]), default=0.0)
+    if host > 0:
+        setting += (f"; the collectives' host work (gloo's transfers) takes the cores from the compute beside them: "
+                    f"up to {host:,.1f} µs in the longest step")
+    elif not st.get("host_work", True):
+        setting += "; the collectives' host work left out (--no-host-work)"
     if fmt == "md":
         lines = [f"## What would DBO give? `{d['source']['path']}`", "", verdict(d), "", f"Model: {setting}.", ""]
         for title, headers, rows in tables(d):
