@@ -68,8 +68,8 @@ from profile_analyzer import intervals as iv
 from profile_analyzer.errors import ProfileError
 from profile_analyzer.timeline import COMM_KINDS, COMPUTE_KINDS, RankTimeline, Timeline
 
-__all__ = ["HOST_COPY", "Segment", "host_copies", "paired_host", "Schedule", "LayerResult", "simulate", "split_parts", "segments_from_rank", "step_windows", "whatif",
-           "measured", "collectives_by_name", "LAYER_NAME"]
+__all__ = ["Segment", "Schedule", "LayerResult", "simulate", "split_parts", "segments_from_rank", "step_windows", "whatif",
+           "measured", "collectives_by_name", "LAYER_NAME", "HOST_COPY", "host_copies", "paired_host"]
 
 LAYER_NAME = re.compile(r"(?<![a-z])layers?[._#-]?(\d+)(?!\d)", re.IGNORECASE)
 """A layer index in a task name: ``layer3``, ``attn_layer_3``, ``model.layers.3.mlp``, ``Layer#3``."""
