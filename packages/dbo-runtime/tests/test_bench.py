@@ -84,7 +84,7 @@ def test_bad_sweep_options_are_one_line_exit_2(tmp_path, capsys, argv, needle):
     assert not list(tmp_path.iterdir())  # nothing written
 
 
-def test_quick_bench_writes_results(tmp_path):
+def test_quick_bench_writes_results(tmp_path, capsys):
     # --tokens: the default-link rows in the order given (one count twice: how one setting varies within a run)
     out = subprocess.run([sys.executable, "-m", "dbo_runtime.bench", "--out", str(tmp_path), "--quick",
                           "--tokens", "128", "--tokens", "96", "--tokens", "128", "--steps", "3"],
@@ -106,6 +106,16 @@ def test_quick_bench_writes_results(tmp_path):
     predicted = [w for w in data["whatif"] if "error_message" not in w]
     assert predicted and all(w["host_work_ms"] >= 0 and math.isfinite(w["error_without_host_work"]) for w in predicted)
     assert any(w["host_work_ms"] > 0 for w in predicted)
+    # the check run again from the folder alone (validate_whatif.py): the step pairs from the JSON's per_step_ms, the
+    # same traces and settings, so the same table as the bench's
+    from dbo_runtime.reference import whatif_check
+
+    assert whatif_check.main([str(tmp_path)]) == 0
+    again = [x for x in capsys.readouterr().out.splitlines() if x.startswith("| a")]
+    bench_md = (tmp_path / "dbo_runtime.md").read_text().splitlines()
+    assert again and all(x in bench_md for x in again)
+    assert whatif_check.main([str(tmp_path / "dbo-whatif-traces")]) == 2
+    assert "no readable `dbo-runtime bench` JSON" in capsys.readouterr().err
     assert all(w["predicted_on_ms"] >= w["t_off_ms"] / (1 + w["error_without_host_work"]) / w["measured_speedup"]
                - 1e-9 for w in predicted)  # host work only ever lengthens the DBO-on step
     for row in data["rows"]:

@@ -33,7 +33,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-__all__ = ["row_trace_dir", "validate", "compute_scale", "format_whatif_markdown", "step_scatter", "TOLERANCE",
+__all__ = ["row_trace_dir", "validate", "main", "compute_scale", "format_whatif_markdown", "step_scatter", "TOLERANCE",
            "MIN_STEP_MS"]
 
 TOLERANCE = 0.10
@@ -57,11 +57,14 @@ def occurrences(rows: list[tuple[str, int, str]]) -> list[int]:
     return out
 
 
-def _pair_speedup(per_rank: list[dict[str, Any]] | None, i: int) -> float | None:
+def _pair_speedup(per_rank: list[dict[str, Any]] | None, i: int, row: dict[str, Any] | None = None) -> float | None:
     """Median over the row's adjacent off/on step pairs (slowest rank each) of T_off / T_on: steadier than the
-    ratio of the two medians under a load that changes from step to step."""
+    ratio of the two medians under a load that changes from step to step. Without the ranks' own results, from the
+    summary row's ``per_step_ms`` (the same slowest rank per step)."""
     if not per_rank:
-        return None
+        steps = (row or {}).get("per_step_ms") or {}
+        pairs = [off / on for off, on in zip(steps.get("off") or [], steps.get("on") or [], strict=False) if on > 0]
+        return statistics.median(pairs) if pairs else None
     rows = [r["rows"][i] for r in per_rank]
     n = min(len(r["off"]["steps_s"]) for r in rows)
     ratios = [max(r["off"]["steps_s"][k] for r in rows) / max(r["on"]["steps_s"][k] for r in rows) for k in range(n)]
@@ -145,7 +148,7 @@ def validate(summary: dict[str, Any], trace_root: str | Path,
         predicted = d["summary"]["on_us"] / 1000.0
         measured = r["t_on_ms"]
         predicted_speedup = r["t_off_ms"] / predicted if predicted else math.nan
-        pairs = _pair_speedup(per_rank, i)
+        pairs = _pair_speedup(per_rank, i, r)
         measured_speedup = pairs if pairs is not None else r["speedup"]
         err = predicted_speedup / measured_speedup - 1.0 if measured_speedup else math.nan
         # the same prediction with the what-if's default scale (1/2: compute proportional to tokens), for comparison
@@ -222,3 +225,36 @@ def _quartiles(errors: list[float]) -> str:
         return "-"
     q1, q2, q3 = statistics.quantiles(errors, n=4, method="inclusive")
     return f"{q1 * 100:+.0f} / {q2 * 100:+.0f} / {q3 * 100:+.0f}%"
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``validate_whatif.py [DIR]``: the what-if check again on a ``dbo-runtime bench --out DIR`` (its JSON and the
+    rows' DBO-off traces under ``DIR/dbo-whatif-traces``), with the what-if as it is now."""
+    import argparse
+    import json
+    import sys
+
+    ap = argparse.ArgumentParser(description="The what-if check on a `dbo-runtime bench` output folder.")
+    ap.add_argument("out", nargs="?", default="bench-results", help="the folder `dbo-runtime bench --out` wrote")
+    ap.add_argument("--format", choices=("md", "json"), default="md")
+    args = ap.parse_args(argv)
+    folder = Path(args.out)
+    traces = folder / "dbo-whatif-traces"
+    try:
+        summary = json.loads((folder / "dbo_runtime.json").read_text())
+        summary["rows"], summary["handoff_us"]["median_us"]  # noqa: B018
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        print(f"validate_whatif: {folder}: no readable `dbo-runtime bench` JSON in it ({exc})", file=sys.stderr)
+        return 2
+    if not traces.is_dir():
+        print(f"validate_whatif: {folder}: no dbo-whatif-traces folder; accepted: a folder `dbo-runtime bench --out` "
+              "wrote (it profiles one DBO-off step per row there)", file=sys.stderr)
+        return 2
+    try:
+        rows = validate(summary, traces)
+    except (KeyError, TypeError, ValueError, AttributeError) as exc:
+        print(f"validate_whatif: {folder}: not a `dbo-runtime bench` JSON ({type(exc).__name__}: {exc} in its rows)",
+              file=sys.stderr)
+        return 2
+    print(json.dumps(rows, indent=2) if args.format == "json" else format_whatif_markdown(rows))
+    return 0
