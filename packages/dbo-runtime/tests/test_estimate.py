@@ -216,6 +216,10 @@ _NEW = {"elementwise_gbps": 1, "op_us": 1}
       "host_gbps": {"broadcast": 1}}, "host_gbps .* accepted: a mapping from all_gather"),
     ({"tflops": 1, "mem_bw_gbps": 1, "link_gbps": 1, "latency_us": 1, "switch_us": 1, **_NEW,
       "host_gbps": {"all_gather": 0}}, "host_gbps.all_gather"),
+    ({"tflops": 1, "mem_bw_gbps": 1, "link_gbps": 1, "latency_us": 1, "switch_us": 1, **_NEW,
+      "host_call_us": {"all_gather": -1}}, "host_call_us.all_gather -1 is invalid; accepted: a number >= 0"),
+    ({"tflops": 1, "mem_bw_gbps": 1, "link_gbps": 1, "latency_us": 1, "switch_us": 1, **_NEW,
+      "host_call_us": [1]}, "host_call_us .* accepted: a mapping from all_gather"),
 ])
 def test_bad_hardware_numbers_are_refused(data, needle):
     with pytest.raises(DBOConfigError, match=needle):
@@ -374,6 +378,9 @@ def test_cpu_link_times_the_ranks_at_once_and_a_reference_layer():
     # the two timing processes form a gloo group and time every collective kind: the collectives' host work
     assert set(m["host_gbps"]) == set(est.COLLECTIVES) and all(v > 0 for v in m["host_gbps"].values())
     assert hw.host_gbps == m["host_gbps"]
+    # and the fixed cost of a call, from a second, small timing of each kind
+    assert set(m["host_call_us"]) == set(est.COLLECTIVES) and all(v >= 0 for v in m["host_call_us"].values())
+    assert hw.host_call_us == m["host_call_us"]
 
 
 def test_the_collectives_host_work_slows_the_compute_beside_them():
@@ -395,6 +402,26 @@ def test_the_collectives_host_work_slows_the_compute_beside_them():
     assert est.hardware_from_dict(json.loads(json.dumps(hosted.to_dict()))) == hosted  # a --hardware-file keeps it
 
 
+def test_a_collectives_fixed_host_cost_is_paid_again_by_each_micro_batch():
+    """gloo's fixed cost per call (``host_call_us``) comes on top of the bytes' host work, whole batch and
+    micro-batch alike: the two micro-batches' calls carry more host work than the one call of DBO off."""
+    work = est.Workload(4, "prefill", prompt_len=4)
+    par = est.Parallel(1, 2, True)
+    rate = {"all_gather": 2e-3, "reduce_scatter": 2e-3}  # 2 bytes per us
+    bytes_only = replace(UNIT, host_gbps=rate)
+    with_calls = replace(UNIT, host_gbps=rate, host_call_us={"all_gather": 3.0})
+    for a, b in zip(est.layer_costs(_tiny(), bytes_only, work, par, "a2")[0].segments,
+                    est.layer_costs(_tiny(), with_calls, work, par, "a2")[0].segments, strict=True):
+        if b.collective == "all_gather":
+            assert b.host_us == pytest.approx(min(3.0 + b.bytes / 2, b.full_us))
+            assert b.host_part_us == pytest.approx(min(3.0 + b.bytes / 4, b.part_us))
+            assert b.host_part_us < b.part_us and b.host_us < b.full_us  # not clipped to the link's time here
+            assert 2 * b.host_part_us == pytest.approx(b.host_us + 3.0)  # the second call's fixed cost
+        else:  # a kind without a fixed cost: the bytes alone
+            assert (a.host_us, a.host_part_us) == (b.host_us, b.host_part_us)
+    assert est.hardware_from_dict(json.loads(json.dumps(with_calls.to_dict()))) == with_calls
+
+
 def test_timings_of_one_machine_pool_to_their_medians():
     """The bench times the rates beside every sweep row; the estimate check predicts with their median, figure by
     figure and the curve point by point (one noisy timing does not move it), the rest taken from the first."""
@@ -412,6 +439,8 @@ def test_timings_of_one_machine_pool_to_their_medians():
     assert "gflops_by_rows" not in pool_rates([{k: v for k, v in base.items() if k != "gflops_by_rows"}])
     hosted = [{**t, "host_gbps": {"all_gather": g}} for t, g in zip(timings, (0.5, 0.9, 0.4), strict=True)]
     assert pool_rates(hosted)["host_gbps"] == {"all_gather": 0.5}
+    calls = [{**t, "host_call_us": {"all_gather": c}} for t, c in zip(hosted, (300.0, 900.0, 250.0), strict=True)]
+    assert pool_rates(calls)["host_call_us"] == {"all_gather": 300.0}
 
 
 def test_rates_of_ranks_timed_at_once_are_the_slowest_ranks():
@@ -431,6 +460,8 @@ def test_rates_of_ranks_timed_at_once_are_the_slowest_ranks():
     both = [{**fast, "host_gbps": {"all_gather": 0.3}}, {**slow, "host_gbps": {"all_gather": 0.7}}]
     assert est.combine_rank_rates(both, 1)["host_gbps"] == {"all_gather": 0.7}
     assert "host_gbps" not in est.combine_rank_rates([both[0], slow], 1)
+    calls = [{**both[0], "host_call_us": {"all_gather": 400.0}}, {**both[1], "host_call_us": {"all_gather": 250.0}}]
+    assert est.combine_rank_rates(calls, 1)["host_call_us"] == {"all_gather": 250.0}  # likewise the least
     cfg = MoEConfig()
     spec = compute_spec_from_config(est.reference_config(cfg), name="reference")
     hw = est.with_cpu_rates(est.HARDWARE["cpu-link"], spec, m)

@@ -97,7 +97,9 @@ class Hardware:
     ``host_gbps``: per collective kind, the rate (GB/s of wire bytes) at which the collective backend moves the bytes
     with the rank's own cores (gloo on a CPU): the collective's host work, which with DBO on takes those cores from
     the compute beside it. Empty (the presets): the data moves without the compute's cores (HCCL's and NCCL's DMA
-    engines and communication cores; ASSUMPTION: no contention with the compute is modelled).
+    engines and communication cores; ASSUMPTION: no contention with the compute is modelled). ``host_call_us``: per
+    collective kind, the host work's fixed cost per call (gloo's handshake between the ranks), which each
+    micro-batch's call pays again; a kind it does not name has none.
 
     ``matrix_curve``: ((rows, factor), ...), the matrix rate of a product of that many token rows relative to
     ``tflops`` (which is the rate at the rows where the factor is 1), in increasing rows; between two points the
@@ -123,6 +125,7 @@ class Hardware:
     measured: dict[str, Any] = field(default_factory=dict)
     matrix_curve: tuple[tuple[float, float], ...] = ()
     host_gbps: dict[str, float] = field(default_factory=dict)
+    host_call_us: dict[str, float] = field(default_factory=dict)
 
     def link(self, kind: str, ranks: int) -> Link:
         bw = min(self.link_gbps, self.peer_gbps * max(1, ranks - 1)) * self.link_efficiency
@@ -322,6 +325,11 @@ def hardware_from_dict(data: dict[str, Any], *, base: Hardware | None = None, wh
         raise DBOConfigError(f"{where} host_gbps {host!r} is invalid; accepted: a mapping from {', '.join(COLLECTIVES)} "
                              "to GB/s")
     values["host_gbps"] = {k: _positive(f"{where} host_gbps.{k}", v) for k, v in host.items()}
+    calls = values.get("host_call_us") or {}
+    if not isinstance(calls, dict) or set(calls) - set(COLLECTIVES):
+        raise DBOConfigError(f"{where} host_call_us {calls!r} is invalid; accepted: a mapping from "
+                             f"{', '.join(COLLECTIVES)} to microseconds")
+    values["host_call_us"] = {k: _non_negative(f"{where} host_call_us.{k}", v) for k, v in calls.items()}
     return Hardware(**values)
 
 
@@ -530,10 +538,14 @@ def _compute(name: str, hw: Hardware, tokens: float, parts: int, *, flops_of: Ca
 def _comm(name: str, collective: str, hw: Hardware, ranks: int, wire_bytes: float, parts: int) -> SegmentCost:
     link = hw.link(collective, ranks)
     full, part = link.time_us(wire_bytes), link.time_us(wire_bytes / parts)
-    rate = hw.host_gbps.get(collective)
-    host = wire_bytes / (rate * 1e3) if rate else 0.0  # within the collective's time: the link waits on it too
-    return SegmentCost("comm", name, full, part, 0.0, wire_bytes, collective, host_us=min(host, full),
-                       host_part_us=min(host / parts, part))
+    rate, call = hw.host_gbps.get(collective), hw.host_call_us.get(collective, 0.0)
+    per_byte = 1 / (rate * 1e3) if rate else 0.0  # us per wire byte
+
+    def host(nbytes: float, within: float) -> float:  # within the collective's time: the link waits on it too
+        return min(call + nbytes * per_byte, within) if rate or call else 0.0
+
+    return SegmentCost("comm", name, full, part, 0.0, wire_bytes, collective, host_us=host(wire_bytes, full),
+                       host_part_us=host(wire_bytes / parts, part))
 
 
 def remote_destinations(experts: int, top_k: int, ranks: int) -> float:
@@ -860,7 +872,8 @@ def with_cpu_rates(hw: Hardware, spec: ComputeSpec, m: dict[str, Any], *, ranks:
     curve = sorted((float(r), g / m["gflops"]) for r, g in (m.get("gflops_by_rows") or {}).items())
     out = replace(hw, tflops=m["gflops"] / 1e3, mem_bw_gbps=m["copy_gbps"], elementwise_gbps=m["elementwise_gbps"],
                   op_us=m["op_us"], compute_efficiency=1.0, mem_efficiency=1.0, measured=m,
-                  matrix_curve=tuple(curve), host_gbps=dict(m.get("host_gbps") or {}))
+                  matrix_curve=tuple(curve), host_gbps=dict(m.get("host_gbps") or {}),
+                  host_call_us=dict(m.get("host_call_us") or {}))
     if "layer_ms" not in m:
         return out
     layer_tokens, layer_requests = int(m["layer_tokens"]), int(m["layer_requests"])

@@ -84,7 +84,8 @@ def validate(bench: dict) -> dict:
             row_hw = est.with_cpu_rates(est.HARDWARE["cpu-link"], spec, r["cpu_rates"], ranks=RANKS)
             row_err = predict(r, row_hw)[0].speedup / r["speedup"] - 1
         # the same prediction without the collectives' host work (no host_gbps: nothing taken from the compute)
-        no_host = predict(r, replace(hw, host_gbps={}))[0].speedup / r["speedup"] - 1 if hw.host_gbps else None
+        no_host = (predict(r, replace(hw, host_gbps={}, host_call_us={}))[0].speedup / r["speedup"] - 1
+                   if hw.host_gbps else None)
         rows.append({"pattern": r["pattern"], "tokens": r["tokens"], "link": r["link"], "link_spec": r["link_spec"],
                      "t_off_ms": r["t_off_ms"], "t_on_ms": r["t_on_ms"], "pred_off_ms": sched.off_us / 1e3,
                      "pred_on_ms": sched.on_us / 1e3, "t_compute_ms": r["t_compute_ms"], "pred_compute_ms": comp,
@@ -132,7 +133,10 @@ def markdown(result: dict) -> str:
     if host:
         out[0] += (" The collectives' host work: gloo moves their bytes at "
                    + ", ".join(f"{k.replace('_', '-')} {v:.2f}" for k, v in host.items())
-                   + " GB/s of wire bytes (timed in the same ranks), with DBO on taken from the compute beside them; "
+                   + " GB/s of wire bytes"
+                   + (" beyond a fixed " + ", ".join(f"{v:.0f}" for v in rates["host_call_us"].values())
+                      + " us per call" if rates.get("host_call_us") else "")
+                   + " (timed in the same ranks), with DBO on taken from the compute beside them; "
                    "the error without it is the last column.")
     out += ["",
             "| pattern | tokens | link | GFLOP/s, layer efficiency | off ms (meas / pred) | compute ms (meas / pred) "

@@ -36,7 +36,10 @@ def _format_text(result: dict[str, Any]) -> str:
                      f"copy {hw['measured']['copy_gbps']:.1f} GB/s")
     if hw.get("host_gbps"):
         lines.append("collectives' host work (the backend moving the bytes with this CPU's cores, taken from the compute "
-                     "beside it with DBO on): " + ", ".join(f"{k} {v:.3g} GB/s" for k, v in hw["host_gbps"].items()))
+                     "beside it with DBO on): "
+                     + ", ".join(f"{k} {v:.3g} GB/s" + (f" + {hw['host_call_us'][k]:.0f} us per call"
+                                                         if hw.get("host_call_us", {}).get(k) else "")
+                                 for k, v in hw["host_gbps"].items()))
     if hw.get("matrix_curve"):
         lines.append("matrix rate by token rows (x the rate above): "
                      + ", ".join(f"{r:g}: {f:.2f}" for r, f in hw["matrix_curve"]))

@@ -2,7 +2,8 @@
 the calling process while the other ranks time theirs: the matrix rate of the model's MLP shapes, the copy
 bandwidth, the elementwise rate of a SwiGLU, the fixed cost of one operator, optionally one whole layer of the
 reference model and, where the ranks share a process group (gloo), the rate at which gloo moves each collective's
-bytes with the ranks' own cores (``host_gbps``: the collectives' host work, which DBO overlaps with compute). :func:`dbo_runtime.estimate.measure_cpu_rates` runs :func:`time_rank_rates` in as many spawned
+bytes with the ranks' own cores (``host_gbps`` and ``host_call_us``: the collectives' host work, which DBO overlaps
+with compute). :func:`dbo_runtime.estimate.measure_cpu_rates` runs :func:`time_rank_rates` in as many spawned
 processes as ranks; ``dbo-runtime bench`` runs it in its own ranks beside each sweep row. Both combine the ranks'
 timings with :func:`combine_rank_rates`.
 """
@@ -31,6 +32,9 @@ COLLECTIVE_ROWS = 1024
 gloo's fixed cost per call, and their rate moved by 3x from one timing to the next here."""
 COLLECTIVE_ROUNDS = 31
 """Timed calls of each collective kind (about half a second in all at ``COLLECTIVE_ROWS`` here)."""
+COLLECTIVE_SMALL_ROWS = 64
+"""Token rows per rank of the second, small timing of each collective: its time is mostly gloo's fixed cost per
+call (``host_call_us``), which a micro-batch pays again; ``COLLECTIVE_ROWS`` gives the rate of the bytes beyond it."""
 
 
 def rate_layer(reference: Any, tokens: int = 512, requests: int = 4) -> dict[str, Any]:
@@ -50,6 +54,8 @@ def combine_rank_rates(got: Sequence[dict[str, Any]], ranks: int) -> dict[str, A
          "op_us": max(x["op_us"] for x in got) / share, "shape": got[0]["shape"], "ranks": ranks, "cores": cores}
     if all(x.get("host_gbps") for x in got):  # the rank that waited least for its peers: the transfer itself
         m["host_gbps"] = {k: max(x["host_gbps"][k] for x in got) for k in got[0]["host_gbps"]}
+        if all("host_call_us" in x for x in got):
+            m["host_call_us"] = {k: min(x["host_call_us"][k] for x in got) for k in got[0]["host_call_us"]}
     if all("layer_ms" in x for x in got):
         m.update(layer_ms=max(x["layer_ms"] for x in got) / share, layer_tokens=got[0]["layer_tokens"],
                  layer_requests=got[0]["layer_requests"])
@@ -64,7 +70,7 @@ def pool_rates(timings: Sequence[dict[str, Any]]) -> dict[str, Any]:
     for key, value in timings[0].items():
         if isinstance(value, float):
             out[key] = statistics.median(float(t[key]) for t in timings)
-    for key in ("gflops_by_rows", "host_gbps"):
+    for key in ("gflops_by_rows", "host_gbps", "host_call_us"):
         curves = [t.get(key) or {} for t in timings]
         if all(curves):
             out[key] = {k: statistics.median(c[k] for c in curves) for k in curves[0]}
@@ -132,11 +138,11 @@ def time_rank_rates(hidden: int, intermediate: int, dtype_bytes: int, rows: int,
                 layer_times.append(time.perf_counter() - t4)
     finally:
         torch.set_num_threads(threads)
-    host = time_collectives(hidden, COLLECTIVE_ROWS, COLLECTIVE_ROUNDS)
+    host = time_collectives(hidden, COLLECTIVE_ROWS, COLLECTIVE_ROUNDS, COLLECTIVE_SMALL_ROWS)
     q = statistics.median  # as the bench's step times: a rate that predicts a typical step, not a best one
     timed_layer = {} if layer is None else {"layer_ms": q(layer_times) * 1e3, "layer_tokens": int(layer["tokens"]),
                                             "layer_requests": int(layer["requests"])}
-    return {**timed_layer, **({"host_gbps": host} if host else {}),
+    return {**timed_layer, **host,
             "gflops": 2 * rows * hidden * 3 * intermediate / q(mm[rows]) / 1e9,
             "gflops_by_rows": {n: 2 * n * hidden * 3 * intermediate / q(mm[n]) / 1e9 for n in curve},
             "copy_gbps": 2 * src.numel() * 4 / q(copy) / 1e9,
@@ -155,37 +161,56 @@ def collective_wire_bytes(kind: str, nbytes: float, ranks: int) -> float:
     return (ranks - 1) * nbytes
 
 
-def time_collectives(hidden: int, rows: int, rounds: int) -> dict[str, float]:
+def time_collectives(hidden: int, rows: int, rounds: int, small_rows: int | None = None) -> dict[str, dict[str, float]]:
     """Where this process is one rank of an initialised process group of two or more ranks (``dbo-runtime bench``'s
     ranks, ``measure_cpu_rates``' workers): each collective kind of ``dbo-runtime estimate`` on ``rows`` x ``hidden``
-    float32 per rank, ``rounds`` times after a barrier (a fixed count: every rank makes the same calls), as the
-    wire bytes it moves over the median time (GB/s). On a CPU backend (gloo) that time is the host's cores moving
-    the bytes; empty without such a group."""
+    float32 per rank, ``rounds`` times after a barrier (a fixed count: every rank makes the same calls). On a CPU
+    backend (gloo) that time is the host's cores moving the bytes. Returns ``host_gbps``, per kind the wire bytes it
+    moves over the median time (GB/s), and with ``small_rows`` (a second timing on that many rows) the time split
+    in two: ``host_call_us``, the fixed cost of one call, and ``host_gbps``, the rate of the bytes beyond it (the
+    time's growth from the small call to the large one; where the large call was no slower, noise: all of it is
+    rate, no fixed cost). Empty without such a group."""
     import torch
     import torch.distributed as dist
 
     if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() < 2:
         return {}
     n = dist.get_world_size()
-    x = torch.randn(rows, hidden)
-    gathered, wide, out = torch.empty(n * rows, hidden), torch.randn(n * rows, hidden), torch.empty(rows, hidden)
     gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor  # as reference.comm calls them
     scatter = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
-    ops = {"all_gather": lambda: gather(gathered, x),
-           "reduce_scatter": lambda: scatter(out, wide),
-           "all_reduce": lambda: dist.all_reduce(out),
-           "all_to_all": lambda: dist.all_to_all_single(gathered[:rows], x)}
-    rates = {}
-    for kind, op in ops.items():
-        op()  # warm-up
-        times = []
-        for _ in range(rounds):
-            dist.barrier()
-            t0 = time.perf_counter()
-            op()
-            times.append(time.perf_counter() - t0)
-        rates[kind] = collective_wire_bytes(kind, x.numel() * 4, n) / statistics.median(times) / 1e9
-    return rates
+
+    def median_times(m: int) -> dict[str, tuple[float, float]]:
+        """Per kind: (wire bytes, median seconds) on ``m`` rows."""
+        x = torch.randn(m, hidden)
+        gathered, wide, out = torch.empty(n * m, hidden), torch.randn(n * m, hidden), torch.empty(m, hidden)
+        ops = {"all_gather": lambda: gather(gathered, x),
+               "reduce_scatter": lambda: scatter(out, wide),
+               "all_reduce": lambda: dist.all_reduce(out),
+               "all_to_all": lambda: dist.all_to_all_single(gathered[:m], x)}
+        got = {}
+        for kind, op in ops.items():
+            op()  # warm-up
+            times = []
+            for _ in range(rounds):
+                dist.barrier()
+                t0 = time.perf_counter()
+                op()
+                times.append(time.perf_counter() - t0)
+            got[kind] = (collective_wire_bytes(kind, x.numel() * 4, n), statistics.median(times))
+        return got
+
+    large = median_times(rows)
+    small = median_times(small_rows) if small_rows else {}
+    rates, calls = {}, {}
+    for kind, (wire, t) in large.items():
+        rate, call = wire / t, 0.0
+        if kind in small:
+            wire_s, t_s = small[kind]
+            if t > t_s and wire > wire_s:
+                rate = (wire - wire_s) / (t - t_s)
+                call = max(0.0, t_s - wire_s / rate)
+        rates[kind], calls[kind] = rate / 1e9, call * 1e6
+    return {"host_gbps": rates, **({"host_call_us": calls} if small else {})}
 
 
 def _reference_layer(layer: dict[str, Any], ranks: int) -> Callable[[], None]:
