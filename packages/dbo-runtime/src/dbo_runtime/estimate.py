@@ -48,6 +48,7 @@ from dbo_runtime.errors import DBOConfigError, DBOError
 from dbo_runtime.reference.rates import (
     RATE_REPEATS,
     RATE_ROWS,
+    collective_wire_bytes,
     combine_rank_rates,
     rate_layer,
     time_rank_rates,
@@ -650,7 +651,7 @@ def layer_costs(spec: ComputeSpec, hw: Hardware, work: Workload, par: Parallel, 
                         elementwise_of=lambda t: 3 * width * b * t, ops_of=lambda t: 2 + act_ops)
 
     def all_reduce(name: str) -> SegmentCost:
-        return _comm(name, "all_reduce", hw, tp, 2 * (tp - 1) / tp * T * h * b, parts)
+        return _comm(name, "all_reduce", hw, tp, collective_wire_bytes("all_reduce", T * h * b, tp), parts)
 
     layers: list[LayerCost] = []
     dense_params = 3 * h * (spec.intermediate_size or 0)
@@ -699,9 +700,11 @@ def layer_costs(spec: ComputeSpec, hw: Hardware, work: Workload, par: Parallel, 
             ops_of=expert_ops)
         payload = (h + 2 * k) * b  # hidden + top-k ids + weights (what the reference sends)
         if pattern == "a2":
-            segs.append(_comm("moe prepare all-gather", "all_gather", hw, g, t_moe * payload * (g - 1), parts))
+            segs.append(_comm("moe prepare all-gather", "all_gather", hw, g,
+                              collective_wire_bytes("all_gather", t_moe * payload, g), parts))
             segs.append(expert_seg)
-            segs.append(_comm("moe finalize reduce-scatter", "reduce_scatter", hw, g, t_moe * h * b * (g - 1), parts))
+            segs.append(_comm("moe finalize reduce-scatter", "reduce_scatter", hw, g,
+                              collective_wire_bytes("reduce_scatter", t_moe * h * b, g), parts))
         else:
             dests = remote_destinations(E, k, g)
             segs.append(_comm("moe dispatch all-to-all", "all_to_all", hw, g, t_moe * dests * payload, parts))

@@ -25,10 +25,13 @@ Settings of the prediction, and why:
 
 from __future__ import annotations
 
+import argparse
 import functools
+import json
 import math
 import re
 import statistics
+import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -230,10 +233,6 @@ def _quartiles(errors: list[float]) -> str:
 def main(argv: list[str] | None = None) -> int:
     """``validate_whatif.py [DIR]``: the what-if check again on a ``dbo-runtime bench --out DIR`` (its JSON and the
     rows' DBO-off traces under ``DIR/dbo-whatif-traces``), with the what-if as it is now."""
-    import argparse
-    import json
-    import sys
-
     ap = argparse.ArgumentParser(description="The what-if check on a `dbo-runtime bench` output folder.")
     ap.add_argument("out", nargs="?", default="bench-results", help="the folder `dbo-runtime bench --out` wrote")
     ap.add_argument("--format", choices=("md", "json"), default="md")
