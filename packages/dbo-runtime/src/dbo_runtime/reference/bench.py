@@ -146,10 +146,6 @@ class BenchPlan:
     steps: int = 15
     no_split_steps: int = 14  # the below-threshold rows (DBO on must cost nothing there)
     warmup: int = 1
-    # More untimed steps before the process's first sweep row: in the 15-step sweeps of 2026-12-03/04 that row's
-    # earliest DBO-on steps ran slower, against their DBO-off neighbours, than its later ones, and no later row
-    # showed it (the process warming up its DBO-on path); with one warm-up step they lowered its measured speed-up.
-    first_row_warmup: int = 3
     no_split_tokens: int = 256  # below the 512-token prefill threshold
     hidden_size: int = 256
     expert_intermediate: int = 2048  # the reference model's defaults (MoEConfig): see its docstring
@@ -216,8 +212,7 @@ def bench_task(rank: int, world_size: int, plan: BenchPlan) -> dict[str, Any]:
                     default_link.bandwidth_gbps * variant.bandwidth_scale,
                 )
                 spec = RunSpec(pattern=pattern, config=config, batch=_batch(tokens, plan.requests), steps=plan.steps,
-                               warmup=plan.first_row_warmup if done == 0 else plan.warmup, prefill_threshold=2,
-                               decode_threshold=2, timeout_s=120.0,
+                               warmup=plan.warmup, prefill_threshold=2, decode_threshold=2, timeout_s=120.0,
                                scheduler=plan.scheduler)  # fmt: skip
                 trace = None
                 if plan.trace_dir is not None:
@@ -773,8 +768,7 @@ def equality_summary() -> list[dict[str, Any]]:
 def quick_plan() -> BenchPlan:
     """A few seconds of measurements with a tiny model: for tests and a smoke check, not for the figures."""
     return BenchPlan(num_layers=2, default_tokens=128, token_counts=(128,), steps=2, no_split_steps=4, warmup=1,
-                     first_row_warmup=1, no_split_tokens=64, hidden_size=64, expert_intermediate=128,
-                     shared_intermediate=128,
+                     no_split_tokens=64, hidden_size=64, expert_intermediate=128, shared_intermediate=128,
                      links=(LinkVariant("default"), LinkVariant("bw x2", bandwidth_scale=2.0)), smoke=True,
                      decode_layers=2, row_rate_seconds=0.1)  # fmt: skip
 
