@@ -321,17 +321,18 @@ def hardware_from_dict(data: dict[str, Any], *, base: Hardware | None = None, wh
     values["sources"] = tuple(values.get("sources") or ())
     values["measured"] = dict(values.get("measured") or {})
     values["matrix_curve"] = _curve(values.get("matrix_curve") or (), where)
-    host = values.get("host_gbps") or {}
-    if not isinstance(host, dict) or set(host) - set(COLLECTIVES):
-        raise DBOConfigError(f"{where} host_gbps {host!r} is invalid; accepted: a mapping from {', '.join(COLLECTIVES)} "
-                             "to GB/s")
-    values["host_gbps"] = {k: _positive(f"{where} host_gbps.{k}", v) for k, v in host.items()}
-    calls = values.get("host_call_us") or {}
-    if not isinstance(calls, dict) or set(calls) - set(COLLECTIVES):
-        raise DBOConfigError(f"{where} host_call_us {calls!r} is invalid; accepted: a mapping from "
-                             f"{', '.join(COLLECTIVES)} to microseconds")
-    values["host_call_us"] = {k: _non_negative(f"{where} host_call_us.{k}", v) for k, v in calls.items()}
+    values["host_gbps"] = _per_collective(values.get("host_gbps"), f"{where} host_gbps", _positive, "GB/s")
+    values["host_call_us"] = _per_collective(values.get("host_call_us"), f"{where} host_call_us", _non_negative,
+                                             "microseconds")
     return Hardware(**values)
+
+
+def _per_collective(value: Any, what: str, check: Callable[[str, Any], float], unit: str) -> dict[str, float]:
+    """A hardware file's mapping from collective kinds to numbers (``host_gbps``, ``host_call_us``), each checked."""
+    value = value or {}
+    if not isinstance(value, dict) or set(value) - set(COLLECTIVES):
+        raise DBOConfigError(f"{what} {value!r} is invalid; accepted: a mapping from {', '.join(COLLECTIVES)} to {unit}")
+    return {k: check(f"{what}.{k}", v) for k, v in value.items()}
 
 
 def _curve(points: Any, where: str) -> tuple[tuple[float, float], ...]:
