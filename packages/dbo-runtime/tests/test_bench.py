@@ -119,7 +119,13 @@ def test_quick_bench_writes_results(tmp_path, capsys):
     assert all(w["predicted_on_ms"] >= w["t_off_ms"] / (1 + w["error_without_host_work"]) / w["measured_speedup"]
                - 1e-9 for w in predicted)  # host work only ever lengthens the DBO-on step
     for row in data["rows"]:
-        assert 0.1 < row["compute_scale_pairs"] < 1.5  # half the tokens' compute, measured beside the row's own
+        # half the tokens' compute over the row's own, per step (they ran one after the other), then the median. The
+        # quick model is so small that fixed per-layer costs dominate: its ratio sits near 1, and one stalled step of
+        # three moves it (a CI run saw 1.57), so the bound only rules out a run of the wrong size, not noise.
+        steps = row["per_step_ms"]
+        assert row["compute_scale_pairs"] == pytest.approx(statistics.median(
+            h / o for h, o in zip(steps["compute_half"], steps["compute_off"], strict=True)))
+        assert 0.1 < row["compute_scale_pairs"] < 3
         assert row["split_on"] and not row["split_off"]
         assert row["t_off_ms"] > 0 and row["t_on_ms"] > 0 and row["t_comm_ms"] > 0 and row["t_compute_ms"] > 0
         assert "modelled link" in row["link_text"]
