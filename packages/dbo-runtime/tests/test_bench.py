@@ -147,8 +147,19 @@ def test_quick_bench_writes_results(tmp_path, capsys):
     for row in data["rows"]:
         rates = row["cpu_rates"]
         assert rates["ranks"] == 2 and rates["gflops"] > 0 and rates["layer_ms"] > 0 and rates["layer_tokens"] == 128
+        # the same layer timed once after every step of the row (per step, the slowest rank's; in the rates, the
+        # slowest rank's median)
+        probe = row["per_step_ms"]["probe"]
+        assert len(probe) == 3 and 0 < min(probe) and 0 < rates["layer_ms_beside_steps"] <= max(probe) * (
+            2 / min(2, os.cpu_count() or 1))
     checked = estimate_check.validate(data)
     assert checked["rates_beside_rows"] is True and checked["rates"]["timings"] == len(data["rows"])
+    # the prediction: the pooled rates at the speed the layer ran beside each row's steps; the pooled as they are beside
+    assert checked["rates_at_steps"] is True
+    assert [x["speed_at_steps"] for x in checked["rows"]] == pytest.approx(
+        [checked["rates"]["layer_ms"] / r["cpu_rates"]["layer_ms_beside_steps"] for r in data["rows"]])
+    assert all(math.isfinite(x["error_one_rate_set"]) for x in checked["rows"])
+    assert checked["summary"]["within_10pct_one_rate_set"] is not None
     # the rows' timings pooled (their median) for the prediction; each row's own timing kept beside it
     assert checked["rates"]["gflops"] == pytest.approx(statistics.median(r["cpu_rates"]["gflops"] for r in data["rows"]))
     assert [x["row_gflops"] for x in checked["rows"]] == [r["cpu_rates"]["gflops"] for r in data["rows"]]

@@ -456,6 +456,10 @@ def test_rates_of_ranks_timed_at_once_are_the_slowest_ranks():
     assert m["layer_tokens"] == 512 and m["layer_requests"] == 4
     without_layer = {k: v for k, v in slow.items() if not k.startswith("layer")}
     assert "layer_ms" not in est.combine_rank_rates([fast, without_layer], 1)
+    # the layer timed beside a sweep row's steps: likewise the slowest rank's, kept only where every rank has it
+    beside = [{**fast, "layer_ms_beside_steps": 6.0}, {**slow, "layer_ms_beside_steps": 9.0}]
+    assert est.combine_rank_rates(beside, 1)["layer_ms_beside_steps"] == 9.0
+    assert "layer_ms_beside_steps" not in est.combine_rank_rates([beside[0], slow], 1)
     # a collective's rate: the rank that waited least for its peers (its time is the transfer's)
     both = [{**fast, "host_gbps": {"all_gather": 0.3}}, {**slow, "host_gbps": {"all_gather": 0.7}}]
     assert est.combine_rank_rates(both, 1)["host_gbps"] == {"all_gather": 0.7}
@@ -519,3 +523,36 @@ def test_the_timed_layer_is_the_reference_layer_without_its_collectives():
     # more ranks: more rows through the experts, this part's rows unchanged
     assert torch.allclose(layer(model.local_moe(3)), with_collectives, rtol=1e-5, atol=1e-6)
     assert model.timer.compute_s > 0
+
+
+def test_rates_brought_to_the_moment_a_layer_was_timed_keep_the_layers_share():
+    """The bench times the rates' reference layer after every step of a row; ``at_moment`` scales the compute rates
+    by how much slower (or faster) that layer ran then: every compute cost of the prediction moves by that factor,
+    the layer's share of the matrix rate (``compute_efficiency``) and the collectives' host rates do not."""
+    from dbo_runtime.reference.rates import at_moment
+
+    cfg = MoEConfig()
+    spec = compute_spec_from_config(est.reference_config(cfg), name="reference")
+    rates = {"gflops": 60.0, "copy_gbps": 20.0, "elementwise_gbps": 8.0, "op_us": 3.0, "shape": "s", "ranks": 2,
+             "cores": 2, "layer_ms": 80.0, "layer_tokens": 512, "layer_requests": 4,
+             "gflops_by_rows": {128: 50.0, 512: 60.0, 2048: 55.0}, "host_gbps": {"all_gather": 0.8},
+             "host_call_us": {"all_gather": 300.0}}
+    slower = at_moment(rates, 100.0)  # the layer took 100 ms beside the steps: a machine 0.8x as fast
+    assert slower["speed_factor"] == pytest.approx(0.8) and slower["layer_ms"] == 100.0
+    assert (slower["gflops"], slower["copy_gbps"], slower["elementwise_gbps"], slower["op_us"]) == pytest.approx(
+        (48.0, 16.0, 6.4, 3.75))
+    assert slower["gflops_by_rows"] == pytest.approx({128: 40.0, 512: 48.0, 2048: 44.0})
+    assert slower["host_gbps"] == rates["host_gbps"] and slower["host_call_us"] == rates["host_call_us"]
+    assert rates["gflops"] == 60.0  # the pooled rates are not changed in place
+    then, now = (est.with_cpu_rates(est.HARDWARE["cpu-link"], spec, m, ranks=2) for m in (rates, slower))
+    assert now.compute_efficiency == pytest.approx(then.compute_efficiency)
+    work = est.Workload(1024, "prefill", prompt_len=256, full_keys=True)
+
+    def compute_us(hw):
+        return sum(s.full_us for x in est.layer_costs(spec, hw, work, est.Parallel(1, 2, True), "a2")
+                   for s in x.segments if s.kind == "compute")
+
+    assert compute_us(now) == pytest.approx(compute_us(then) / 0.8)
+    for bad in (0.0, -1.0, None):
+        with pytest.raises(ValueError, match="accepted: > 0"):
+            at_moment(rates, bad)

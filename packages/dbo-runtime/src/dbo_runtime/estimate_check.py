@@ -21,9 +21,16 @@ times goes into the prediction.
 
 On a machine whose speed moves from minute to minute (shared with other work, or throttled), rates timed minutes
 away from the sweep predict another machine than the one that ran it, so they are timed within it, beside every
-row. One row's timing (a few seconds) is itself noisy, so the prediction takes the median over the rows; the
-error with the row's own rates is the table's last column. The table's compute columns show how much of an
-error is the rate's.
+row. One row's timing (a few seconds) is itself noisy, so the prediction takes the median over the rows. Even
+so, a row's steps ran at that row's moments, and the machine's speed then was not the median's, nor that of the
+seconds after the row (the table's "speed" column is the ratio, row by row). So the bench also
+times the rates' reference layer once after every step of a row (``layer_ms_beside_steps``, the median over the
+row's steps) and the prediction takes the pooled rates at that speed (:func:`reference.rates.at_moment`: every
+compute rate scaled by the pooled layer's time over the row's, the layer's share of the matrix rate kept). That
+layer is 512 tokens whatever the row's, and alone (no collective): how the compute grows with the tokens, what a
+micro-batch costs, the communication and the schedule all stay the model's. The error with the pooled rates as they
+are, and with the row's own timing, are beside it; the table's compute columns show how much of an error is the
+rate's.
 """
 
 from __future__ import annotations
@@ -40,7 +47,8 @@ from kv_capacity import compute_spec_from_config
 
 from dbo_runtime import estimate as est
 from dbo_runtime.reference.model import MoEConfig
-from dbo_runtime.reference.rates import pool_rates
+from dbo_runtime.reference.rates import at_moment, pool_rates
+from dbo_runtime.reference.whatif_check import pair_speedup
 
 WITHIN = 0.10
 LONG_STEP_MS = 10.0
@@ -54,9 +62,11 @@ def validate(bench: dict) -> dict:
     spec = compute_spec_from_config(est.reference_config(config), name="reference")
     load_before = os.getloadavg()
     beside = all(r.get("cpu_rates") for r in bench["rows"])
+    # the rates' reference layer timed after every step of each row: the pooled rates brought to the row's moments
+    moment = beside and all(r["cpu_rates"].get("layer_ms_beside_steps") for r in bench["rows"])
     if beside:  # timed by the bench right after each row: their median is the machine's
-        hw = est.with_cpu_rates(est.HARDWARE["cpu-link"], spec, pool_rates([r["cpu_rates"] for r in bench["rows"]]),
-                                ranks=RANKS)
+        pooled = pool_rates([r["cpu_rates"] for r in bench["rows"]])
+        hw = est.with_cpu_rates(est.HARDWARE["cpu-link"], spec, pooled, ranks=RANKS)
     else:
         hw = est.with_measured_cpu(est.HARDWARE["cpu-link"], spec, ranks=RANKS, reference=config,
                                    layer_requests=m["requests"])
@@ -76,28 +86,42 @@ def validate(bench: dict) -> dict:
         return est.simulate_step(layers, switch), comp, comm, host
 
     rows = []
-    for r in bench["rows"]:
-        sched, comp, comm, host = predict(r, hw)
-        err = sched.speedup / r["speedup"] - 1
+    for i, r in enumerate(bench["rows"]):
+        # measured: the median over the row's adjacent DBO-off / DBO-on step pairs (they ran back to back, under the
+        # same load) of T_off / T_on, as the what-if check takes it; the ratio of the two medians without them
+        measured = pair_speedup(None, i, r) or r["speedup"]
+        speed = None
+        if moment:
+            at = at_moment(pooled, r["cpu_rates"]["layer_ms_beside_steps"])
+            speed = at["speed_factor"]
+            main_hw = est.with_cpu_rates(est.HARDWARE["cpu-link"], spec, at, ranks=RANKS)
+        else:
+            main_hw = hw
+        sched, comp, comm, host = predict(r, main_hw)
+        err = sched.speedup / measured - 1
+        # one set of rates for the whole sweep (the median), as a user's `--hardware cpu-link` has
+        pooled_err = predict(r, hw)[0].speedup / measured - 1 if moment else None
         row_err = None
         if beside:  # the same prediction with the rates timed right after this row alone
             row_hw = est.with_cpu_rates(est.HARDWARE["cpu-link"], spec, r["cpu_rates"], ranks=RANKS)
-            row_err = predict(r, row_hw)[0].speedup / r["speedup"] - 1
+            row_err = predict(r, row_hw)[0].speedup / measured - 1
         # the same prediction without the collectives' host work (no host_gbps: nothing taken from the compute)
-        no_host = (predict(r, replace(hw, host_gbps={}, host_call_us={}))[0].speedup / r["speedup"] - 1
+        no_host = (predict(r, replace(main_hw, host_gbps={}, host_call_us={}))[0].speedup / measured - 1
                    if hw.host_gbps else None)
         rows.append({"pattern": r["pattern"], "tokens": r["tokens"], "link": r["link"], "link_spec": r["link_spec"],
                      "t_off_ms": r["t_off_ms"], "t_on_ms": r["t_on_ms"], "pred_off_ms": sched.off_us / 1e3,
                      "pred_on_ms": sched.on_us / 1e3, "t_compute_ms": r["t_compute_ms"], "pred_compute_ms": comp,
-                     "t_comm_ms": r["t_comm_ms"], "pred_comm_ms": comm, "speedup": r["speedup"],
+                     "t_comm_ms": r["t_comm_ms"], "pred_comm_ms": comm, "speedup": measured,
+                     "speedup_of_medians": r["speedup"],
                      "pred_speedup": sched.speedup, "error": err, "disturbed": bool(r.get("disturbed")),
                      "within": abs(err) <= WITHIN, "long_step": r["t_off_ms"] > LONG_STEP_MS,
                      "gflops": hw.measured["gflops"], "compute_efficiency": hw.measured.get("compute_efficiency"),
                      "error_row_rates": row_err, "error_without_host_work": no_host,
+                     "error_one_rate_set": pooled_err, "speed_at_steps": speed,
                      "host_work_ms": host,
                      "row_gflops": r["cpu_rates"]["gflops"] if beside else None})
     long_rows = [x for x in rows if x["long_step"]]
-    return {"rates": hw.measured, "rates_beside_rows": beside,
+    return {"rates": hw.measured, "rates_beside_rows": beside, "rates_at_steps": moment,
             "load": {"before": load_before, "after": os.getloadavg()}, "switch_us": switch, "ranks": RANKS, "rows": rows,
             "summary": {"rows": len(rows), "long_step_rows": len(long_rows),
                         "within_10pct": sum(x["within"] for x in long_rows),
@@ -107,7 +131,9 @@ def validate(bench: dict) -> dict:
                         "within_10pct_row_rates": sum(abs(x["error_row_rates"]) <= WITHIN for x in long_rows)
                         if beside else None,
                         "within_10pct_without_host_work": sum(abs(x["error_without_host_work"]) <= WITHIN
-                                                              for x in long_rows) if hw.host_gbps else None}}
+                                                              for x in long_rows) if hw.host_gbps else None,
+                        "within_10pct_one_rate_set": sum(abs(x["error_one_rate_set"]) <= WITHIN for x in long_rows)
+                        if moment else None}}
 
 
 def markdown(result: dict) -> str:
@@ -117,8 +143,15 @@ def markdown(result: dict) -> str:
         out = [f"Rates timed by the bench right after each row, both ranks at once, and pooled: the median over the "
                f"{len(result['rows'])} rows' timings, {rates['gflops']:.1f} GFLOP/s at 512 rows (by rows: {curve}), "
                f"a reference layer reaching {100 * (rates.get('compute_efficiency') or 0):.0f}% of it. The GFLOP/s "
-               "column is each row's own timing; the last column is the error with it instead of the median. Switch "
-               f"{result['switch_us']:.1f} us (the bench's handoff median)."]
+               "column is each row's own timing; the \"row's rates\" column is the error with it instead of the "
+               f"median. Switch {result['switch_us']:.1f} us (the bench's handoff median). The measured speed-up is "
+               "the median over the row's adjacent DBO-off / DBO-on step pairs of T_off / T_on, as the what-if "
+               "check takes it."]
+        if result.get("rates_at_steps"):
+            out[0] += (" The machine's speed moves from minute to minute, so the bench also timed the same reference "
+                       "layer once after every step of each row: the prediction takes the pooled rates at the speed "
+                       "the layer ran beside the row's steps (the \"speed\" column: the pooled layer's time over "
+                       "that one); the \"one set of rates\" column is the error with the pooled rates as they are.")
     else:
         out = [f"Rates measured now ({rates['ranks']} ranks at once, one thread each, on {rates['cores']} cores; "
                f"the slowest rank's medians): {rates['gflops']:.1f} GFLOP/s ({rates['shape']}, fp32), copy "
@@ -141,8 +174,8 @@ def markdown(result: dict) -> str:
     out += ["",
             "| pattern | tokens | link | GFLOP/s, layer efficiency | off ms (meas / pred) | compute ms (meas / pred) "
             "| comm ms (meas / pred) | speed-up measured | speed-up predicted | error | | error, the row's rates "
-            "| host work ms | error without host work |",
-            "|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---|---:|---:|---:|"]
+            "| host work ms | error without host work | speed | error, one set of rates |",
+            "|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---|---:|---:|---:|---:|---:|"]
     for x in result["rows"]:
         mark = ("ok" if x["within"] else "**miss**") + (" (disturbed)" if x["disturbed"] else "")
         eff = "" if x["compute_efficiency"] is None else f", {100 * x['compute_efficiency']:.0f}%"
@@ -154,6 +187,8 @@ def markdown(result: dict) -> str:
                    f"{x['pred_comm_ms']:.0f} | {x['speedup']:.3f} | {x['pred_speedup']:.3f} | "
                    f"{100 * x['error']:+.1f}% | {mark} | {row_err} | {x.get('host_work_ms') or 0:.1f} | "
                    + ("-" if x.get("error_without_host_work") is None else f"{100 * x['error_without_host_work']:+.1f}%")
+                   + " | " + ("-" if x.get("speed_at_steps") is None else f"{x['speed_at_steps']:.2f}")
+                   + " | " + ("-" if x.get("error_one_rate_set") is None else f"{100 * x['error_one_rate_set']:+.1f}%")
                    + " |")
     s = result["summary"]
     out += ["", f"Within 10%: {s['within_10pct']} of {s['long_step_rows']} rows with a step over {LONG_STEP_MS:g} ms "
@@ -162,7 +197,9 @@ def markdown(result: dict) -> str:
             + (f"; with each row's own rates: {s['within_10pct_row_rates']} of {s['long_step_rows']}"
                if s.get("within_10pct_row_rates") is not None else "")
             + (f"; without the host work: {s['within_10pct_without_host_work']} of {s['long_step_rows']}"
-               if s.get("within_10pct_without_host_work") is not None else "") + "."]
+               if s.get("within_10pct_without_host_work") is not None else "")
+            + (f"; with one set of rates: {s['within_10pct_one_rate_set']} of {s['long_step_rows']}"
+               if s.get("within_10pct_one_rate_set") is not None else "") + "."]
     return "\n".join(out)
 
 

@@ -195,6 +195,7 @@ def bench_task(rank: int, world_size: int, plan: BenchPlan) -> dict[str, Any]:
     out: dict[str, Any] = {"rank": rank, "rows": [], "no_split": []}
     comm = Collectives(link=LinkModel(), timeout_s=120.0)
     done, total = 0, len(plan.patterns) * (len(plan.token_counts) + len(plan.links) - 1)
+    probe = _rate_layer_probe(config, plan, world_size)
     try:
         for pattern in plan.patterns:
             check_ranks_agree(config, world_size, pattern)
@@ -219,12 +220,16 @@ def bench_task(rank: int, world_size: int, plan: BenchPlan) -> dict[str, Any]:
                     trace = str(row_trace_dir(plan.trace_dir, pattern, tokens, variant.name, occurrence))
                 # each step also runs half the tokens with DBO off: the what-if check's compute scale, measured
                 # beside the row's own compute (not in another row, minutes apart on a machine whose speed moves)
-                off, on, half = measure(model, spec, modes=(False, True), trace_dir=trace,
-                                        half_batch=_batch(max(1, tokens // 2), plan.requests))
+                # and, with the row's rates, the rates' reference layer once, at the moments the steps ran
+                off, on, half, *probed = measure(model, spec, modes=(False, True), trace_dir=trace,
+                                                 half_batch=_batch(max(1, tokens // 2), plan.requests), probe=probe)
+                rates = _row_rates(config, plan, world_size)
+                if rates is not None and probed:
+                    rates["layer_ms_beside_steps"] = probed[0]["step_s"] * 1e3
                 out["rows"].append({"pattern": pattern, "tokens": tokens, "link": variant.name,
                                     "link_spec": comm.link.spec(), "link_text": comm.link.describe(),
                                     "off": off, "on": on, "half": half, "loadavg_1m": _loadavg_1m(),
-                                    "rates": _row_rates(config, plan, world_size)})  # fmt: skip
+                                    "rates": rates, **({"probe": probed[0]} if probed else {})})  # fmt: skip
                 done += 1
                 _progress(rank, f"[{done}/{total} sweep rows] {pattern} {tokens} tokens, link {variant.name}: "
                                 f"off {off['step_s'] * 1e3:.0f} ms, on {on['step_s'] * 1e3:.0f} ms (rank 0)")
@@ -250,12 +255,29 @@ def _row_rates(config: Any, plan: BenchPlan, world_size: int) -> dict[str, Any] 
 
     import torch.distributed as dist
 
-    from dbo_runtime.reference.rates import RATE_REPEATS, RATE_ROWS, rate_layer, time_rank_rates
+    from dbo_runtime.reference.rates import RATE_REPEATS, RATE_ROWS, time_rank_rates
 
     barrier = types.SimpleNamespace(wait=dist.barrier) if dist.is_initialized() else None
-    layer = rate_layer(config, tokens=min(512, plan.default_tokens), requests=plan.requests)
     return time_rank_rates(config.hidden_size, config.expert_intermediate, 4, RATE_ROWS, RATE_REPEATS,
-                           plan.row_rate_seconds, barrier, layer, world_size)
+                           plan.row_rate_seconds, barrier, _rate_layer_spec(config, plan), world_size)
+
+
+def _rate_layer_probe(config: Any, plan: BenchPlan, world_size: int) -> Callable[[], None] | None:
+    """The reference layer :func:`_row_rates` times (None where the rows time no rates), as a call that ``measure``
+    times once per step beside the row's steps (``layer_ms_beside_steps``)."""
+    if plan.row_rate_seconds <= 0:
+        return None
+    from dbo_runtime.reference.rates import _reference_layer
+
+    layer = _reference_layer(_rate_layer_spec(config, plan), world_size)
+    layer()  # its first call allocates
+    return layer
+
+
+def _rate_layer_spec(config: Any, plan: BenchPlan) -> dict[str, Any]:
+    from dbo_runtime.reference.rates import rate_layer
+
+    return rate_layer(config, tokens=min(512, plan.default_tokens), requests=plan.requests)
 
 
 def _progress(rank: int, line: str) -> None:
@@ -373,10 +395,12 @@ def efficiency(t_off: float, t_on: float, t_compute: float, t_comm: float) -> fl
 
 def _per_step_ms(per_rank: list[dict[str, Any]], i: int) -> dict[str, list[float]]:
     """Row ``i``'s timed steps in the order they ran, the slowest rank's per step (ms): the DBO-off and DBO-on step,
-    the compute and communication inside them, and the DBO-off compute of half the tokens where it was timed. The
-    medians above come from these; kept so that a reading of the sweep can pair what ran side by side."""
+    the compute and communication inside them, the DBO-off compute of half the tokens where it was timed, and the
+    rates' reference layer timed after each step (``probe``). The medians above come from these; kept so that a
+    reading of the sweep can pair what ran side by side."""
     series = {"off": ("off", "steps_s"), "on": ("on", "steps_s"), "compute_off": ("off", "computes_s"),
-              "compute_on": ("on", "computes_s"), "comm_off": ("off", "comms_s"), "compute_half": ("half", "computes_s")}
+              "compute_on": ("on", "computes_s"), "comm_off": ("off", "comms_s"), "compute_half": ("half", "computes_s"),
+              "probe": ("probe", "steps_s")}
     out: dict[str, list[float]] = {}
     for name, (mode, key) in series.items():
         runs = [r["rows"][i].get(mode, {}).get(key) for r in per_rank]

@@ -59,7 +59,29 @@ def combine_rank_rates(got: Sequence[dict[str, Any]], ranks: int) -> dict[str, A
     if all("layer_ms" in x for x in got):
         m.update(layer_ms=max(x["layer_ms"] for x in got) / share, layer_tokens=got[0]["layer_tokens"],
                  layer_requests=got[0]["layer_requests"])
+        if all("layer_ms_beside_steps" in x for x in got):
+            m["layer_ms_beside_steps"] = max(x["layer_ms_beside_steps"] for x in got) / share
     return m
+
+
+def at_moment(rates: dict[str, Any], layer_ms: float) -> dict[str, Any]:
+    """``rates`` as the machine ran at another moment, at which the same reference layer took ``layer_ms``: every
+    compute rate scaled by ``rates["layer_ms"] / layer_ms`` (the matrix rate and its curve, the copy and elementwise
+    rates, the cost per operator), so that the layer's share of the matrix rate (``compute_efficiency``) is
+    unchanged. The collectives' host rates are kept: gloo's transfers were not timed at that moment.
+
+    ``dbo-runtime bench`` times the layer once after every step of a row (``layer_ms_beside_steps``): the rates
+    timed in the seconds after the row, or their median over the sweep, brought to the moments the row's steps ran.
+    """
+    if not layer_ms or layer_ms <= 0 or not rates.get("layer_ms"):
+        raise ValueError(f"layer_ms {layer_ms!r} (rates' {rates.get('layer_ms')!r}) is invalid; accepted: > 0")
+    f = rates["layer_ms"] / layer_ms  # > 1: the machine ran faster then
+    out = {**rates, "gflops": rates["gflops"] * f, "copy_gbps": rates["copy_gbps"] * f,
+           "elementwise_gbps": rates["elementwise_gbps"] * f, "op_us": rates["op_us"] / f, "layer_ms": layer_ms,
+           "speed_factor": f}
+    if rates.get("gflops_by_rows"):
+        out["gflops_by_rows"] = {r: g * f for r, g in rates["gflops_by_rows"].items()}
+    return out
 
 
 def pool_rates(timings: Sequence[dict[str, Any]]) -> dict[str, Any]:

@@ -226,7 +226,7 @@ class RunSpec:
 
 def measure(
     model: ReferenceMoE, spec: RunSpec, *, modes: tuple[bool, ...] = (True,), trace_dir: str | None = None,
-    half_batch: Any = None,
+    half_batch: Any = None, probe: Callable[[], Any] | None = None,
 ) -> list[dict[str, Any]]:
     """Median timings of ``spec.steps`` steps (after ``spec.warmup``) per DBO mode in ``modes``, as this rank saw.
 
@@ -234,7 +234,11 @@ def measure(
     alike. A trace, if
     asked for, covers one extra step of the first mode after the timed ones. With ``half_batch`` (a Batch), every
     step also runs that batch with DBO off right after the modes, and one more entry (``"half": True``) holds its
-    timings: the compute of a micro-batch-sized batch measured beside the whole one, step by step.
+    timings: the compute of a micro-batch-sized batch measured beside the whole one, step by step. With ``probe`` (a
+    call of fixed work, e.g. one reference layer alone), every step also times it once, all ranks at once, after the
+    step's batches, and a last entry (``"probe": True``) holds its times: the machine's speed at the moments the
+    steps ran (on a machine whose speed moves from minute to minute, rates timed once before or after are another
+    machine's).
     """
     dtype = DTYPES[spec.dtype]
     acc: list[dict[str, Any]] = [
@@ -245,6 +249,7 @@ def measure(
     if half_batch is not None:
         acc.append({"dbo": False, "half": True, "split": False, "steps_s": [], "compute": [], "comm": [],
                     "wire_bytes": 0, "num_collectives": 0})  # fmt: skip
+    probe_s: list[float] = []
     total = spec.warmup + spec.steps
     for step in range(total):
         order = list(runs)
@@ -266,6 +271,12 @@ def measure(
                 a["compute"].append(r.compute_s)
                 a["comm"].append(r.comm_s)
             a["split"], a["wire_bytes"], a["num_collectives"] = r.split, r.wire_bytes, r.num_collectives
+        if probe is not None:
+            dist.barrier()  # the ranks time it at once, as they compute a step's layers at once
+            t0 = time.perf_counter()
+            probe()
+            if step >= spec.warmup:
+                probe_s.append(time.perf_counter() - t0)
     if trace_dir is not None:
         # One more step of the first mode, profiled and not timed (starting the profiler takes a while).
         x = batch_inputs(model.config, spec.batch, rank=model.rank, step=total, dtype=dtype)
@@ -288,6 +299,8 @@ def measure(
             "computes_s": a["compute"],
             "comms_s": a["comm"],
         })  # fmt: skip
+    if probe is not None:
+        out.append({"probe": True, "step_s": _median(probe_s), "steps_s": probe_s})
     return out
 
 

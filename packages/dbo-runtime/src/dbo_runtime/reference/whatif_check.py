@@ -36,7 +36,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-__all__ = ["row_trace_dir", "validate", "main", "compute_scale", "format_whatif_markdown", "step_scatter", "TOLERANCE",
+__all__ = ["row_trace_dir", "pair_speedup", "validate", "main", "compute_scale", "format_whatif_markdown", "step_scatter", "TOLERANCE",
            "MIN_STEP_MS"]
 
 TOLERANCE = 0.10
@@ -60,7 +60,7 @@ def occurrences(rows: list[tuple[str, int, str]]) -> list[int]:
     return out
 
 
-def _pair_speedup(per_rank: list[dict[str, Any]] | None, i: int, row: dict[str, Any] | None = None) -> float | None:
+def pair_speedup(per_rank: list[dict[str, Any]] | None, i: int, row: dict[str, Any] | None = None) -> float | None:
     """Median over the row's adjacent off/on step pairs (slowest rank each) of T_off / T_on: steadier than the
     ratio of the two medians under a load that changes from step to step. Without the ranks' own results, from the
     summary row's ``per_step_ms`` (the same slowest rank per step)."""
@@ -151,7 +151,7 @@ def validate(summary: dict[str, Any], trace_root: str | Path,
         predicted = d["summary"]["on_us"] / 1000.0
         measured = r["t_on_ms"]
         predicted_speedup = r["t_off_ms"] / predicted if predicted else math.nan
-        pairs = _pair_speedup(per_rank, i, r)
+        pairs = pair_speedup(per_rank, i, r)
         measured_speedup = pairs if pairs is not None else r["speedup"]
         err = predicted_speedup / measured_speedup - 1.0 if measured_speedup else math.nan
         # the same prediction with the what-if's default scale (1/2: compute proportional to tokens), for comparison
