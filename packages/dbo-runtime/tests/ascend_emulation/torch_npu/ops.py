@@ -1,0 +1,2 @@
+"""STAND-IN operators (tests only): filled in below."""
+__all__: list[str] = []
