@@ -28,10 +28,10 @@ VLLM_FOR_ASCEND     := 0.23.0
 ASCEND_EMULATION    := packages/dbo-runtime/tests/ascend_emulation
 # What vLLM 0.23 imports on the paths the emulation tests reach (its CUDA and torch 2.11 pins are left out)
 ASCEND_VLLM_DEPS := numpy regex cachetools psutil sentencepiece requests tqdm blake3 py-cpuinfo \
-	"transformers>=4.56,<5" tokenizers safetensors protobuf "fastapi<0.137" aiohttp openai pydantic prometheus_client \
+	transformers==5.5.4 tokenizers safetensors protobuf "fastapi<0.137" aiohttp openai pydantic prometheus_client \
 	pillow msgspec pyzmq gguf einops cloudpickle pyyaml cbor2 pybase64 setproctitle typing_extensions filelock \
 	partial-json-parser diskcache ijson openai-harmony uvloop "llguidance<1.8,>=1.7" "xgrammar<1.0,>=0.2" ninja \
-	setuptools_scm setuptools wheel pytest pytest-timeout greenlet
+	scipy numba msgpack decorator compressed-tensors mistral_common setuptools_scm setuptools wheel pytest pytest-timeout greenlet
 PYPROJECTS  := pyproject.toml $(foreach p,$(PACKAGES),packages/$(p)/pyproject.toml)
 
 export DBO_TOOLKIT_VLLM_PYTHON := $(VLLM_PY)

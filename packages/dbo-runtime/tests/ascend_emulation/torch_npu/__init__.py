@@ -40,10 +40,25 @@ def _build_dir() -> Path:
 
 
 def _load_device_guard() -> None:
-    from torch.utils.cpp_extension import load
+    """Load the compiled guard; compile it first when it is missing or older than its source (make ascend-env
+    does that once). A lock left by a killed compile would make torch's builder wait forever: it is removed."""
+    import importlib.machinery
+    import importlib.util
 
-    load(name="torch_npu_emulated_device_guard", sources=[str(Path(__file__).with_name("_device_guard.cpp"))],
-         build_directory=str(_build_dir()), verbose=False)
+    name = "torch_npu_emulated_device_guard"
+    source = Path(__file__).with_name("_device_guard.cpp")
+    build = _build_dir()
+    built = build / f"{name}.so"
+    if not built.exists() or built.stat().st_mtime < source.stat().st_mtime:
+        from torch.utils.cpp_extension import load
+
+        (build / "lock").unlink(missing_ok=True)
+        load(name=name, sources=[str(source)], build_directory=str(build), verbose=False)
+        return
+    spec = importlib.util.spec_from_file_location(name, built,
+                                                  loader=importlib.machinery.ExtensionFileLoader(name, str(built)))
+    assert spec is not None and spec.loader is not None
+    spec.loader.exec_module(importlib.util.module_from_spec(spec))
 
 
 def _register_npu_device() -> None:

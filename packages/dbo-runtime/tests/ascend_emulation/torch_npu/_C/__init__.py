@@ -14,3 +14,7 @@ def _npu_getDevice() -> int:
     from torch_npu import npu
 
     return npu.current_device()
+
+
+class _NPUTaskGroupHandle:
+    """The handle of a captured ACL graph task group (a type annotation in vllm-ascend; graphs are not emulated)."""

@@ -1,0 +1,1 @@
+"""STAND-IN torch_npu.multiprocessing (tests only)."""

@@ -1,0 +1,1 @@
+"""STAND-IN torch_npu.op_plugin (tests only)."""

@@ -1,0 +1,3 @@
+"""STAND-IN torch_npu.profiler (tests only): importable; profiling is not emulated."""
+
+from torch_npu.profiler import dynamic_profile  # noqa: F401
