@@ -21,6 +21,7 @@ COMMANDS = {
     "doctor": "dbo_runtime.commands.doctor:doctor",
     "ascend-sites": "dbo_runtime.commands.sites:ascend_sites",
     "estimate": "dbo_runtime.commands.estimate:estimate",
+    "policy-table": "dbo_runtime.commands.policy:policy_table",
 }
 
 cli = ToolGroup("dbo-runtime", lazy_subcommands=COMMANDS, domain_errors=(DBOError,),

@@ -44,7 +44,7 @@ from typing import Any
 import torch
 
 from dbo_runtime.errors import DBOConfigError
-from dbo_runtime.ubatch import UBatchSlice
+from dbo_runtime.ubatch import SUPPORTED_NUM_UBATCHES, UBatchSlice
 from dbo_runtime.vllm.split import decide_split, pad_last_slice, split_common_attn_metadata
 
 __all__ = ["RunnerIntegration", "SplitStats", "STATS_DIR_ENV", "FAULT_ENV", "concat_outputs", "install_fault"]
@@ -192,6 +192,14 @@ class RunnerIntegration:
 
         self.scheduler = resolve_scheduler()
         self.stats = SplitStats()
+        # The split policy: "static" (vLLM's token thresholds) or "auto" (dbo_runtime.policy). $DBO_POLICY is read
+        # now so that a bad value fails before the model loads; vLLM's additional_config, which takes precedence,
+        # is read from the runner's config at the first step (_split_policy).
+        from dbo_runtime.policy import policy_setting
+
+        policy_setting()
+        self._policy: Any = None
+        self._policy_resolved = False
         self.guard = CompiledReentryGuard(f"{platform} model")
         self._in_dummy = threading.local()
         self._originals: dict[str, Any] = {}
@@ -251,6 +259,9 @@ class RunnerIntegration:
     def determine_batch_execution_and_padding(self, runner: Any, original: Callable[..., Any], num_tokens: int,
                                               num_reqs: int, num_scheduled_tokens_np: Any,
                                               max_num_scheduled_tokens: int, *args: Any, **kwargs: Any) -> Any:
+        policy = self._split_policy(runner)
+        if policy is not None:
+            policy.end_step()  # the step timed by the auto policy ran from the end of the previous call to here
         result = original(runner, num_tokens, num_reqs, num_scheduled_tokens_np, max_num_scheduled_tokens,
                           *args, **kwargs)
         if not runner.parallel_config.enable_dbo:
@@ -263,16 +274,25 @@ class RunnerIntegration:
         is_dummy = bool(getattr(self._in_dummy, "active", False))
         padded = int(batch_desc.num_tokens)
         pc = runner.parallel_config
+        may_split = not is_dummy and self.may_split(
+            runner, int(num_reqs), {**kwargs, "_args": args, "_num_tokens_padded": padded})
+        decode_threshold, prefill_threshold = pc.dbo_decode_token_threshold, pc.dbo_prefill_token_threshold
+        choice = None
+        if policy is not None:
+            # auto: the policy's choice replaces the threshold vote; the floor stays one token per micro-batch,
+            # the platform's veto and the DP-wide agreement still apply.
+            choice = policy.decide(int(num_tokens), decode_only=bool(uniform_decode), dummy=is_dummy)
+            may_split = may_split and choice.split
+            decode_threshold = prefill_threshold = SUPPORTED_NUM_UBATCHES
         decision = decide_split(
             num_tokens=int(num_tokens), num_tokens_padded=padded, uniform_decode=bool(uniform_decode),
-            decode_token_threshold=pc.dbo_decode_token_threshold,
-            prefill_token_threshold=pc.dbo_prefill_token_threshold,
-            may_split=not is_dummy and self.may_split(
-                runner, int(num_reqs), {**kwargs, "_args": args, "_num_tokens_padded": padded}),
-            is_dummy=is_dummy, group=self.dp_group(runner) if pc.data_parallel_size > 1 else None,
-            timeout_s=self.timeout_s)
+            decode_token_threshold=decode_threshold, prefill_token_threshold=prefill_threshold,
+            may_split=may_split, is_dummy=is_dummy,
+            group=self.dp_group(runner) if pc.data_parallel_size > 1 else None, timeout_s=self.timeout_s)
         if not is_dummy:
             self.stats.rank = _rank_of(runner)
+        if choice is not None:
+            policy.start_step(choice, decision.split)
         if not decision.split:
             if not is_dummy:
                 self.stats.record(False)
@@ -285,6 +305,49 @@ class RunnerIntegration:
         self.stats.record(True, (half, int(num_tokens) - half))
         # Micro-batches run eager (no graph capture of a split step): eager mode at the DP-agreed padded size.
         return self.eager_mode, desc, True, across, stats
+
+    # -- the auto split policy (dbo_runtime.policy) ---------------------------------------------------------------
+    def _split_policy(self, runner: Any) -> Any:
+        """The ``auto`` policy of this process (created at the first step with DBO on), or None for ``static``.
+
+        Its agreement runs over vLLM's world group (every TP x DP rank; its gloo ``cpu_group``), bounded by
+        ``timeout_s``; without torch.distributed it is local. The table is written to ``$DBO_RUNTIME_STATS_DIR``
+        at every agreement and logged and written at interpreter exit."""
+        if self._policy_resolved or not runner.parallel_config.enable_dbo:
+            return self._policy
+        self._policy_resolved = True
+        from dbo_runtime.policy import (
+            PolicyConfig,
+            SplitPolicy,
+            gloo_max_reducer,
+            load_prior,
+            policy_setting,
+            world_cpu_group,
+        )
+
+        vllm_config = getattr(runner, "vllm_config", None)
+        name, prior_path = policy_setting(getattr(vllm_config, "additional_config", None))
+        if name != "auto":
+            return None
+        import atexit
+
+        import torch.distributed as dist
+
+        group, reduce_max = None, None
+        if dist.is_available() and dist.is_initialized():
+            group = world_cpu_group()
+            if dist.get_world_size(group) > 1:
+                reduce_max = gloo_max_reducer(group, timeout_s=self.timeout_s)
+        config = PolicyConfig(timeout_s=self.timeout_s)
+        self._policy = SplitPolicy(config, prior=load_prior(prior_path) if prior_path else {},
+                                   reduce_max=reduce_max, rank=_rank_of(runner),
+                                   stats_dir=os.environ.get(STATS_DIR_ENV) or None)
+        atexit.register(self._policy.close)
+        logger.info("dbo_runtime: auto split policy on (rank %d): agreement every %d steps over %s, exploring every "
+                    "%dth step of a class, split where >= %g%% faster%s", self._policy.rank, config.sync_every,
+                    "the world group" if reduce_max else "this process", config.explore_every, 100 * config.margin,
+                    f", prior {prior_path}" if prior_path else "")
+        return self._policy
 
     # -- _build_attention_metadata (runners without per-micro-batch metadata) ------------------------------------
     @staticmethod

