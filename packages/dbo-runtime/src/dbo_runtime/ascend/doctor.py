@@ -7,29 +7,42 @@ against a source tree, an sdist, a wheel, or the installed packages (located wit
 from __future__ import annotations
 
 import ast
+import importlib.metadata
 import json
 import sys
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 
 from dbo_runtime.ascend.sites import (
+    ATTN_STATE,
     BUILDERS_PER_GROUP,
+    DEFAULT_GROUP_BACKEND,
     OP_REGISTRATIONS,
     PATCHED_SYMBOLS,
     REFUSED_MODELS,
+    ROTARY_MLA_BUFFER,
     SITES,
     STATEFUL_MODEL_INTERFACES,
     SUPPORTED_MODELS,
+    TORCH_PAIR,
+    UBATCH_STATE_FACTS,
     VLLM_SYMBOLS,
     HookSite,
     PatchedSymbol,
+    UbatchStateFact,
     missing_in_order,
     parse_collective,
 )
-from dbo_runtime.ascend.source import PackageSource, installed_source, open_source
+from dbo_runtime.ascend.source import (
+    PackageSource,
+    installed_source,
+    normalize_name,
+    open_source,
+    parse_requirement,
+)
 from dbo_runtime.errors import DBOConfigError
 
-__all__ = ["SiteCheck", "check_symbols", "run_doctor"]
+__all__ = ["SiteCheck", "HostDist", "check_symbols", "host_versions", "state_keys", "run_doctor"]
 
 _DefNode = ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef
 
@@ -49,6 +62,7 @@ class SiteCheck:
     notes: list[str] = field(default_factory=list)
     line: int | None = None
     skipped: bool = False
+    warnings: list[str] = field(default_factory=list)  # shown, but the check still passes (the host's torch pair)
 
     @property
     def ok(self) -> bool:
@@ -397,16 +411,513 @@ def check_supported_models(source: PackageSource, trees: dict[str, ast.Module | 
     return results
 
 
+# --------------------------------------------------------------------------------------------------------------
+# Semantic facts the DBO fixes rely on (sites.py: ATTN_STATE, ROTARY_MLA_BUFFER, UBATCH_STATE_FACTS,
+# DEFAULT_GROUP_BACKEND, TORCH_PAIR). Each is one row, failing with a message that names the file and what changed.
+# --------------------------------------------------------------------------------------------------------------
+def _fact_row(name: str, target: str, source: PackageSource, hook: str = "relied on") -> SiteCheck:
+    return SiteCheck(name, target, source.package, hook, False, None, source.version)
+
+
+def _defined_elsewhere(source: PackageSource, needle: str, skip: str | None) -> str:
+    """A hint for a moved definition: ``"; `needle` appears in a.py, b.py"`` (package files other than ``skip``)."""
+    where = [p for p in source.paths() if p != skip and needle in source.read(p)]
+    return f"; `{needle}` appears in {', '.join(where[:3])}" if where else ""
+
+
+def _functions(tree: ast.Module | None, qualname: str) -> list[ast.FunctionDef | ast.AsyncFunctionDef]:
+    if tree is None:
+        return []
+    return [n for n in _find(tree, qualname) if isinstance(n, ast.FunctionDef | ast.AsyncFunctionDef)]
+
+
+def _module_classes(tree: ast.Module) -> dict[str, ast.ClassDef]:
+    return {n.name: n for n in _children_defs(tree.body) if isinstance(n, ast.ClassDef)}
+
+
+def _method_in_mro(tree: ast.Module, cls: ast.ClassDef, name: str, depth: int = 0
+                   ) -> ast.FunctionDef | ast.AsyncFunctionDef | None:
+    """``cls.name`` as Python would find it among the classes of this module (own body first, then bases)."""
+    for node in _children_defs(cls.body):
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef) and node.name == name:
+            return node
+    if depth < 8:
+        classes = _module_classes(tree)
+        for base in cls.bases:
+            if isinstance(base, ast.Name) and base.id in classes:
+                found = _method_in_mro(tree, classes[base.id], name, depth + 1)
+                if found is not None:
+                    return found
+    return None
+
+
+def _self_attrs(tree: ast.Module, cls: ast.ClassDef, fn: ast.FunctionDef | ast.AsyncFunctionDef, *, store: bool,
+                seen: set[int] | None = None) -> dict[str, int]:
+    """Attributes of ``self`` that ``fn`` assigns (``store``) or reads, each with its first line, following the
+    ``self.method(...)`` calls it makes into methods of ``cls`` (the helpers prepare/finalize delegate to)."""
+    seen = set() if seen is None else seen
+    params = _param_names(fn)
+    if id(fn) in seen or not params:
+        return {}
+    seen.add(id(fn))
+    me = params[0]
+    found: dict[str, int] = {}
+    for sub in ast.walk(fn):
+        if isinstance(sub, ast.AugAssign) and not store:  # self.x += 1 reads self.x too
+            target = sub.target
+            if isinstance(target, ast.Attribute) and isinstance(target.value, ast.Name) and target.value.id == me:
+                found[target.attr] = min(found.get(target.attr, sub.lineno), sub.lineno)
+        if isinstance(sub, ast.Attribute) and isinstance(sub.value, ast.Name) and sub.value.id == me:
+            if isinstance(sub.ctx, ast.Store | ast.Del) == store:
+                found[sub.attr] = min(found.get(sub.attr, sub.lineno), sub.lineno)
+        if (isinstance(sub, ast.Call) and isinstance(sub.func, ast.Attribute) and isinstance(sub.func.value, ast.Name)
+                and sub.func.value.id == me):
+            callee = _method_in_mro(tree, cls, sub.func.attr)
+            if callee is not None:
+                for name, line in _self_attrs(tree, cls, callee, store=store, seen=seen).items():
+                    found[name] = min(found.get(name, line), line)
+    return found
+
+
+def _assigns_attr(stmts: Sequence[ast.stmt], owner: str, attr: str) -> bool:
+    """Whether one of ``stmts`` (directly) assigns ``owner.attr`` to a name."""
+    for stmt in stmts:
+        if isinstance(stmt, ast.Assign | ast.AnnAssign) and stmt.value is not None:
+            value = stmt.value
+            if isinstance(value, ast.Attribute) and value.attr == attr and _dotted(value.value).endswith(owner):
+                return True
+    return False
+
+
+def _compares_to(test: ast.AST, attr: str) -> bool:
+    """``test`` is ``<x> == <...>.attr`` (either side)."""
+    return (isinstance(test, ast.Compare) and any(isinstance(op, ast.Eq) for op in test.ops)
+            and any(isinstance(side, ast.Attribute) and side.attr == attr for side in (test.left, *test.comparators)))
+
+
+def check_attn_state(source: PackageSource, trees: dict[str, ast.Module | None]) -> list[SiteCheck]:
+    """The attn_state rule: the enum's members, where the runner decides PrefillNoCache, and that attention in that
+    state reads no KV cache. The runtime decides each micro-batch's attn_state again from these."""
+    fact = ATTN_STATE
+    enum, no_cache = fact.enum_class, fact.no_cache_state
+
+    members_row = _fact_row("attn_state.members", f"{fact.enum_module}:{enum}", source)
+    relpath, tree = _parsed(source, fact.enum_module, trees)
+    classes = [n for n in (_find(tree, enum) if tree is not None else []) if isinstance(n, ast.ClassDef)]
+    if not classes:
+        members_row.problems.append(f"class {enum} not found in {relpath or fact.enum_module}"
+                                    + _defined_elsewhere(source, f"class {enum}(", relpath))
+    else:
+        node = classes[0]
+        members_row.found, members_row.line = True, node.lineno
+        have = [t.id for stmt in node.body if isinstance(stmt, ast.Assign) for t in stmt.targets
+                if isinstance(t, ast.Name)]
+        have += [stmt.target.id for stmt in node.body
+                 if isinstance(stmt, ast.AnnAssign) and isinstance(stmt.target, ast.Name)]
+        missing = [m for m in fact.members if m not in have]
+        extra = [m for m in have if m not in fact.members and not m.startswith("_")]
+        if missing:
+            members_row.problems.append(f"{enum} ({relpath}:{node.lineno}) no longer has {', '.join(missing)}: the "
+                                        f"runtime maps each micro-batch's attn_state among {', '.join(fact.members)}")
+        if extra:
+            members_row.problems.append(f"{enum} ({relpath}:{node.lineno}) has new member(s) {', '.join(extra)}: the "
+                                        "runtime does not know how to give a micro-batch that state")
+        members_row.signature_ok = not members_row.problems
+        members_row.notes.append(f"members: {', '.join(have)}")
+
+    rule_row = _fact_row("attn_state.rule", f"{fact.rule_module}:{fact.rule_function}", source)
+    relpath, tree = _parsed(source, fact.rule_module, trees)
+    nodes = _functions(tree, fact.rule_function)
+    if not nodes:
+        leaf = fact.rule_function.rsplit(".", 1)[-1]
+        rule_row.problems.append(
+            f"{fact.rule_function} not found in {relpath or fact.rule_module}: where the batch's attn_state is decided "
+            f"has changed (the runtime gives a micro-batch {no_cache} only when none of its requests has computed "
+            f"tokens)" + _defined_elsewhere(source, f"def {leaf}(", relpath))
+    else:
+        node = nodes[0]
+        rule_row.found, rule_row.line = True, node.lineno
+        branches = [n for n in ast.walk(node) if isinstance(n, ast.If) and _assigns_attr(n.body, enum, no_cache)]
+        produced = sorted({n.attr for n in ast.walk(node) if isinstance(n, ast.Attribute)
+                           and isinstance(n.value, ast.Name) and n.value.id == enum})
+        if not branches:
+            rule_row.problems.append(f"{fact.rule_function} ({relpath}:{node.lineno}) no longer sets {enum}.{no_cache}")
+        else:
+            test = branches[0].test
+            names = {n.id for n in ast.walk(test) if isinstance(n, ast.Name)}
+            names |= {n.attr for n in ast.walk(test) if isinstance(n, ast.Attribute)}
+            zero = any(isinstance(c, ast.Compare) and any(isinstance(op, ast.Eq) for op in c.ops)
+                       and any(isinstance(v, ast.Constant) and v.value == 0 for v in (c.left, *c.comparators))
+                       for c in ast.walk(test))
+            condition = ast.unparse(test)
+            if fact.computed_tokens not in names or not zero:
+                rule_row.problems.append(
+                    f"{fact.rule_function} ({relpath}:{branches[0].lineno}) sets {no_cache} when `{condition}`, no "
+                    f"longer when no request has computed tokens ({fact.computed_tokens} == 0)")
+            else:
+                rule_row.notes.append(f"{no_cache} when `{condition}` ({relpath}:{branches[0].lineno})")
+        unknown = [p for p in produced if p not in fact.members]
+        if unknown:
+            rule_row.problems.append(f"{fact.rule_function} ({relpath}:{node.lineno}) also uses {enum}."
+                                     f"{', '.join(unknown)}, which the runtime does not map")
+        rule_row.signature_ok = not rule_row.problems
+        rule_row.notes.append(f"decides among {', '.join(produced)}")
+
+    kernel_row = _fact_row("attn_state.prefill_no_cache", f"{fact.kernel_module}:{fact.kernel_function}", source)
+    relpath, tree = _parsed(source, fact.kernel_module, trees)
+    nodes = _functions(tree, fact.kernel_function)
+    if not nodes:
+        leaf = fact.kernel_function.rsplit(".", 1)[-1]
+        kernel_row.problems.append(f"{fact.kernel_function} not found in {relpath or fact.kernel_module}: what "
+                                   f"attention reads in {no_cache} cannot be checked"
+                                   + _defined_elsewhere(source, f"def {leaf}(", relpath))
+    else:
+        node = nodes[0]
+        kernel_row.found, kernel_row.line = True, node.lineno
+        branches = [n for n in ast.walk(node) if isinstance(n, ast.If) and _compares_to(n.test, no_cache)]
+        if not branches:
+            kernel_row.problems.append(f"{fact.kernel_function} ({relpath}:{node.lineno}) has no branch for "
+                                       f"attn_state == {enum}.{no_cache}: what attention reads in that state changed")
+        else:
+            branch = branches[0]
+            body = [sub for stmt in branch.body for sub in ast.walk(stmt)]
+            reads = sorted({(sub.attr if isinstance(sub, ast.Attribute) else sub.id) for sub in body
+                            if (isinstance(sub, ast.Attribute) and sub.attr in fact.cache_names)
+                            or (isinstance(sub, ast.Name) and sub.id in fact.cache_names)})
+            own = [p for p in _param_names(node) if p in ("key", "value")]
+            replaced = sorted({sub.id for sub in body if isinstance(sub, ast.Name) and isinstance(sub.ctx, ast.Store)
+                               and sub.id in own})
+            if reads:
+                kernel_row.problems.append(
+                    f"in {no_cache}, {fact.kernel_function} ({relpath}:{branch.lineno}) now reads {', '.join(reads)}: "
+                    "attention in that state no longer sees only the forward's own key/value")
+            if replaced:
+                kernel_row.problems.append(
+                    f"in {no_cache}, {fact.kernel_function} ({relpath}:{branch.lineno}) replaces {', '.join(replaced)}:"
+                    " attention in that state no longer runs on the forward's own key/value")
+            if not kernel_row.problems:
+                kernel_row.notes.append(f"{no_cache} attends to the forward's own key/value, no KV cache read "
+                                        f"({relpath}:{branch.lineno})")
+        kernel_row.signature_ok = not kernel_row.problems
+    return [members_row, rule_row, kernel_row]
+
+
+def _flag_value(call: ast.Call, flag: str, position: int) -> ast.AST | None:
+    for kw in call.keywords:
+        if kw.arg == flag:
+            return kw.value
+    return call.args[position] if len(call.args) > position else None
+
+
+def check_rotary_buffer(source: PackageSource, trees: dict[str, ast.Module | None]) -> list[SiteCheck]:
+    """``get_cos_and_sin_mla(..., use_cache=True)`` returns views of process-global buffers, and the MLA/SFA
+    metadata builders call it so: the runtime copies cos/sin per micro-batch."""
+    fact = ROTARY_MLA_BUFFER
+    row = _fact_row("rotary.mla_buffer", f"{fact.module}:{fact.function}", source)
+    results = [row]
+    relpath, tree = _parsed(source, fact.module, trees)
+    nodes = _functions(tree, fact.function)
+    flag_at = 1
+    if tree is None or not nodes:
+        row.problems.append(f"{fact.function} not found in {relpath or fact.module}"
+                            + _defined_elsewhere(source, f"def {fact.function}(", relpath))
+    else:
+        node = nodes[0]
+        row.found, row.line = True, node.lineno
+        params = _param_names(node)
+        if fact.flag not in params:
+            row.problems.append(f"{fact.function} ({relpath}:{node.lineno}) no longer takes {fact.flag} "
+                                f"(has: {', '.join(params)})")
+        else:
+            flag_at = params.index(fact.flag)
+        module_globals = {t.id for stmt in tree.body if isinstance(stmt, ast.Assign) for t in stmt.targets
+                          if isinstance(t, ast.Name)}
+        module_globals |= {stmt.target.id for stmt in tree.body
+                           if isinstance(stmt, ast.AnnAssign) and isinstance(stmt.target, ast.Name)}
+        declared = {name for sub in ast.walk(node) if isinstance(sub, ast.Global) for name in sub.names}
+        written = {sub.value.id for sub in ast.walk(node) if isinstance(sub, ast.Subscript)
+                   and isinstance(sub.ctx, ast.Store) and isinstance(sub.value, ast.Name)}
+        written |= {sub.id for sub in ast.walk(node) if isinstance(sub, ast.Name) and isinstance(sub.ctx, ast.Store)
+                    and sub.id in declared}
+        returned = {sub.value.id for ret in ast.walk(node) if isinstance(ret, ast.Return) and ret.value is not None
+                    for sub in ast.walk(ret.value) if isinstance(sub, ast.Subscript) and isinstance(sub.value, ast.Name)}
+        problems = []
+        for buf in fact.buffers:
+            if buf not in module_globals:
+                problems.append(f"{relpath} has no module global {buf}")
+            if buf not in written:
+                problems.append(f"{fact.function} ({relpath}:{node.lineno}) no longer writes the global {buf}")
+            elif buf not in returned:
+                problems.append(f"{fact.function} ({relpath}:{node.lineno}) no longer returns a view of {buf}")
+        if problems:
+            now = sorted((written & (module_globals | declared)) - set(fact.buffers))
+            if now:
+                problems[-1] += f"; it now writes {', '.join(now)}"
+            row.problems.extend(problems)
+        else:
+            row.notes.append(f"with {fact.flag}=True it returns views of the globals {', '.join(fact.buffers)} "
+                             f"({relpath}:{node.lineno}): the runtime copies cos/sin per micro-batch")
+        row.signature_ok = not row.problems
+    for module, cls in fact.callers:
+        caller = _fact_row(f"rotary.caller {cls}", f"{module}:{cls}", source)
+        results.append(caller)
+        relpath, tree = _parsed(source, module, trees)
+        classes = [n for n in (_find(tree, cls) if tree is not None else []) if isinstance(n, ast.ClassDef)]
+        if not classes:
+            caller.problems.append(f"class {cls} not found in {relpath or module}"
+                                   + _defined_elsewhere(source, f"class {cls}(", relpath))
+            continue
+        caller.found, caller.line = True, classes[0].lineno
+        calls = [c for c in ast.walk(classes[0]) if isinstance(c, ast.Call)
+                 and _dotted(c.func).rsplit(".", 1)[-1] == fact.function]
+        cached = [c for c in calls if (v := _flag_value(c, fact.flag, flag_at)) is not None
+                  and not (isinstance(v, ast.Constant) and not v.value)]
+        if not calls:
+            caller.problems.append(f"{cls} ({relpath}) no longer calls {fact.function}: where its cos/sin come from "
+                                   "changed (the runtime copies them per micro-batch from that function's buffer)")
+        elif not cached:
+            caller.warnings.append(f"{cls} ({relpath}) calls {fact.function} only without {fact.flag}: cos/sin no "
+                                   "longer come from the shared buffer (the runtime's copy is then not needed)")
+        for c in cached:
+            v = _flag_value(c, fact.flag, flag_at)
+            caller.notes.append(f"calls {fact.function}({fact.flag}={ast.unparse(v) if v else '?'}) at "
+                                f"{relpath}:{c.lineno}")
+        caller.signature_ok = not caller.problems
+    return results
+
+
+def _per_ubatch_state_table() -> Mapping[str, Sequence[str]]:
+    from dbo_runtime.ascend.runner import PER_UBATCH_STATE
+
+    return PER_UBATCH_STATE
+
+
+def state_keys(fact: UbatchStateFact) -> tuple[str, str]:
+    """The PER_UBATCH_STATE keys of ``fact``'s writer and reader: the names of the sites at ``cls.writer`` /
+    ``cls.reader`` when the site table has them, else the fact's own keys."""
+    by_qualname = {site.qualname: site.name for site in SITES if site.module == fact.module}
+    return (by_qualname.get(f"{fact.cls}.{fact.writer}", fact.keys[0]),
+            by_qualname.get(f"{fact.cls}.{fact.reader}", fact.keys[1]))
+
+
+def check_ubatch_state(source: PackageSource, trees: dict[str, ast.Module | None],
+                       table: Mapping[str, Sequence[str]]) -> list[SiteCheck]:
+    """For each class of UBATCH_STATE_FACTS, the attributes its writer (prepare) stores on the shared instance and its
+    reader (finalize) reads, derived from the source; each must be kept per micro-batch by ``table``
+    (``dbo_runtime.ascend.runner.PER_UBATCH_STATE``), or the other micro-batch overwrites it between the two."""
+    results = []
+    for fact in UBATCH_STATE_FACTS:
+        row = _fact_row(f"ubatch_state {fact.cls}", f"{fact.module}:{fact.cls}.{fact.writer}/{fact.reader}", source,
+                        "per-ubatch state")
+        results.append(row)
+        relpath, tree = _parsed(source, fact.module, trees)
+        classes = [n for n in (_find(tree, fact.cls) if tree is not None else []) if isinstance(n, ast.ClassDef)]
+        if tree is None or not classes:
+            row.problems.append(f"class {fact.cls} not found in {relpath or fact.module}"
+                                + _defined_elsewhere(source, f"class {fact.cls}(", relpath))
+            continue
+        cls = classes[0]
+        row.found, row.line = True, cls.lineno
+        writer, reader = _method_in_mro(tree, cls, fact.writer), _method_in_mro(tree, cls, fact.reader)
+        if writer is None or reader is None:
+            lost = [name for name, fn in ((fact.writer, writer), (fact.reader, reader)) if fn is None]
+            row.problems.append(f"{fact.cls} ({relpath}:{cls.lineno}) has no {' or '.join(lost)}")
+            continue
+        writes = _self_attrs(tree, cls, writer, store=True)
+        reads = _self_attrs(tree, cls, reader, store=False)
+        carried = sorted(set(writes) & set(reads))
+        detail = ", ".join(f"{a} (set :{writes[a]}, read :{reads[a]})" for a in carried)
+        keys = state_keys(fact)
+        if not carried:
+            row.notes.append(f"{fact.writer} stores nothing that {fact.reader} reads: no per-micro-batch state")
+        else:
+            row.notes.append(f"{fact.writer} stores for {fact.reader}, in {relpath}: {detail}")
+        absent = [k for k in keys if k not in table]
+        if carried and absent:
+            row.problems.append(
+                f"PER_UBATCH_STATE (dbo_runtime/ascend/runner.py) has no {' / '.join(absent)} entry for {fact.cls}: "
+                f"{fact.writer} stores {', '.join(carried)} that {fact.reader} reads ({relpath}), and the other "
+                "micro-batch overwrites them in between")
+        for key in (k for k in keys if k in table):
+            lacking = [a for a in carried if a not in table[key]]
+            if lacking:
+                row.problems.append(
+                    f"PER_UBATCH_STATE[{key!r}] does not keep {', '.join(lacking)}, which {fact.cls}.{fact.writer} "
+                    f"stores and {fact.cls}.{fact.reader} reads ("
+                    + ", ".join(f"{relpath}:{writes[a]} -> :{reads[a]}" for a in lacking) + ")")
+            unused = [a for a in table[key] if a not in carried]
+            if unused:
+                row.notes.append(f"PER_UBATCH_STATE[{key!r}] also keeps {', '.join(unused)} (not carried from "
+                                 f"{fact.writer} to {fact.reader} in this release)")
+        row.signature_ok = not row.problems
+    return results
+
+
+def _enclosing_def(tree: ast.Module, line: int) -> str | None:
+    best: tuple[int, str] | None = None
+
+    def visit(body: Iterable[ast.stmt], prefix: str) -> None:
+        nonlocal best
+        for node in _children_defs(body):
+            end = getattr(node, "end_lineno", None) or node.lineno
+            if node.lineno <= line <= end:
+                name = f"{prefix}{node.name}"
+                if best is None or node.lineno >= best[0]:
+                    best = (node.lineno, name)
+                visit(node.body, name + ".")
+
+    visit(tree.body, "")
+    return best[1] if best else None
+
+
+def check_default_backend(source: PackageSource, trees: dict[str, ast.Module | None]) -> SiteCheck:
+    """The backend of the default process group (vLLM's init_distributed_environment, as the worker calls it)."""
+    fact = DEFAULT_GROUP_BACKEND
+    row = _fact_row("dist.default_backend", f"{fact.module}:{fact.function}(backend=...)", source)
+    relpath, tree = _parsed(source, fact.module, trees)
+    if tree is None:
+        row.problems.append(f"module {fact.module} not found or does not parse in {source.label}")
+        return row
+    calls = [c for c in ast.walk(tree) if isinstance(c, ast.Call)
+             and _dotted(c.func).rsplit(".", 1)[-1] == fact.function]
+    if not calls:
+        row.problems.append(f"{relpath} no longer calls {fact.function}: the default process group's backend is "
+                            f"unknown (the runtime was written for {fact.backend!r})")
+        return row
+    row.found, row.line = True, calls[0].lineno
+    for call in calls:
+        where = f"{relpath}:{call.lineno}"
+        owner = _enclosing_def(tree, call.lineno)
+        if owner:
+            where += f" in {owner}"
+        arg = _call_args(call, fact.params).get("backend")
+        value = arg.value if isinstance(arg, ast.Constant) and isinstance(arg.value, str) else None
+        if arg is None:
+            row.problems.append(f"{fact.function} ({where}) passes no backend (vLLM's default), the runtime was "
+                                f"written for {fact.backend!r}")
+        elif value != fact.backend:
+            row.problems.append(
+                f"the default process group's backend changed to {value or ast.unparse(arg)!r} ({where}), was "
+                f"{fact.backend!r}: the runtime's CPU collectives (none at DP=1, get_dp_group().cpu_group otherwise) "
+                "were chosen for an HCCL default group; re-check them")
+        else:
+            row.notes.append(f"default process group backend {value!r} ({where}): npu devices only, so the runtime "
+                             "issues no CPU collective on it (no DP coordination at DP=1, get_dp_group().cpu_group "
+                             "otherwise)")
+    row.signature_ok = not row.problems
+    return row
+
+
+@dataclass(frozen=True)
+class HostDist:
+    """An installed distribution on this host: its version (None: not installed) and its Requires-Dist lines."""
+
+    version: str | None
+    requires: tuple[str, ...] = ()
+
+
+def host_versions(names: Sequence[str] = TORCH_PAIR) -> dict[str, HostDist]:
+    """The host's versions of ``names`` from importlib.metadata (nothing is imported)."""
+    found = {}
+    for name in names:
+        try:
+            dist = importlib.metadata.distribution(name)
+            found[normalize_name(name)] = HostDist(dist.version, tuple(dist.requires or ()))
+        except importlib.metadata.PackageNotFoundError:
+            found[normalize_name(name)] = HostDist(None)
+    return found
+
+
+def _satisfies(version: str, spec: str) -> bool | None:
+    """Whether ``version`` meets ``spec`` (PEP 440: ``==2.10.0`` accepts ``2.10.0+cpu``); None: cannot tell."""
+    if not spec:
+        return True
+    try:
+        from packaging.specifiers import InvalidSpecifier, SpecifierSet
+        from packaging.version import InvalidVersion, Version
+    except ImportError:  # pragma: no cover - packaging comes with pip/vLLM
+        if spec.startswith("==") and "*" not in spec and "," not in spec:
+            want = spec[2:]
+            return version == want or ("+" not in want and version.split("+", 1)[0] == want)
+        return None
+    try:
+        return SpecifierSet(spec).contains(Version(version), prereleases=True)
+    except (InvalidSpecifier, InvalidVersion):
+        return None
+
+
+def check_torch_pair(source: PackageSource, host: Mapping[str, HostDist] | None = None) -> SiteCheck:
+    """The torch / torch_npu pair the release pins against the host's (a mismatch is a warning, never a failure)."""
+    names = [normalize_name(n) for n in TORCH_PAIR]
+    row = _fact_row("host.torch_pair", " / ".join(TORCH_PAIR), source, "host")
+    host = {normalize_name(k): v for k, v in (host_versions() if host is None else host).items()}
+    requirements = source.requirements()
+    pins: dict[str, tuple[str, str]] = {}
+    for where, name, spec in requirements:
+        if name in names and name not in pins:
+            pins[name] = (where, spec)
+    for where, name, spec in requirements:
+        if name in pins and spec and pins[name][1] and spec != pins[name][1]:
+            row.warnings.append(f"{where} pins {name}{spec}, {pins[name][0]} {name}{pins[name][1]}")
+
+    def show(dist: HostDist | None) -> str:
+        return dist.version if dist is not None and dist.version else "not installed"
+
+    host_pair = ", ".join(f"{n} {show(host.get(n))}" for n in names)
+    row.notes.append(f"host: {host_pair}")
+    if len(pins) < len(names):
+        lacking = [n for n in names if n not in pins]
+        files = ", ".join(sorted(source.meta)) or "no requirement file"
+        row.warnings.append(f"no pin of {', '.join(lacking)} found in {source.label} ({files}): the host's pair "
+                            f"({host_pair}) is not compared")
+        return row
+    row.found = True
+    wheres = sorted({pins[n][0] for n in names})
+    pinned = ", ".join(f"{n}{pins[n][1]}" for n in names)
+    row.notes.insert(0, f"vllm-ascend {source.version or '?'} pins {pinned} ({', '.join(wheres)})")
+    installed = {n: host[n].version for n in names if n in host and host[n].version}
+    verdicts = {n: _satisfies(installed[n], pins[n][1]) for n in installed}
+    if len(installed) < len(names) or False in verdicts.values():
+        row.warnings.append(f"the host's pair ({host_pair}) is not the pair vllm-ascend {source.version or '?'} pins "
+                            f"({pinned}, {', '.join(wheres)})")
+    elif None in verdicts.values():
+        row.notes.append("a pin or a host version is not PEP 440: not compared")
+    # torch_npu's own requirement on torch (its METADATA), when it is installed
+    npu, torch_have = host.get(names[1]), host.get(names[0])
+    if npu is not None and npu.version and torch_have is not None and torch_have.version:
+        for line in npu.requires:
+            parsed = parse_requirement(line)
+            if parsed is None or parsed[0] != names[0] or "extra ==" in line:
+                continue
+            if _satisfies(torch_have.version, parsed[1]) is False:
+                row.warnings.append(f"{names[1]} {npu.version} requires {names[0]}{parsed[1]}, the host has "
+                                    f"{names[0]} {torch_have.version}")
+            else:
+                row.notes.append(f"{names[1]} {npu.version} requires {names[0]}{parsed[1]}")
+    return row
+
+
 def check_symbols(
-    ascend: PackageSource, vllm: PackageSource | None, *, vllm_skip_reason: str = "no vLLM source given"
+    ascend: PackageSource, vllm: PackageSource | None, *, vllm_skip_reason: str = "no vLLM source given",
+    per_ubatch_state: Mapping[str, Sequence[str]] | None = None, host: Mapping[str, HostDist] | None = None,
 ) -> list[SiteCheck]:
-    """Check every hook site and patched symbol. vLLM rows are marked skipped when ``vllm`` is None."""
+    """Check every hook site, patched symbol and relied-on fact. vLLM rows are marked skipped when ``vllm`` is None.
+
+    ``per_ubatch_state``: the runtime's table of per-micro-batch attributes (default: the one the runtime uses,
+    ``dbo_runtime.ascend.runner.PER_UBATCH_STATE``); ``host``: the host's torch / torch-npu (default: this Python's
+    installed distributions, read with importlib.metadata)."""
     results: list[SiteCheck] = []
     trees: dict[str, ast.Module | None] = {}
     for row in (*SITES, *PATCHED_SYMBOLS):
         results.append(_check_one(row, ascend, trees))
     results.extend(check_op_registrations(ascend, "vllm_ascend", trees))
     results.append(check_builders(ascend, trees))
+    results.extend(check_attn_state(ascend, trees))
+    results.extend(check_rotary_buffer(ascend, trees))
+    results.extend(check_ubatch_state(ascend, trees,
+                                      _per_ubatch_state_table() if per_ubatch_state is None else per_ubatch_state))
+    results.append(check_default_backend(ascend, trees))
+    results.append(check_torch_pair(ascend, host))
     vllm_trees: dict[str, ast.Module | None] = {}
     if vllm is None:
         skipped = [(row.name, row.target, "patched" if row.patched else "relied on") for row in VLLM_SYMBOLS]
@@ -440,8 +951,8 @@ def render_table(results: Sequence[SiteCheck], ascend: PackageSource, vllm: Pack
         table.add_column(col, overflow="fold")
     for r in results:
         found = "skipped" if r.skipped else _yes_no(r.found)
-        note = "; ".join(r.problems + r.notes)
-        style = None if r.ok else "bold red"
+        note = "; ".join(r.problems + [f"warning: {w}" for w in r.warnings] + r.notes)
+        style = "bold red" if not r.ok else ("yellow" if r.warnings else None)
         table.add_row(r.name, r.target, r.hook, found, _yes_no(r.signature_ok), r.version or "-", note, style=style)
     console.print(table)
 
@@ -499,6 +1010,9 @@ def run_doctor(vllm_ascend: str | None, vllm: str | None, *, output_format: str 
                 print(f"  {r.name} ({r.target}): {'; '.join(r.problems)}")
         else:
             print(f"doctor: all {len(checked)} hook sites and symbols found with the expected signatures")
+        for r in results:
+            for warning in r.warnings:
+                print(f"doctor: warning: {r.name}: {warning}")
         if vllm_src is None:
             print(f"doctor: vLLM rows skipped: {skip_reason}")
     return 1 if missing else 0

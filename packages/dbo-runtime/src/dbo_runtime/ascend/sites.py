@@ -36,6 +36,15 @@ __all__ = [
     "OP_REGISTRATIONS",
     "BuilderFact",
     "BUILDERS_PER_GROUP",
+    "AttnStateFact",
+    "ATTN_STATE",
+    "GlobalBufferFact",
+    "ROTARY_MLA_BUFFER",
+    "UbatchStateFact",
+    "UBATCH_STATE_FACTS",
+    "BackendFact",
+    "DEFAULT_GROUP_BACKEND",
+    "TORCH_PAIR",
     "parse_collective",
     "site_by_name",
 ]
@@ -507,6 +516,120 @@ class BuilderFact:
 # (worker/model_runner_v1.py:4851-4867); it never calls AttentionGroup.create_metadata_builders, so
 # parallel_config.num_ubatches does not reach it (worker.py:511 also fixes num_ubatches = 1 for the workspace).
 BUILDERS_PER_GROUP = BuilderFact(_MR, "NPUModelRunner.initialize_attn_backend", 1)
+
+
+# --------------------------------------------------------------------------------------------------------------
+# Semantic facts the DBO fixes rely on (read from vllm-ascend 0.23.0.post1; the doctor re-checks each one).
+# --------------------------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class AttnStateFact:
+    """The attn_state rule. ``rule_function`` sets ``no_cache_state`` when no request of the batch has computed
+    tokens (``computed_tokens`` == 0), and the attention kernel (``kernel_function``) then attends only to the
+    forward's own key/value, reading none of ``cache_names``. The runtime gives each micro-batch its own attn_state
+    among ``members``: the micro-batch that holds the tail of a request cut at the split point has computed tokens
+    and must be ChunkedPrefill, not PrefillNoCache."""
+
+    enum_module: str
+    enum_class: str
+    members: tuple[str, ...]
+    rule_module: str
+    rule_function: str
+    no_cache_state: str
+    computed_tokens: str
+    kernel_module: str
+    kernel_function: str
+    cache_names: tuple[str, ...]
+
+
+# attention/attention_v1.py:147 (the enum; not in attention/utils.py), worker/model_runner_v1.py:1477-1479,
+# attention/attention_v1.py:1194-1199 (_get_fia_params: PrefillNoCache takes key/value as given, no block table).
+ATTN_STATE = AttnStateFact(
+    enum_module="vllm_ascend.attention.attention_v1",
+    enum_class="AscendAttentionState",
+    members=("PrefillNoCache", "PrefillCacheHit", "DecodeOnly", "ChunkedPrefill", "SpecDecoding"),
+    rule_module=_MR,
+    rule_function="NPUModelRunner._build_attn_state",
+    no_cache_state="PrefillNoCache",
+    computed_tokens="num_computed_tokens_cpu",
+    kernel_module="vllm_ascend.attention.attention_v1",
+    kernel_function="AscendAttentionBackendImpl._get_fia_params",
+    cache_names=("key_cache", "value_cache", "kv_cache", "block_tables"),
+)
+
+
+@dataclass(frozen=True)
+class GlobalBufferFact:
+    """A function that returns a view of process-global buffers (``buffers``) when called with ``flag`` true, and
+    the metadata builders (``callers``: (module, class)) that call it so: two micro-batches would share the view,
+    so the runtime copies what it returns per micro-batch."""
+
+    module: str
+    function: str
+    flag: str
+    buffers: tuple[str, ...]
+    callers: tuple[tuple[str, str], ...]
+
+
+# ops/rotary_embedding.py:51-52 (the globals), :89-101 (get_cos_and_sin_mla); attention/mla_v1.py:656
+# (AscendMLAMetadataBuilder.build_decode_metadata), attention/sfa_v1.py:392 (AscendSFAMetadataBuilder._build).
+ROTARY_MLA_BUFFER = GlobalBufferFact(
+    module="vllm_ascend.ops.rotary_embedding",
+    function="get_cos_and_sin_mla",
+    flag="use_cache",
+    buffers=("_cos_mla", "_sin_mla"),
+    callers=(("vllm_ascend.attention.mla_v1", "AscendMLAMetadataBuilder"),
+             ("vllm_ascend.attention.sfa_v1", "AscendSFAMetadataBuilder")),
+)
+
+
+@dataclass(frozen=True)
+class UbatchStateFact:
+    """A class whose ``writer`` stores instance attributes that its ``reader`` reads later in the same forward (the
+    MoE prepare/finalize pair on the one shared instance). Every such attribute must be kept per micro-batch by
+    the runtime's ``PER_UBATCH_STATE`` (dbo_runtime/ascend/runner.py) under the keys ``keys`` (writer, reader), or
+    under the names of the sites whose qualname is ``cls.writer`` / ``cls.reader``."""
+
+    module: str
+    cls: str
+    writer: str
+    reader: str
+    keys: tuple[str, str]
+
+
+# ops/fused_moe/prepare_finalize.py:321 (AllGather: num_tokens, num_tokens_pcp, enable_shared_expert_dp), :116
+# (All2All: num_tokens, replace_allreduce, enable_shared_expert_dp). MC2 is never split (SPLIT_VETO_MOE_COMM_TYPES).
+UBATCH_STATE_FACTS: tuple[UbatchStateFact, ...] = (
+    UbatchStateFact(_PF, "PrepareAndFinalizeWithAllGather", "prepare", "finalize",
+                    ("a2.moe_prepare", "a2.moe_finalize")),
+    UbatchStateFact(_PF, "PrepareAndFinalizeWithAll2All", "prepare", "finalize",
+                    ("a3.moe_prepare", "a3.moe_finalize")),
+)
+
+
+@dataclass(frozen=True)
+class BackendFact:
+    """The backend the worker gives ``function`` (vLLM's init_distributed_environment, parameters ``params`` in
+    order) for the default process group. HCCL is registered by torch_npu for npu devices only, so the runtime
+    never issues a CPU collective on the default group (no DP coordination at DP=1; ``get_dp_group().cpu_group``
+    otherwise)."""
+
+    module: str
+    function: str
+    params: tuple[str, ...]
+    backend: str
+
+
+# worker/worker.py:992-994 (NPUWorker._init_worker_distributed_environment).
+DEFAULT_GROUP_BACKEND = BackendFact(
+    module="vllm_ascend.worker.worker",
+    function="init_distributed_environment",
+    params=("world_size", "rank", "distributed_init_method", "local_rank", "backend"),
+    backend="hccl",
+)
+
+# The distributions whose pair the release pins (requirements.txt:16-17 of 0.23.0.post1: torch==2.10.0,
+# torch-npu==2.10.0.post4; torch_npu 2.10.0.post4 itself requires torch==2.10.0+cpu).
+TORCH_PAIR: tuple[str, str] = ("torch", "torch-npu")
 
 # Which sites fire for which model family (the architectures PR #4894 templates cover).
 MODEL_FAMILY_SITES: dict[str, tuple[str, ...]] = {

@@ -10,6 +10,7 @@ import importlib.metadata
 import importlib.util
 import re
 import tarfile
+import tomllib
 import zipfile
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -17,9 +18,34 @@ from pathlib import Path
 from dbo_runtime.errors import DBOConfigError
 
 __all__ = ["PackageSource", "open_source", "installed_source", "download_release", "REFERENCE_VLLM_ASCEND_VERSION",
-           "REFERENCE_VLLM_VERSION"]
+           "REFERENCE_VLLM_VERSION", "normalize_name", "parse_requirement"]
 
 _ARCHIVE_SUFFIXES = (".tar.gz", ".tgz", ".whl", ".zip")
+
+
+def _is_meta_file(name: str) -> bool:
+    """Release files beside the package that say what it requires (read as text, never run)."""
+    return name in ("PKG-INFO", "METADATA", "pyproject.toml", "setup.py") or (
+        name.startswith("requirements") and name.endswith(".txt"))
+
+
+def normalize_name(name: str) -> str:
+    """A distribution name as PEP 503 compares them (``torch_npu`` == ``torch-npu``)."""
+    return re.sub(r"[-_.]+", "-", name).lower()
+
+
+_REQUIREMENT = re.compile(r"^\s*([A-Za-z0-9][A-Za-z0-9._-]*)\s*(?:\[[^\]]*\])?\s*\(?\s*([^;#)]*)")
+
+
+def parse_requirement(line: str) -> tuple[str, str] | None:
+    """``"torch-npu==2.10.0.post4"`` (or ``"torch (==2.10.0)"``, ``"torch ==2.10.0+cpu; ..."``) -> (normalized
+    name, specifier without spaces); None for an option line (``-r``, ``--index-url``), a comment or a blank."""
+    if line.lstrip().startswith(("-", "#")):
+        return None
+    match = _REQUIREMENT.match(line)
+    if not match:
+        return None
+    return normalize_name(match.group(1)), match.group(2).strip().replace(" ", "")
 
 
 @dataclass
@@ -32,6 +58,9 @@ class PackageSource:
     version: str | None
     _files: dict[str, str] = field(default_factory=dict, repr=False)  # path under the package root -> member
     _reader: object = field(default=None, repr=False)
+    # The release's requirement files beside the package (requirements*.txt, pyproject.toml, setup.py, PKG-INFO or
+    # a wheel's METADATA), by file name: where the release pins its dependencies.
+    meta: dict[str, str] = field(default_factory=dict, repr=False)
 
     def module_path(self, module: str) -> str | None:
         """Path (relative to the package's parent) of ``module``'s source, or None when it is not there."""
@@ -43,6 +72,10 @@ class PackageSource:
             if candidate in self._files:
                 return candidate
         return None
+
+    def paths(self) -> list[str]:
+        """Every .py file of the package (paths relative to the package's parent)."""
+        return sorted(self._files)
 
     def read(self, relpath: str) -> str:
         member = self._files[relpath]
@@ -56,6 +89,47 @@ class PackageSource:
     def close(self) -> None:
         if isinstance(self._reader, zipfile.ZipFile):
             self._reader.close()
+
+    def requirements(self) -> list[tuple[str, str, str]]:
+        """Every dependency the release states, as (where, normalized name, specifier), most authoritative first:
+        requirements.txt (what setup.py installs from; ``-r`` includes followed), the metadata's Requires-Dist,
+        pyproject.toml ([project] dependencies, then [build-system] requires), quoted pins in setup.py."""
+        found: list[tuple[str, str, str]] = []
+
+        def add(where: str, line: str) -> None:
+            parsed = parse_requirement(line)
+            if parsed is not None:
+                found.append((where, *parsed))
+
+        def from_txt(name: str, seen: set[str]) -> None:
+            if name in seen or name not in self.meta:
+                return
+            seen.add(name)
+            for line in self.meta[name].splitlines():
+                include = re.match(r"^\s*-r\s+(\S+)", line)
+                if include:
+                    from_txt(include.group(1).rsplit("/", 1)[-1], seen)
+                else:
+                    add(name, line)
+
+        from_txt("requirements.txt", set())
+        for name in ("PKG-INFO", "METADATA"):
+            for line in self.meta.get(name, "").split("\n\n", 1)[0].splitlines():
+                if line.startswith("Requires-Dist:") and "extra ==" not in line:
+                    add(name, line.split(":", 1)[1])
+        if "pyproject.toml" in self.meta:
+            try:
+                data = tomllib.loads(self.meta["pyproject.toml"])
+            except tomllib.TOMLDecodeError:
+                data = {}
+            for line in data.get("project", {}).get("dependencies", []) or []:
+                add("pyproject.toml [project] dependencies", str(line))
+            for line in data.get("build-system", {}).get("requires", []) or []:
+                add("pyproject.toml [build-system] requires", str(line))
+        for quoted in re.findall(r"""["']([A-Za-z0-9][A-Za-z0-9._-]*\s*(?:==|>=|<=|~=|!=|<|>)[^"']*)["']""",
+                                 self.meta.get("setup.py", "")):
+            add("setup.py", quoted)
+        return found
 
 
 def _version_from_metadata_text(text: str) -> str | None:
@@ -77,6 +151,7 @@ def _bad_input(path: Path, package: str, why: str) -> DBOConfigError:
 def _from_tar(path: Path, package: str) -> PackageSource:
     # One sequential pass: a .tar.gz cannot seek backwards cheaply, so every .py of the package is read now.
     texts: dict[str, str] = {}
+    meta: dict[str, str] = {}
     version = None
     try:
         with tarfile.open(path, "r:*") as tar:
@@ -84,10 +159,12 @@ def _from_tar(path: Path, package: str) -> PackageSource:
                 if not member.isfile():
                     continue
                 parts = member.name.split("/")
-                if len(parts) == 2 and parts[1] == "PKG-INFO":
+                if len(parts) == 2 and _is_meta_file(parts[1]):
                     handle = tar.extractfile(member)
                     if handle is not None:
-                        version = _version_from_metadata_text(handle.read().decode("utf-8", errors="replace"))
+                        meta[parts[1]] = handle.read().decode("utf-8", errors="replace")
+                        if parts[1] == "PKG-INFO":
+                            version = _version_from_metadata_text(meta[parts[1]])
                     continue
                 # sdist layout: <name>-<version>/<package>/...; accept the package at depth 0 or 1
                 for depth in (1, 0):
@@ -102,7 +179,7 @@ def _from_tar(path: Path, package: str) -> PackageSource:
         raise _bad_input(path, package, f"not a readable archive ({exc.__class__.__name__})") from None
     if f"{package}/__init__.py" not in texts:
         raise _bad_input(path, package, f"archive has no {package}/__init__.py")
-    return PackageSource(package, str(path), "sdist", version, {k: k for k in texts}, texts)
+    return PackageSource(package, str(path), "sdist", version, {k: k for k in texts}, texts, meta)
 
 
 def _from_zip(path: Path, package: str) -> PackageSource:
@@ -116,14 +193,17 @@ def _from_zip(path: Path, package: str) -> PackageSource:
         zf.close()
         raise _bad_input(path, package, f"archive has no {package}/__init__.py")
     version = None
+    meta: dict[str, str] = {}
     for name in names:
         if name.endswith(".dist-info/METADATA") and name.count("/") == 1:
-            version = _version_from_metadata_text(zf.read(name).decode("utf-8", errors="replace"))
+            meta["METADATA"] = zf.read(name).decode("utf-8", errors="replace")
+            version = _version_from_metadata_text(meta["METADATA"])
             break
-    return PackageSource(package, str(path), "wheel", version, files, zf)
+    return PackageSource(package, str(path), "wheel", version, files, zf, meta)
 
 
-def _from_tree(path: Path, package: str, *, kind: str = "tree", version: str | None = None) -> PackageSource:
+def _from_tree(path: Path, package: str, *, kind: str = "tree", version: str | None = None,
+               meta: dict[str, str] | None = None) -> PackageSource:
     if (path / package / "__init__.py").is_file():
         root = path
     elif path.name == package and (path / "__init__.py").is_file():
@@ -133,15 +213,22 @@ def _from_tree(path: Path, package: str, *, kind: str = "tree", version: str | N
     files: dict[str, str] = {}
     for file in (root / package).rglob("*.py"):
         files[file.relative_to(root).as_posix()] = str(file)
+    if meta is None:  # a source tree or an unpacked sdist: the release files beside the package
+        meta = {f.name: f.read_text(encoding="utf-8", errors="replace") for f in root.iterdir()
+                if f.is_file() and _is_meta_file(f.name)}
+        dist_infos = sorted(root.glob(f"{package}-*.dist-info/METADATA"))
+        if not meta and len(dist_infos) == 1:  # the package directory of a site-packages
+            meta["METADATA"] = dist_infos[0].read_text(encoding="utf-8", errors="replace")
+            version = version or _version_from_metadata_text(meta["METADATA"])
     if version is None:
-        meta = root / "PKG-INFO"
-        if meta.is_file():
-            version = _version_from_metadata_text(meta.read_text(encoding="utf-8", errors="replace"))
+        pkg_info = root / "PKG-INFO"
+        if pkg_info.is_file():
+            version = _version_from_metadata_text(pkg_info.read_text(encoding="utf-8", errors="replace"))
         if version is None:
             version_py = root / package / "_version.py"
             if version_py.is_file():
                 version = _version_from_version_py(version_py.read_text(encoding="utf-8", errors="replace"))
-    return PackageSource(package, str(path), kind, version, files, None)
+    return PackageSource(package, str(path), kind, version, files, None, meta)
 
 
 def open_source(path: str | Path, package: str) -> PackageSource:
@@ -168,11 +255,15 @@ def installed_source(package: str, distribution: str) -> PackageSource | None:
     if spec is None or not spec.submodule_search_locations:
         return None
     pkg_dir = Path(next(iter(spec.submodule_search_locations)))
+    meta: dict[str, str] = {}
     try:
-        version = importlib.metadata.version(distribution)
+        dist = importlib.metadata.distribution(distribution)
+        version = dist.version
+        meta["METADATA"] = dist.read_text("METADATA") or ""
     except importlib.metadata.PackageNotFoundError:
         version = None
-    return _from_tree(pkg_dir, package, kind="installed", version=version)
+    # site-packages is not a source tree: its other files are not this release's
+    return _from_tree(pkg_dir, package, kind="installed", version=version, meta=meta)
 
 
 # The release the site table was written against, and the upstream vLLM its Dockerfile pins (VLLM_TAG).
