@@ -31,7 +31,7 @@ ASCEND_VLLM_DEPS := numpy regex cachetools psutil sentencepiece requests tqdm bl
 	transformers==5.5.4 tokenizers safetensors protobuf "fastapi<0.137" aiohttp openai pydantic prometheus_client \
 	pillow msgspec pyzmq gguf einops cloudpickle pyyaml cbor2 pybase64 setproctitle typing_extensions filelock \
 	partial-json-parser diskcache ijson openai-harmony uvloop "llguidance<1.8,>=1.7" "xgrammar<1.0,>=0.2" ninja \
-	scipy numba msgpack decorator compressed-tensors mistral_common setuptools_scm setuptools wheel pytest pytest-timeout greenlet
+	uvicorn scipy numba msgpack decorator compressed-tensors mistral_common setuptools_scm setuptools wheel pytest pytest-timeout greenlet
 PYPROJECTS  := pyproject.toml $(foreach p,$(PACKAGES),packages/$(p)/pyproject.toml)
 
 export DBO_TOOLKIT_VLLM_PYTHON := $(VLLM_PY)
@@ -90,7 +90,7 @@ $(ASCEND_STAMP): $(PYPROJECTS)
 	$(ASCEND_PY) -m pip install -q --no-deps vllm==$(VLLM_FOR_ASCEND) 2>&1 | { grep -v "is ignored: it is neither a file nor a directory" || true; }
 	SOC_VERSION=ascend910b1 COMPILE_CUSTOM_KERNELS=0 $(ASCEND_PY) -m pip install -q --no-deps --no-build-isolation \
 		vllm-ascend==$(VLLM_ASCEND_VERSION) 2>&1 | { grep -v "is ignored: it is neither a file nor a directory" || true; }
-	$(ASCEND_PY) -m pip install -q --no-deps -e packages/toolkit-cli -e packages/dbo-runtime
+	$(ASCEND_PY) -m pip install -q --no-deps -e packages/toolkit-cli -e packages/kv-capacity -e packages/dbo-runtime
 	$(ASCEND_PY) -c "import site, sys; open(site.getsitepackages()[0] + '/torch_npu_emulation.pth', 'w').write(sys.argv[1] + chr(10))" \
 		"$(CURDIR)/$(ASCEND_EMULATION)"
 	$(ASCEND_PY) -c "import torch_npu, vllm_ascend.utils; assert torch_npu.EMULATED"

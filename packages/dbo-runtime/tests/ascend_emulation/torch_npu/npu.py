@@ -142,12 +142,13 @@ def set_compile_mode(jit_compile: bool = False) -> None:
     return None
 
 
+# "npu" tensors are CPU tensors drawn from the CPU generator, which torch.manual_seed already seeds (it calls these).
 def manual_seed(seed: int) -> None:
-    torch.manual_seed(seed)
+    return None
 
 
 def manual_seed_all(seed: int) -> None:
-    torch.manual_seed(seed)
+    return None
 
 
 config = SimpleNamespace(allow_internal_format=False)
