@@ -94,7 +94,9 @@ def test_split_straddling_request_with_ascend_fields() -> None:
     assert a.block_table_tensor.tolist() == cm.block_table_tensor[0:2].tolist()
     assert b.block_table_tensor.tolist() == cm.block_table_tensor[1:3].tolist()
     assert b.slot_mapping.tolist() == list(range(1008, 1016)) and b.positions.tolist() == list(range(108, 116))
-    assert b.num_computed_tokens_cpu.tolist() == [5, 20] and b.is_prefilling.tolist() == [True, False]
+    # computed tokens are each micro-batch's own: request 1 has 5 + micro-batch 0's 4 tokens in micro-batch 1
+    assert a.num_computed_tokens_cpu.tolist() == [0, 5]
+    assert b.num_computed_tokens_cpu.tolist() == [9, 20] and b.is_prefilling.tolist() == [True, False]
     # Ascend-specific fields
     assert (a.num_input_tokens, b.num_input_tokens) == (8, 8)
     assert (a.graph_pad_size, b.graph_pad_size) == (-1, -1)

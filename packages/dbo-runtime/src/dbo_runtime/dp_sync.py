@@ -30,7 +30,7 @@ import torch.distributed as dist
 from dbo_runtime.errors import DBOConfigError, DBOError, DBOTimeoutError
 from dbo_runtime.ubatch import SUPPORTED_NUM_UBATCHES, is_last_ubatch_empty, validate_num_ubatches
 
-__all__ = ["UBatchDecision", "coordinate_ubatching"]
+__all__ = ["UBatchDecision", "coordinate_ubatching", "decide_locally"]
 
 SITE = "dp_sync.coordinate_ubatching"
 
@@ -115,6 +115,21 @@ def _mismatches(table: list[list[int]], world: int) -> list[str]:
     return problems
 
 
+def decide_locally(*, should_split: bool, num_tokens: int, num_tokens_padded: int | None = None,
+                   num_ubatches: int = SUPPORTED_NUM_UBATCHES, use_graphs: bool = False,
+                   idle_ranks_abstain: bool = False, timeout_s: float = 60.0) -> UBatchDecision:
+    """The decision of a rank that coordinates with nobody (data parallel size 1): no collective runs."""
+    n = validate_num_ubatches(num_ubatches)
+    padded = num_tokens if num_tokens_padded is None else num_tokens_padded
+    local_error = _check_local(should_split, num_tokens, padded, timeout_s)
+    if local_error:
+        raise DBOConfigError(local_error)
+    table = [[0] for _ in range(_NUM_ROWS)]
+    table[_ORIG][0], table[_PADDED][0] = int(num_tokens), int(padded)
+    table[_VOTE][0], table[_GRAPHS][0] = int(bool(should_split)), int(bool(use_graphs))
+    return _decide(table, rank=0, num_ubatches=n, abstain=idle_ranks_abstain)
+
+
 def coordinate_ubatching(
     *,
     should_split: bool,
@@ -176,10 +191,9 @@ def coordinate_ubatching(
             raise DBOConfigError(
                 f"configured as DP rank {dp_rank} of {dp_size}, but the group has 1 rank; accepted: dp_size=1, dp_rank=0"
             )
-        table = [[0] for _ in range(_NUM_ROWS)]
-        table[_ORIG][0], table[_PADDED][0] = int(num_tokens), int(padded_arg)
-        table[_VOTE][0], table[_GRAPHS][0] = int(bool(should_split)), int(bool(use_graphs))
-        return _decide(table, rank=0, num_ubatches=n, abstain=idle_ranks_abstain)
+        return decide_locally(should_split=should_split, num_tokens=num_tokens, num_tokens_padded=padded_arg,
+                              num_ubatches=n, use_graphs=use_graphs, idle_ranks_abstain=idle_ranks_abstain,
+                              timeout_s=timeout_s)
 
     mine = torch.zeros(_NUM_ROWS, world, dtype=torch.int64)
     if local_error is None:

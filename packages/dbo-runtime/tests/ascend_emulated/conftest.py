@@ -18,3 +18,8 @@ else:
 
     if not getattr(torch_npu, "EMULATED", False):  # a real torch_npu: these tests are for the emulation
         collect_ignore_glob = ["*.py"]
+    else:
+        import sys
+        from pathlib import Path
+
+        sys.path.insert(0, str(Path(__file__).resolve().parent))  # the shared _emu module (importmode=importlib)

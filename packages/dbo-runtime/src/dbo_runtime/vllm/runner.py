@@ -288,7 +288,8 @@ class RunnerIntegration:
             num_tokens=int(num_tokens), num_tokens_padded=padded, uniform_decode=bool(uniform_decode),
             decode_token_threshold=decode_threshold, prefill_token_threshold=prefill_threshold,
             may_split=may_split, is_dummy=is_dummy,
-            group=self.dp_group(runner) if pc.data_parallel_size > 1 else None, timeout_s=self.timeout_s)
+            group=self.dp_group(runner) if pc.data_parallel_size > 1 else None, timeout_s=self.timeout_s,
+            local=pc.data_parallel_size == 1)
         if not is_dummy:
             self.stats.rank = _rank_of(runner)
         if choice is not None:
@@ -396,7 +397,8 @@ class RunnerIntegration:
             common_prefix_len = b_kwargs.pop("common_prefix_len", b_args[0] if b_args else 0)
             cm = b_kwargs.pop("common_attn_metadata", b_args[1] if len(b_args) > 1 else None)
             for ubid, ub in enumerate(ubatch_slices):
-                sub = split_common_attn_metadata(ub, cm)
+                sub = split_common_attn_metadata(ub, cm, chunked_prefill=bool(getattr(
+                    getattr(runner, "scheduler_config", None), "enable_chunked_prefill", True)))
                 extra = dict(b_kwargs)
                 if "num_reqs_actual" in extra:  # DSA builders (GLM MoE DSA, DeepSeek V3.2)
                     extra["num_reqs_actual"] = sub.num_reqs

@@ -12,12 +12,15 @@ import torch
 
 from dbo_runtime.ubatch import UBatchSlice, should_ubatch, slice_request_metadata
 
-__all__ = ["split_common_attn_metadata", "decide_split", "pad_last_slice"]
+__all__ = ["split_common_attn_metadata", "ubatch_attn_state", "decide_split", "pad_last_slice"]
 
 
 # Per-request fields of (Ascend)CommonAttentionMetadata, sliced by request_slice.
-_PER_REQUEST = ("block_table_tensor", "num_computed_tokens_cpu", "_num_computed_tokens_cpu", "is_prefilling",
+_PER_REQUEST = ("block_table_tensor", "is_prefilling",
                 "encoder_seq_lens", "encoder_seq_lens_cpu", "dcp_local_seq_lens", "dcp_local_seq_lens_cpu")
+# Per-request computed-token counts: a micro-batch's are its sequence lengths less its query lengths (the request cut
+# at the split point has, in micro-batch 1, the tokens micro-batch 0 computed before it in the same layer).
+_COMPUTED = ("num_computed_tokens_cpu", "_num_computed_tokens_cpu")
 # Per-token fields, sliced by token_slice (positions: the last dimension, M-RoPE has 3 rows).
 _PER_TOKEN = ("slot_mapping", "slot_mapping_cpu", "positions", "positions_cpu")
 # Per-request sequence lengths: the last request loses the tokens the next micro-batch computes.
@@ -34,14 +37,32 @@ def _like(values: Sequence[int], ref: Any) -> Any:
     return type(ref)(values) if isinstance(ref, list | tuple) else list(values)
 
 
-def split_common_attn_metadata(ub: UBatchSlice | Any, cm: Any) -> Any:
+def ubatch_attn_state(state: Any, num_computed: Sequence[int], *, chunked_prefill: bool = True) -> Any:
+    """A micro-batch's Ascend attention state (``AscendAttentionState``) given the batch's and the micro-batch's
+    per-request computed-token counts.
+
+    vLLM-Ascend's runner (``_build_attn_state``) picks ``PrefillNoCache`` when no request of the batch has computed
+    tokens, and in that state the attention attends only to the key/value of the current forward (KV lengths =
+    query lengths; the cache is not read). In micro-batch 1 the request cut at the split point HAS computed tokens
+    (micro-batch 0's part of it): it needs the state the runner gives a batch with a cache hit, ``ChunkedPrefill``
+    when chunked prefill is on, else ``PrefillCacheHit``. Every other state reads the cache and stays as it is (a
+    micro-batch of a mixed batch is served correctly by the mixed state). ``state`` None (vLLM core) stays None.
+    """
+    if state is None or getattr(state, "name", None) != "PrefillNoCache" or not any(int(c) > 0 for c in num_computed):
+        return state
+    return type(state)["ChunkedPrefill" if chunked_prefill else "PrefillCacheHit"]
+
+
+def split_common_attn_metadata(ub: UBatchSlice | Any, cm: Any, *, chunked_prefill: bool = True) -> Any:
     """The common attention metadata of one micro-batch, as upstream ``_make_metadata_with_slice`` but keeping
     every other field of ``cm`` (an ``AscendCommonAttentionMetadata`` or any dataclass with vLLM's field names).
 
     Ascend fields: ``num_input_tokens`` becomes the slice's token count, ``actual_seq_lengths_q`` (when used)
     the micro-batch's cumulative query ends, ``graph_pad_size`` -1 (micro-batches run eager), and
-    ``prefill_context_parallel_metadata`` must be None (PCP is refused with DBO). ``attn_state`` is kept: a
-    half of a mixed batch is still served correctly by the mixed-batch state. Never modifies ``cm``.
+    ``prefill_context_parallel_metadata`` must be None (PCP is refused with DBO). The per-request computed-token
+    counts are the micro-batch's own (sequence length less query length), and ``attn_state`` follows them
+    (:func:`ubatch_attn_state`; ``chunked_prefill`` is the scheduler's ``enable_chunked_prefill``). Never modifies
+    ``cm``.
     """
     # vLLM's slices carry numpy integers; the metadata gets plain ints.
     rs = slice(int(ub.request_slice.start), int(ub.request_slice.stop))
@@ -76,6 +97,15 @@ def split_common_attn_metadata(ub: UBatchSlice | Any, cm: Any) -> Any:
         value = getattr(cm, name, None)
         if name in fields and value is not None:
             changes[name] = value[req_slice]
+    query_lens_req = [b - a for a, b in zip(new_qsl, new_qsl[1:], strict=False)]
+    computed = [length - q for length, q in zip(new_lens, query_lens_req, strict=False)]
+    for name in _COMPUTED:
+        value = getattr(cm, name, None)
+        if name in fields and value is not None:
+            changes[name] = _like(computed, value)
+    if "attn_state" in fields:
+        changes["attn_state"] = ubatch_attn_state(getattr(cm, "attn_state", None), computed,
+                                                  chunked_prefill=chunked_prefill)
     for name in _PER_TOKEN:
         value = getattr(cm, name, None)
         if name in fields and value is not None:
@@ -110,6 +140,7 @@ def decide_split(
     is_dummy: bool,
     group: Any = None,
     timeout_s: float = 60.0,
+    local: bool = False,
 ) -> Any:
     """This rank's vote and the DP-wide decision (a :class:`dbo_runtime.dp_sync.UBatchDecision`).
 
@@ -118,6 +149,12 @@ def decide_split(
     ``allow_microbatching``, Ascend's MC2 and cascade-attention vetoes). A dummy (idle-rank or warm-up) run votes
     no, so that a split happens only when every DP rank has real work to split; every DP rank calls this on
     every step, so no rank splits alone.
+
+    ``local`` (data parallel size 1): the decision is this rank's own and no collective runs. Upstream vLLM skips
+    its DP coordination at DP=1 too, and on vLLM-Ascend it must: the default process group there is HCCL
+    (``init_distributed_environment(..., "hccl")``), which has no CPU backend, so an all-reduce of the vote on it
+    fails ("No backend type associated with device type cpu"). The TP ranks of one DP rank schedule the same batch
+    and so take the same decision without one.
     """
     from dbo_runtime.dp_sync import coordinate_ubatching
 
@@ -127,6 +164,10 @@ def decide_split(
         and should_ubatch(num_tokens, is_decode_only=uniform_decode, decode_token_threshold=decode_token_threshold,
                           prefill_token_threshold=prefill_token_threshold)
     )
+    if local:
+        from dbo_runtime.dp_sync import decide_locally
+
+        return decide_locally(should_split=vote, num_tokens=num_tokens, num_tokens_padded=num_tokens_padded)
     return coordinate_ubatching(should_split=vote, num_tokens=num_tokens, num_tokens_padded=num_tokens_padded,
                                 group=group, timeout_s=timeout_s)
 

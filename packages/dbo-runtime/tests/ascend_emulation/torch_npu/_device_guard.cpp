@@ -2,6 +2,8 @@
 // stream, nothing to switch; the device index is kept per thread as torch_npu keeps it.
 #include <c10/core/impl/DeviceGuardImplInterface.h>
 #include <c10/core/impl/alloc_cpu.h>
+#include <ATen/detail/PrivateUse1HooksInterface.h>
+#include <c10/core/CPUAllocator.h>
 #include <torch/extension.h>
 
 namespace {
@@ -27,6 +29,20 @@ struct EmulatedNpuGuard final : public c10::impl::DeviceGuardImplInterface {
 };
 thread_local c10::DeviceIndex EmulatedNpuGuard::current = 0;
 C10_REGISTER_GUARD_IMPL(PrivateUse1, EmulatedNpuGuard);
+
+// The hooks PyTorch asks of an accelerator: "pinned" host memory is plain CPU memory (pin_memory() copies into it).
+struct EmulatedNpuHooks final : public at::PrivateUse1HooksInterface {
+  bool isBuilt() const override { return true; }
+  bool isAvailable() const override { return true; }
+  bool hasPrimaryContext(c10::DeviceIndex) const override { return true; }
+  bool isPinnedPtr(const void*) const override { return false; }
+  c10::Allocator* getPinnedMemoryAllocator() const override { return c10::GetCPUAllocator(); }
+  at::Device getDeviceFromPtr(void*) const override { return at::Device(c10::DeviceType::PrivateUse1, 0); }
+};
+
+struct RegisterHooks {
+  RegisterHooks() { at::RegisterPrivateUse1HooksInterface(new EmulatedNpuHooks()); }
+} register_hooks;
 }  // namespace
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {}
