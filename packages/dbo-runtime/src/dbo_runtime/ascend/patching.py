@@ -29,9 +29,10 @@ StreamWrapper = Callable[[str, Callable[..., Any]], Callable[..., Any]]
 
 
 def default_stream_wrapper(site: str, fn: Callable[..., Any]) -> Callable[..., Any]:
+    from dbo_runtime.ascend.sites import STATE_ONLY_SITES
     from dbo_runtime.hooks import wrap_stream_site
 
-    return wrap_stream_site(site, fn)
+    return fn if site in STATE_ONLY_SITES else wrap_stream_site(site, fn)
 
 
 @dataclass

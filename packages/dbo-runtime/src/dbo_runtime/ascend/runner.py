@@ -139,10 +139,14 @@ class PerUBatchState:
         return call
 
 
-# Attributes the A2 prepare/finalize pair keeps on the shared PrepareAndFinalizeWithAllGather instance.
+# Attributes a prepare/finalize pair keeps on its shared instance (one per MoE layer) from one call to the other:
+# PrepareAndFinalizeWithAllGather (A2) and PrepareAndFinalizeWithAll2All (A3). The doctor derives them from the
+# source and fails when a release adds one that this table lacks.
 PER_UBATCH_STATE: dict[str, tuple[str, ...]] = {
     "a2.moe_prepare": ("num_tokens", "num_tokens_pcp", "enable_shared_expert_dp"),
     "a2.moe_finalize": ("num_tokens", "num_tokens_pcp", "enable_shared_expert_dp"),
+    "a3.moe_prepare": ("num_tokens", "replace_allreduce", "enable_shared_expert_dp"),
+    "a3.moe_finalize": ("num_tokens", "replace_allreduce", "enable_shared_expert_dp"),
 }
 
 
@@ -154,9 +158,13 @@ def ascend_site_wrapper(switch: ForwardContextSwitch | None, state: PerUBatchSta
     from dbo_runtime.hooks import wrap_stream_site
 
     def wrap(site: str, fn: Callable[..., Any]) -> Callable[..., Any]:
+        from dbo_runtime.ascend.sites import STATE_ONLY_SITES
+
         inner = fn
         if state is not None and site in PER_UBATCH_STATE:
             inner = state.around(PER_UBATCH_STATE[site], inner)
+        if site in STATE_ONLY_SITES:  # no communication here: nothing to yield at
+            return inner
         if switch is not None:
             body = inner
 

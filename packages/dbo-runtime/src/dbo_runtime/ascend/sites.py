@@ -47,6 +47,7 @@ __all__ = [
     "TORCH_PAIR",
     "parse_collective",
     "site_by_name",
+    "STATE_ONLY_SITES",
 ]
 
 Package = Literal["vllm_ascend", "vllm"]
@@ -58,6 +59,8 @@ HOOK_KINDS: dict[str, str] = {
     "opaque_stream": "wrap_stream_site behind a dbo_runtime torch.library custom op, because the method is traced "
     "by torch.compile",
     "via": "no wrapper of its own: its collectives go through the custom op of the site named in `via`",
+    "state": "no yield and no stream switch: the method's instance state is swapped per micro-batch "
+    "(PER_UBATCH_STATE), because the micro-batches interleave between it and its partner method",
 }
 
 
@@ -80,7 +83,7 @@ class HookSite:
     name: str
     module: str
     qualname: str
-    hook: Literal["stream", "custom_op", "opaque_stream", "via"]
+    hook: Literal["stream", "custom_op", "opaque_stream", "via", "state"]
     params: tuple[str, ...]
     family: str
     what: str
@@ -155,6 +158,25 @@ SITES: tuple[HookSite, ...] = (
         params=("self", "hidden_states", "reduce_results"),
         family="MoE A2 (all-gather / reduce-scatter)",
         what="EP (or DP) reduce-scatter of the expert output",
+    ),
+    HookSite(
+        name="a3.moe_prepare",
+        module=_PF,
+        qualname="PrepareAndFinalizeWithAll2All.prepare",
+        hook="state",
+        params=("self", "hidden_states", "router_logits"),
+        family="MoE A3 (all-to-all-v)",
+        what="no communication: stores num_tokens / replace_allreduce / enable_shared_expert_dp on the shared "
+        "instance for finalize, with the micro-batches' dispatch and combine yields in between",
+    ),
+    HookSite(
+        name="a3.moe_finalize",
+        module=_PF,
+        qualname="PrepareAndFinalizeWithAll2All.finalize",
+        hook="state",
+        params=("self", "hidden_states", "reduce_results"),
+        family="MoE A3 (all-to-all-v)",
+        what="reads what its micro-batch's prepare stored (the TP all-gather and unpad of the expert output)",
     ),
     HookSite(
         name="a3.moe_dispatch",
@@ -243,6 +265,9 @@ SITES: tuple[HookSite, ...] = (
         calls=("maybe_all_gather_and_maybe_unpad",),
     ),
 )
+
+# Sites that only keep per-micro-batch instance state (no communication, no yield).
+STATE_ONLY_SITES: frozenset[str] = frozenset(site.name for site in SITES if site.hook == "state")
 
 _MR = "vllm_ascend.worker.model_runner_v1"
 
