@@ -114,8 +114,10 @@ $(BROWSER_STAMP): | $(SETUP_STAMP)
 		else echo "chromium missing and not root: browser tests will be skipped"; fi; }
 	@touch $@
 
-test: setup vllm-env browser
+test: setup vllm-env ascend-env browser
 	$(PY) -m pytest packages skills bench
+	@# the real vllm-ascend / vLLM 0.23 Python over the emulated NPU (collected only in .venv-ascend)
+	$(ASCEND_PY) -m pytest -p no:cacheprovider packages/dbo-runtime/tests/ascend_emulated
 
 test-fast: setup
 	$(PY) -m pytest packages skills bench -m "not vllm and not slow"

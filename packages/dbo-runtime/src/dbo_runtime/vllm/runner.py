@@ -404,10 +404,16 @@ class RunnerIntegration:
                     extra["num_reqs_actual"] = sub.num_reqs
                 md = attn_group.get_metadata_builder(ubid).build(common_prefix_len=common_prefix_len,
                                                                  common_attn_metadata=sub, **extra)
+                md = self.own_metadata(md)  # before the next build can overwrite what it shares
                 for layer in attn_group.layer_names:
                     per_ubatch[ubid][layer] = md
         del full
         return per_ubatch, spec
+
+    def own_metadata(self, md: Any) -> Any:
+        """A micro-batch's attention metadata made independent of buffers the next build overwrites (none in vLLM
+        core; vLLM-Ascend's MLA rotary tables: :func:`dbo_runtime.ascend.runner.own_rotary_tables`)."""
+        return md
 
     # -- the forward ---------------------------------------------------------------------------------------------
     def run_split(self, slices: Sequence[Any], num_tokens_padded: int, contexts: ContextFactory,
