@@ -29,9 +29,26 @@ def standin_config(**over):
                                   "Qwen3MoeForCausalLM", "Qwen3ForCausalLM", "Glm4MoeForCausalLM",
                                   "GlmMoeDsaForCausalLM"])
 def test_supported_models_pass(arch: str) -> None:
-    cfg = standin_config(model_config__architectures=[arch])
+    # a dense model needs FlashComm1 (test_dense_model_without_flashcomm1_is_refused); the others pass as they are
+    extra = {"enable_flashcomm1": True} if arch == "Qwen3ForCausalLM" else {}
+    cfg = standin_config(model_config__architectures=[arch], additional_config=extra)
     assert find_conflicts(cfg, env={}) == []
     validate_dbo_config(cfg, env={})
+
+
+def test_dense_model_without_flashcomm1_is_refused() -> None:
+    """Issue 27, fault 5: with FlashComm1 off a dense model's TP all-reduces are unhooked; DBO could only cost."""
+    cfg = standin_config(model_config__architectures=["Qwen3ForCausalLM"])
+    with pytest.raises(DBOConfigError) as info:
+        validate_dbo_config(cfg, env={})
+    assert "without FlashComm1" in str(info.value) and '"enable_flashcomm1": true' in str(info.value)
+    assert find_conflicts(cfg, env={"VLLM_ASCEND_ENABLE_FLASHCOMM1": "1"}) == []
+    # the additional_config value wins over the deprecated variable, as in vllm-ascend's ascend_config
+    off = standin_config(model_config__architectures=["Qwen3ForCausalLM"],
+                         additional_config={"enable_flashcomm1": False})
+    assert len(find_conflicts(off, env={"VLLM_ASCEND_ENABLE_FLASHCOMM1": "1"})) == 1
+    # MoE models keep their MoE sites without FlashComm1
+    assert find_conflicts(standin_config(model_config__architectures=["Qwen3MoeForCausalLM"]), env={}) == []
 
 
 def test_linear_attention_hybrid_is_refused_with_the_reason() -> None:
@@ -100,7 +117,8 @@ def test_speculative_ngram_is_allowed_and_several_conflicts_in_one_message() -> 
 
 def test_architectures_from_hf_config_and_missing() -> None:
     cfg = standin_config(model_config=SimpleNamespace(hf_config=SimpleNamespace(architectures=["Qwen3ForCausalLM"]),
-                                                      disable_cascade_attn=True))
+                                                      disable_cascade_attn=True),
+                         additional_config={"enable_flashcomm1": True})
     assert find_conflicts(cfg, env={}) == []
     cfg = standin_config(model_config=SimpleNamespace(disable_cascade_attn=True))
     assert "<unknown architecture>" in str(find_conflicts(cfg, env={})[0])

@@ -30,6 +30,7 @@ __all__ = [
     "SupportedModel",
     "SUPPORTED_MODELS",
     "SUPPORTED_ARCHITECTURES",
+    "DENSE_ARCHITECTURES",
     "REFUSED_MODELS",
     "STATEFUL_MODEL_INTERFACES",
     "OpRegistration",
@@ -710,6 +711,9 @@ REFUSED_MODELS: dict[str, str] = {
 
 # HF `architectures` names accepted with DBO (the families above).
 SUPPORTED_ARCHITECTURES: frozenset[str] = frozenset(m.architecture for m in SUPPORTED_MODELS)
+# Dense families: every site they fire is a FlashComm1 (or FC2) site; with FlashComm1 off validate refuses DBO.
+DENSE_ARCHITECTURES: frozenset[str] = frozenset(m.architecture for m in SUPPORTED_MODELS
+                                                if m.family == "Qwen3 dense (GQA + MLP)")
 
 
 def site_by_name(name: str) -> HookSite:

@@ -12,7 +12,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from dbo_runtime.ascend.sites import REFUSED_MODELS, SUPPORTED_ARCHITECTURES
+from dbo_runtime.ascend.sites import DENSE_ARCHITECTURES, REFUSED_MODELS, SUPPORTED_ARCHITECTURES
 from dbo_runtime.errors import DBOConfigError
 
 __all__ = [
@@ -22,6 +22,7 @@ __all__ = [
     "dbo_requested",
     "batch_may_split",
     "SPLIT_VETO_MOE_COMM_TYPES",
+    "flashcomm1_enabled",
 ]
 
 # MoE communication types whose kernels fuse dispatch/compute/combine: nothing to overlap, and their per-rank
@@ -66,6 +67,14 @@ def _architectures(config: Any) -> list[str]:
     if not archs:
         archs = _get(config, "model_config.hf_config.architectures")
     return list(archs or [])
+
+
+def flashcomm1_enabled(additional: Any, env: Mapping[str, str]) -> bool:
+    """vLLM-Ascend's FlashComm1 switch as ``ascend_config.py`` reads it: ``additional_config["enable_flashcomm1"]``,
+    else the deprecated ``VLLM_ASCEND_ENABLE_FLASHCOMM1`` (off by default)."""
+    if isinstance(additional, Mapping) and "enable_flashcomm1" in additional:
+        return _truthy(additional["enable_flashcomm1"])
+    return _truthy(env.get("VLLM_ASCEND_ENABLE_FLASHCOMM1", "0"))
 
 
 def find_conflicts(config: Any, env: Mapping[str, str] | None = None) -> list[Conflict]:
@@ -124,6 +133,15 @@ def find_conflicts(config: Any, env: Mapping[str, str] | None = None) -> list[Co
         ))
 
     archs = _architectures(config)
+    dense = sorted(a for a in archs if a in DENSE_ARCHITECTURES)
+    if dense and not flashcomm1_enabled(additional, env):
+        conflicts.append(Conflict(
+            f"dense model {', '.join(dense)} without FlashComm1",
+            "with FlashComm1 off its tensor-parallel all-reduces (vLLM's RowParallelLinear) are not DBO sites, so "
+            "the two micro-batches would run one after the other, without ACL graphs, overlapping nothing: DBO "
+            "would only cost (docs/dbo-vllm-ascend.md, 'Dense models')",
+            "--additional-config '{\"enable_flashcomm1\": true}', or drop --enable-dbo",
+        ))
     unsupported = [a for a in archs if a not in SUPPORTED_ARCHITECTURES]
     if not archs or unsupported:
         shown = ", ".join(unsupported or ["<unknown architecture>"])

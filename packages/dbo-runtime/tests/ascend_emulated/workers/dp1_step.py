@@ -30,7 +30,7 @@ def main() -> None:
     from dbo_runtime.devices import get_backend
 
     config = _emu.vllm_config(enable_dbo=True, tensor_parallel_size=2, dbo_decode_token_threshold=2,
-                              dbo_prefill_token_threshold=4)
+                              dbo_prefill_token_threshold=4, additional_config={"enable_flashcomm1": True})
     calls: list[str] = []
     for name in ("all_reduce", "all_gather", "broadcast", "all_gather_object", "barrier"):
         original = getattr(dist, name)
