@@ -161,6 +161,16 @@ class FakeTorchNPU:
                 fake.local.stream = previous
                 fake.log("stream.exit", s.name)
 
+        def current_device() -> int:
+            fake.log("current_device")
+            return getattr(fake.local, "device", 0)  # per thread, 0 in a new thread, as on the device
+
+        def set_device(index: int) -> None:
+            fake.log("set_device", index)
+            fake.local.device = index
+
+        npu.current_device = current_device
+        npu.set_device = set_device
         npu.current_stream = current_stream
         npu.set_stream = set_stream
         npu.stream = stream
@@ -272,6 +282,27 @@ def test_ping_pong_runtime_drives_npu_streams_in_a_consistent_order(fake_npu: Fa
     # stream switches happen in the micro-batch threads, never in the caller's
     switching_threads = {c[0] for c in fake_npu.calls if c[1] == "set_stream"}
     assert switching_threads and threading.current_thread().name not in switching_threads
+
+
+def test_npu_micro_batch_threads_set_the_callers_device(fake_npu: FakeTorchNPU) -> None:
+    """torch_npu's current device is per thread: a micro-batch thread would start on NPU 0 while the caller (rank 3
+    of an 8-NPU host) is on NPU 3. Each micro-batch thread sets the caller's device before the micro-batch runs."""
+    from dbo_runtime.context import dbo_yield, run_ubatches
+
+    backend = get_backend("npu")
+    fake_npu.module.npu.set_device(3)
+    seen: list[int] = []
+
+    def micro_batch() -> None:
+        seen.append(fake_npu.module.npu.current_device())
+        dbo_yield("x")
+        seen.append(fake_npu.module.npu.current_device())
+
+    run_ubatches([micro_batch, micro_batch], backend=backend, timeout_s=10, mode="thread")
+    assert seen == [3, 3, 3, 3]
+    me = threading.current_thread().name
+    assert {c[0] for c in fake_npu.calls if c[1:] == ("set_device", 3) and c[0] != me} == {
+        c[0] for c in fake_npu.calls if c[1] == "set_stream"}  # the two micro-batch threads
 
 
 def test_npu_import_error_is_a_config_error(monkeypatch: pytest.MonkeyPatch) -> None:

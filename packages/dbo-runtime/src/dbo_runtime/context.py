@@ -31,7 +31,7 @@ from __future__ import annotations
 import contextlib
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Hashable, Iterator
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
@@ -43,6 +43,7 @@ __all__ = [
     "UBatchContext",
     "dbo_enabled",
     "dbo_current_ubatch_id",
+    "dbo_current_ubatch_key",
     "dbo_num_ubatches",
     "dbo_current_site",
     "dbo_yield",
@@ -88,7 +89,9 @@ class ThreadState:
       ``execute_model`` runs under ``torch.inference_mode()``: without it an in-place write to an inference
       tensor (the KV cache, persistent buffers) raises in the micro-batch thread;
     * ``autocast``: the per-device-type autocast enable flag and dtype (also TLS in torch);
-    * ``device``: the current device index of the accelerator (TLS in CUDA/NPU runtimes); ``None`` on CPU;
+    * ``device``: the current device index of the accelerator (TLS in CUDA/NPU runtimes), with what sets it (a
+      device module such as ``torch.npu``, or the run's device backend, which :func:`run_ubatches` adds for its
+      threads when ``capture`` was not given a module); ``None`` on CPU;
     * the current stream: not captured here: :func:`run_ubatches` sets each micro-batch's compute stream through
       the device backend before the micro-batch starts and after every resume;
     * the forward context: vLLM keeps it in a module global, not in TLS, so it is re-installed on every resume by
@@ -381,6 +384,15 @@ def dbo_current_ubatch_id() -> int:
     """The calling micro-batch's index (0 outside micro-batching, as upstream)."""
     ctx = _current()
     return 0 if ctx is None else ctx.id
+
+
+def dbo_current_ubatch_key() -> Hashable:
+    """Who is running, for state kept per micro-batch outside the runtime (a forward context, a lock's owner): the
+    calling micro-batch (its context object, unique to one micro-batch of one run) or, outside micro-batching, the
+    calling thread's id. A thread id alone cannot tell the micro-batches apart: under the greenlet scheduler both
+    run on the caller's thread."""
+    ctx = _current()
+    return _get_ident() if ctx is None else ctx
 
 
 def dbo_num_ubatches() -> int:

@@ -8,6 +8,7 @@ handoff within its timeout, and turns the first failure into the caller's except
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import os
 import queue
 import threading
@@ -157,7 +158,8 @@ def run_ubatches(
     """Run ``fns[i]`` as micro-batch ``i`` in its own thread, ping-ponging at the hook calls; return their results.
 
     Each micro-batch thread runs under ``thread_state`` (default: :meth:`ThreadState.capture` of the caller, so
-    a caller under ``torch.inference_mode()`` gets micro-batches under it too). ``on_resume[i]``, when given, runs
+    a caller under ``torch.inference_mode()`` gets micro-batches under it too) and on the caller's current device
+    (the backend's :meth:`~dbo_runtime.devices.base.DeviceBackend.current_device`). ``on_resume[i]``, when given, runs
     in micro-batch ``i``'s thread each time it takes the baton (at its start and after every yield): the place to
     re-install process-global state that belongs to one micro-batch, such as vLLM's forward context.
 
@@ -193,6 +195,14 @@ def run_ubatches(
         return run_ubatches_greenlet(fns, backend=backend, timeout_s=float(timeout_s), thread_state=thread_state,
                                      on_resume=on_resume)
 
+    if thread_state.device is None:
+        # The current device is per thread in CUDA and torch_npu and a new thread starts on device 0: on rank 1 of
+        # an 8-NPU host a micro-batch thread would allocate on NPU 0. Each thread enters the caller's device, as
+        # upstream's micro-batch threads do (torch.accelerator.set_device_index). Greenlets need nothing: they run
+        # on the caller's thread.
+        index = backend.current_device()
+        if index is not None:
+            thread_state = dataclasses.replace(thread_state, device=(backend, index))
     run = _Run(len(fns), float(timeout_s))
     compute_stream = backend.current_stream()
     comm_stream = backend.new_stream()

@@ -36,13 +36,14 @@ import itertools
 import sys
 import threading
 import types
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Hashable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 
+from dbo_runtime.context import dbo_current_ubatch_key
 from dbo_runtime.errors import DBOConfigError
 
 __all__ = [
@@ -285,24 +286,26 @@ def install_opaque_site(site: Any, owner: type, attr: str, raw: Any,
 
 
 class CompiledReentryGuard:
-    """At most one micro-batch thread inside one compiled callable at a time; the others go eager.
+    """At most one micro-batch inside one compiled callable at a time; the others go eager.
 
-    ``with guard.enter() as compiled_ok:`` never blocks: ``compiled_ok`` is False when another thread is already
-    inside (parked at a yield), and the caller then runs the eager forward (in vLLM: set the micro-batch's
-    ``ForwardContext.skip_compiled``).
+    ``with guard.enter() as compiled_ok:`` never blocks: ``compiled_ok`` is False when another micro-batch is
+    already inside (parked at a yield), and the caller then runs the eager forward (in vLLM: set the micro-batch's
+    ``ForwardContext.skip_compiled``). The owner is the micro-batch
+    (:func:`~dbo_runtime.context.dbo_current_ubatch_key`), not the thread: under the greenlet scheduler both
+    micro-batches share one thread, and a thread owner let the second one in as if it were a nested call of the first.
     """
 
     def __init__(self, name: str = "model") -> None:
         self.name = name
         self._lock = threading.Lock()
-        self._owner: int | None = None
+        self._owner: Hashable | None = None
         self.compiled_entries = 0
         self.eager_fallbacks = 0
 
     @contextmanager
     def enter(self) -> Iterator[bool]:
-        me = threading.get_ident()
-        if self._owner == me:  # re-entry from the same thread (nested call): that is ordinary recursion
+        me = dbo_current_ubatch_key()
+        if self._owner == me:  # re-entry from the same micro-batch (nested call): that is ordinary recursion
             yield True
             return
         acquired = self._lock.acquire(blocking=False)

@@ -73,6 +73,17 @@ class DeviceBackend(ABC):
     def synchronize(self) -> None:
         """Block the host until all work on the current device has finished."""
 
+    def current_device(self) -> int | None:
+        """The calling thread's current device index; None where there is no device to pick (CPU).
+
+        The current device is per thread in CUDA and torch_npu, and a new thread starts on device 0: the runtime
+        reads it in the caller and sets it in each micro-batch thread (:meth:`set_device`)."""
+        return None
+
+    def set_device(self, index: int) -> None:
+        """Make device ``index`` the calling thread's current device (nothing where :meth:`current_device` is None)."""
+        return None
+
     @contextlib.contextmanager
     def use_stream(self, stream: Stream) -> Iterator[Stream]:
         """Run a block with ``stream`` current, restoring the previous stream afterwards (even on error)."""

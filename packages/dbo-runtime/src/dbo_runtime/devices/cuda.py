@@ -60,6 +60,12 @@ class CUDABackend(DeviceBackend):
     def synchronize(self) -> None:
         torch.cuda.synchronize(self.device)
 
+    def current_device(self) -> int:
+        return torch.cuda.current_device()
+
+    def set_device(self, index: int) -> None:
+        torch.cuda.set_device(index)
+
     @contextlib.contextmanager
     def use_stream(self, stream: Stream) -> Iterator[Stream]:
         with torch.cuda.stream(stream):

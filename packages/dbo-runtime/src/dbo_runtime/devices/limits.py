@@ -78,4 +78,10 @@ class CommLimitedBackend(DeviceBackend):
     def synchronize(self) -> None:
         self.inner.synchronize()
 
+    def current_device(self) -> int | None:
+        return self.inner.current_device()
+
+    def set_device(self, index: int) -> None:
+        self.inner.set_device(index)
+
 

@@ -9,6 +9,7 @@ torch_npu is imported only when this backend is instantiated or asked whether it
   ``torch.npu.stream(stream)`` (context manager)
 - ``event.record(stream)``, ``stream.wait_event(event)`` (device-side wait, the host does not block)
 - ``torch.npu.synchronize(device)``
+- ``torch.npu.current_device()``, ``torch.npu.set_device(index)`` (the calling thread's current device)
 - ``torch.npu.set_stream_limit(stream, cube_num, vector_num)``: AI Cube / AI Vector core limits of a stream, the
   Ascend counterpart of reserving SMs for communication kernels (vLLM-Ascend PR #4894 uses it the same way).
 
@@ -109,6 +110,12 @@ class NPUBackend(DeviceBackend):
 
     def synchronize(self) -> None:
         self._npu.synchronize(self.device)
+
+    def current_device(self) -> int:
+        return int(self._npu.current_device())
+
+    def set_device(self, index: int) -> None:
+        self._npu.set_device(index)
 
     @contextlib.contextmanager
     def use_stream(self, stream: Stream) -> Iterator[Stream]:
