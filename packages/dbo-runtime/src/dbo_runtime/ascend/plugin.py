@@ -84,11 +84,34 @@ def install_ascend_runtime(vllm_config: Any, *, runner_cls: type | None = None, 
         installation.uninstall()
         raise
     pc = vllm_config.parallel_config
-    logging.getLogger("vllm.dbo_runtime").info(
+    logger = logging.getLogger("vllm.dbo_runtime")
+    logger.info(
         ACTIVE_MESSAGE, os.getpid(), "vllm-ascend",
         f"{len(installation.patches)} hook sites; runner {', '.join(ASCEND_RUNNER_METHODS)}; thresholds decode="
         f"{pc.dbo_decode_token_threshold} prefill={pc.dbo_prefill_token_threshold}")
+    graph_mode = graph_cost_message(vllm_config)
+    if graph_mode:
+        logger.warning(graph_mode)
     return [installation.uninstall, undo_runner]
+
+
+def graph_cost_message(vllm_config: Any) -> str | None:
+    """What a split step costs in graphs, for the start-up log, or None when the engine runs eager anyway.
+
+    A split step runs both micro-batches eager: ACL graphs are captured for whole-batch shapes, and capturing one per
+    micro-batch shape (as vLLM's UBatchWrapper does for CUDA graphs) needs both micro-batches' hook points inside
+    one captured stream pair, which vllm-ascend 0.23's graph wrapper does not offer. Unsplit steps keep their graphs.
+    """
+    mode = getattr(getattr(vllm_config, "compilation_config", None), "cudagraph_mode", None)
+    name = getattr(mode, "name", str(mode) if mode is not None else "NONE")
+    if name in ("NONE", "None"):
+        return None
+    pc = vllm_config.parallel_config
+    return (f"dbo_runtime: split steps run eager: they lose the {name} ACL graphs that unsplit steps replay "
+            f"(decode batches of >= {pc.dbo_decode_token_threshold} tokens and prefill batches of >= "
+            f"{pc.dbo_prefill_token_threshold} tokens split); the launch cost of an eager step is paid on every "
+            "split step. Raise the thresholds to where splitting pays (dbo-runtime estimate), or let the auto "
+            "policy time it: --additional-config '{\"dbo_policy\": \"auto\"}'")
 
 
 def activate_ascend(log: logging.Logger) -> list[Callable[[], None]]:  # pragma: no cover - Ascend host only

@@ -29,6 +29,7 @@ import contextlib
 import dataclasses
 import functools
 import logging
+import sys
 from collections.abc import Callable, Hashable, Iterator, Mapping, Sequence
 from typing import Any
 
@@ -218,8 +219,8 @@ def own_rotary_tables(md: Any, module: Any = None) -> Any:
     rows (tokens x rope dim) per micro-batch and step removes the sharing. Walks the metadata's dataclass fields
     two levels deep (``md.decode.cos``, SFA's top-level ``cos``); changes them in place and returns ``md``.
     """
-    if module is None:
-        import vllm_ascend.ops.rotary_embedding as module  # type: ignore[import-not-found,no-redef]
+    if module is None:  # the builders that use the buffers import it; not imported, nothing shares them
+        module = sys.modules.get("vllm_ascend.ops.rotary_embedding")
     shared = {b.untyped_storage().data_ptr() for b in (getattr(module, "_cos_mla", None),
                                                          getattr(module, "_sin_mla", None))
               if isinstance(b, torch.Tensor)}
@@ -267,6 +268,27 @@ class AscendIntegration(RunnerIntegration):
 
     def own_metadata(self, md: Any) -> Any:
         return own_rotary_tables(md)
+
+    def forward_ubatch(self, runner: Any, original: Callable[..., Any], num_tokens: int, input_ids: Any = None,
+                       positions: Any = None, intermediate_tensors: Any = None, inputs_embeds: Any = None,
+                       **model_kwargs: Any) -> Any:
+        """vLLM-Ascend 0.23's ``_model_forward`` for one micro-batch, less its graph-replay steps.
+
+        Those are: under PIECEWISE graphs ``torch.npu.current_stream().synchronize()`` before the model, which in a
+        micro-batch thread would hold the host until the other micro-batch's queued work finished, and the full-graph
+        parameter update after it, for graphs a split step does not replay (it runs eager). What stays: the model
+        call and FlashComm1's all-gather of the micro-batch's output (``_all_gather_hidden_states_and_aux``).
+        The doctor checks that ``_model_forward`` still has exactly these parts.
+        """
+        from vllm.sequence import IntermediateTensors  # type: ignore[import-not-found]
+
+        hidden_states = runner.model(input_ids=input_ids, positions=positions,
+                                     intermediate_tensors=intermediate_tensors, inputs_embeds=inputs_embeds,
+                                     **model_kwargs)
+        ctx = self.get_forward_context()
+        if getattr(ctx, "flash_comm_v1_enabled", False) and not isinstance(hidden_states, IntermediateTensors):
+            hidden_states = runner._all_gather_hidden_states_and_aux(hidden_states)
+        return hidden_states
 
     def model_forward(self, runner: Any, original: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
         device_backend = self.backend()

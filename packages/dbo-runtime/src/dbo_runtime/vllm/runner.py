@@ -468,11 +468,16 @@ class RunnerIntegration:
 
         def forward(i: int, ts: slice) -> Any:
             n = ts.stop - ts.start
-            return original(runner, n, _take(input_ids, ts), _take_positions(positions, ts),
-                            _take(intermediate_tensors, ts), _take(inputs_embeds, ts), **model_kwargs)
+            return self.forward_ubatch(runner, original, n, _take(input_ids, ts), _take_positions(positions, ts),
+                                       _take(intermediate_tensors, ts), _take(inputs_embeds, ts), **model_kwargs)
 
         return self.run_split(slices, num_tokens_padded, functools.partial(self.ascend_context, runner, outer),
                               forward)
+
+    def forward_ubatch(self, runner: Any, original: Callable[..., Any], num_tokens: int, *args: Any,
+                       **model_kwargs: Any) -> Any:
+        """One micro-batch's forward inside its own forward context: the runner's ``_model_forward`` by default."""
+        return original(runner, num_tokens, *args, **model_kwargs)
 
     def ascend_context(self, runner: Any, outer: Any, i: int, ub: UBatchSlice, skip_compiled: bool
                        ) -> contextlib.AbstractContextManager[Any]:  # pragma: no cover - set by the Ascend adapter
