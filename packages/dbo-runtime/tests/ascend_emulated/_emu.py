@@ -15,10 +15,9 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
-import vllm_ascend.platform  # noqa: F401  (first: the order the plugin loader uses)
-import vllm_ascend.ops  # noqa: F401
-
 import torch
+import vllm_ascend.ops  # noqa: F401
+import vllm_ascend.platform  # noqa: F401  (first: the order the plugin loader uses)
 
 BLOCK_SIZE = 128
 

@@ -17,15 +17,14 @@ from __future__ import annotations
 import _emu  # noqa: F401  (import order)
 import pytest
 import torch
+from dbo_runtime.ubatch import UBatchSlice
+from dbo_runtime.vllm.split import split_common_attn_metadata
 from vllm.config import set_current_vllm_config
 from vllm_ascend.attention.attention_v1 import (
     AscendAttentionBackendImpl,
     AscendAttentionMetadataBuilder,
     AscendAttentionState,
 )
-
-from dbo_runtime.ubatch import UBatchSlice
-from dbo_runtime.vllm.split import split_common_attn_metadata
 
 
 @pytest.fixture(scope="module")

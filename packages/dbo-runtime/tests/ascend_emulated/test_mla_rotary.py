@@ -19,14 +19,13 @@ import _emu  # noqa: F401  (import order)
 import pytest
 import torch
 import vllm_ascend.ops.rotary_embedding as rope
+from dbo_runtime.ascend.runner import own_rotary_tables
+from dbo_runtime.ubatch import UBatchSlice
+from dbo_runtime.vllm.split import split_common_attn_metadata
 from vllm.config import set_current_vllm_config
 from vllm_ascend.attention.attention_v1 import AscendAttentionState
 from vllm_ascend.attention.mla_v1 import AscendMLAMetadataBuilder
 from vllm_ascend.core.kv_cache_interface import AscendMLAAttentionSpec
-
-from dbo_runtime.ascend.runner import own_rotary_tables
-from dbo_runtime.ubatch import UBatchSlice
-from dbo_runtime.vllm.split import split_common_attn_metadata
 
 LAYER = "model.layers.0.self_attn.attn"
 

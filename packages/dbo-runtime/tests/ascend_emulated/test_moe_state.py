@@ -17,13 +17,12 @@ from __future__ import annotations
 import _emu  # noqa: F401  (import order)
 import pytest
 import torch
-from vllm_ascend.ops.fused_moe.prepare_finalize import PrepareAndFinalizeWithAll2All
-
 from dbo_runtime.ascend.patching import install_sites
 from dbo_runtime.ascend.runner import PerUBatchState, ascend_site_wrapper
 from dbo_runtime.context import dbo_yield
 from dbo_runtime.devices import get_backend
 from dbo_runtime.workers import run_ubatches
+from vllm_ascend.ops.fused_moe.prepare_finalize import PrepareAndFinalizeWithAll2All
 
 
 @pytest.fixture

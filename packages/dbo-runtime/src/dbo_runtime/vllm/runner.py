@@ -127,6 +127,7 @@ class SplitStats:
         if not directory:
             return
         path = os.path.join(directory, f"dbo-stats-rank{self.rank}.json")
+        os.makedirs(directory, exist_ok=True)  # a statistics folder that does not exist yet must not stop the step
         fd, tmp = tempfile.mkstemp(dir=directory, prefix=".dbo-stats-")
         with os.fdopen(fd, "w") as f:
             json.dump(self.as_dict(), f)

@@ -16,18 +16,16 @@ from types import SimpleNamespace
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import _emu  # noqa: E402
-
 import numpy as np  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 
 
 def main() -> None:
-    rank, port, dp = int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3])
-    from vllm.config import CUDAGraphMode, set_current_vllm_config
-    from vllm.forward_context import BatchDescriptor
-
+    rank, port = int(sys.argv[1]), int(sys.argv[2])
     from dbo_runtime.ascend.runner import AscendIntegration, ForwardContextSwitch
     from dbo_runtime.devices import get_backend
+    from vllm.config import CUDAGraphMode, set_current_vllm_config
+    from vllm.forward_context import BatchDescriptor
 
     config = _emu.vllm_config(enable_dbo=True, tensor_parallel_size=2, dbo_decode_token_threshold=2,
                               dbo_prefill_token_threshold=4, additional_config={"enable_flashcomm1": True})

@@ -77,8 +77,28 @@ def _register_npu_device() -> None:
     _LIBS.append(lib)
 
 
+def _npu_kernels_serve_cpu_tensors() -> None:
+    """A kernel registered for the NPU (``PrivateUse1``) is registered for ``CPU`` as well: the emulation's "npu"
+    tensors are CPU tensors, so the dispatcher picks the CPU key where torch_npu's tensors pick PrivateUse1.
+    vLLM's ``direct_register_custom_op`` (which vllm-ascend uses with ``dispatch_key="PrivateUse1"``) goes through
+    ``Library.impl``; an op that already has a CPU kernel keeps it."""
+    original = torch.library.Library.impl
+
+    def impl(self, op_name, fn=None, dispatch_key="", *args, **kwargs):
+        result = original(self, op_name, fn, dispatch_key, *args, **kwargs)
+        if dispatch_key == "PrivateUse1" and fn is not None:
+            name = op_name if isinstance(op_name, str) else getattr(op_name, "__name__", str(op_name))
+            qualified = name if "::" in name else f"{self.ns}::{name}"
+            if not torch._C._dispatch_has_kernel_for_dispatch_key(qualified, "CPU"):
+                original(self, op_name, fn, "CPU", *args, **kwargs)
+        return result
+
+    torch.library.Library.impl = impl
+
+
 _LIBS: list[torch.library.Library] = []
 _register_npu_device()
+_npu_kernels_serve_cpu_tensors()
 
 from torch_npu import npu  # noqa: E402  (needs the renamed backend)
 
@@ -86,8 +106,16 @@ torch._register_device_module("npu", npu)
 torch.utils.generate_methods_for_privateuse1_backend(for_tensor=True, for_module=True, for_storage=False,
                                                      unsupported_dtype=None)
 
-from torch_npu import _C, distributed, ops  # noqa: E402,F401
+from torch_npu import (  # noqa: E402,F401
+    _C,
+    distributed,
+    ops,
+    triton_kernels,  # noqa: E402
+)
+from torch_npu._runner_ops import *  # noqa: E402,F401,F403
 from torch_npu.ops import *  # noqa: E402,F401,F403
+
+triton_kernels.install()
 
 float = torch.float  # noqa: A001 - vllm-ascend spells dtypes as torch_npu.float in a few places
 

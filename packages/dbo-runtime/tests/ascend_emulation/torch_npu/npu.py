@@ -155,18 +155,23 @@ config = SimpleNamespace(allow_internal_format=False)
 
 
 # -- streams and events -------------------------------------------------------------------------------------------
-class Stream:
-    """A named queue on one device; operators run when called, so ``query`` is always True."""
+_PRIVATEUSE1 = 20  # c10::DeviceType::PrivateUse1, the device type torch_npu's streams carry
+
+
+class Stream(torch.Stream):
+    """A named queue on one device (a ``torch.Stream`` of the npu device type, as torch_npu's ``NPUStream``); operators
+    run when called, so ``query`` is always True."""
 
     _next_id = 0
     _lock = threading.Lock()
 
-    def __init__(self, device: Any = None, priority: int = 0, **kwargs: Any) -> None:
+    def __new__(cls, device: Any = None, priority: int = 0, **kwargs: Any) -> Stream:
         with Stream._lock:
             Stream._next_id += 1
-            self.stream_id = Stream._next_id
-        self.device_index = _index(device)
-        self.device = torch.device("npu", self.device_index)
+            stream_id = Stream._next_id
+        return super().__new__(cls, stream_id=stream_id, device_index=_index(device), device_type=_PRIVATEUSE1)
+
+    def __init__(self, device: Any = None, priority: int = 0, **kwargs: Any) -> None:
         self.priority = priority
         self.limits: tuple[int, int] | None = None
 
@@ -195,6 +200,18 @@ class Stream:
 
     def __repr__(self) -> str:
         return f"<emulated torch.npu.Stream {self.stream_id} on npu:{self.device_index}>"
+
+
+def _record_stream_on_cpu_memory() -> None:
+    """``Tensor.record_stream``: torch_npu's caching allocator keeps a block until the recorded stream used it. The
+    emulated npu memory is the CPU allocator's, which reuses nothing across streams: nothing to record."""
+    lib = torch.library.Library("aten", "IMPL")  # noqa: TID251
+    lib.impl("record_stream", lambda tensor, stream: None, "CPU")
+    _LIBS.append(lib)
+
+
+_LIBS: list[Any] = []
+_record_stream_on_cpu_memory()
 
 
 _default_streams: dict[int, Stream] = {}
