@@ -16,6 +16,7 @@ import pytest
 from dbo_runtime.ascend import doctor
 from dbo_runtime.ascend.runner import PER_UBATCH_STATE
 from dbo_runtime.ascend.sites import (
+    FORWARD_CONTEXT_CALL,
     OP_REGISTRATIONS,
     PATCHED_SYMBOLS,
     REFUSED_MODELS,
@@ -30,6 +31,7 @@ from dbo_runtime.ascend.source import (
     REFERENCE_VLLM_VERSION,
     download_release,
     open_source,
+    runtime_source,
 )
 from dbo_runtime.cli import main as cli_main
 from dbo_runtime.errors import DBOConfigError
@@ -38,9 +40,9 @@ REPO_ROOT = Path(__file__).resolve().parents[3]
 CACHE = REPO_ROOT / ".cache" / "dbo-runtime"
 
 # The relied-on facts beside the sites (sites.py: ATTN_STATE, ROTARY_MLA_BUFFER, UBATCH_STATE_FACTS,
-# DEFAULT_GROUP_BACKEND, TORCH_PAIR).
+# DEFAULT_GROUP_BACKEND, MODEL_FORWARD, FORWARD_CONTEXT_CALL, TORCH_PAIR).
 FACT_ROWS = ({"attn_state.members", "attn_state.rule", "attn_state.prefill_no_cache", "rotary.mla_buffer",
-              "dist.default_backend", "host.torch_pair"}
+              "dist.default_backend", "runner.model_forward_parts", "forward_context.ascend_call", "host.torch_pair"}
              | {f"rotary.caller {cls}" for _, cls in ROTARY_MLA_BUFFER.callers}
              | {f"ubatch_state {f.cls}" for f in UBATCH_STATE_FACTS})
 
@@ -366,6 +368,23 @@ def test_facts_hold_in_the_real_release(ascend_sdist: Path) -> None:
         "calls get_cos_and_sin_mla(use_cache=draft_index is None) at vllm_ascend/attention/sfa_v1.py:392"]
     assert "'hccl' (vllm_ascend/worker/worker.py:992 in NPUWorker._init_worker_distributed_environment)" in \
         rows["dist.default_backend"].notes[0]
+    assert rows["runner.model_forward_parts"].notes == [
+        "redone per micro-batch by forward_ubatch: the model call (vllm_ascend/worker/model_runner_v1.py:2854) and "
+        "_all_gather_hidden_states_and_aux when `forward_context.flash_comm_v1_enabled and (not isinstance("
+        "hidden_states, IntermediateTensors))` (vllm_ascend/worker/model_runner_v1.py:2873); left out (graph replay): "
+        "_update_full_graph_params_if_needed (vllm_ascend/worker/model_runner_v1.py:2858, :2868) and synchronize() "
+        "under PIECEWISE (vllm_ascend/worker/model_runner_v1.py:2866)",
+        "NPUModelRunner._all_gather_hidden_states_and_aux at vllm_ascend/worker/model_runner_v1.py:2801 "
+        "(staticmethod)"]
+    call = rows["forward_context.ascend_call"]
+    assert re.fullmatch(
+        r"AscendIntegration\.ascend_context \(dbo_runtime/ascend/runner\.py:\d+\) passes attn_metadata, vllm_config "
+        r"positionally and num_tokens, .*, has_sinks, input_ids, eplb_heat_collection_status by name: all parameters "
+        r"of set_ascend_forward_context \(vllm_ascend/ascend_forward_context\.py:58\)", call.notes[0]), call.notes
+    # the one parameter execute_model passes and the micro-batches leave at its default, on purpose
+    assert call.notes[1] == ("NPUModelRunner.execute_model (vllm_ascend/worker/model_runner_v1.py:2296) passes "
+                             "max_tokens_across_pcp; AscendIntegration.ascend_context leaves it at 0: the runner passes "
+                             "0 unless prefill_context_parallel_size > 1, which validate refuses with DBO")
     assert rows["host.torch_pair"].notes[0] == ("vllm-ascend 0.23.0.post1 pins torch==2.10.0, torch-npu==2.10.0.post4 "
                                                 "(requirements.txt)")
 
@@ -438,8 +457,47 @@ _ATT = "vllm_ascend/attention/attention_v1.py"
     ("dist.default_backend", [("vllm_ascend/worker/worker.py", 'self.local_rank, "hccl"', 'self.local_rank, "gloo"', 1)],
      "the default process group's backend changed to 'gloo' (vllm_ascend/worker/worker.py:992 in "
      "NPUWorker._init_worker_distributed_environment), was 'hccl'"),
+    ("runner.model_forward_parts",
+     [(_MR, "            hidden_states = self._all_gather_hidden_states_and_aux(hidden_states)\n        return hidden_states\n",
+       "            hidden_states = self._all_gather_hidden_states_and_aux(hidden_states)\n        self._new_step()\n"
+       "        return hidden_states\n", 1)],
+     "NPUModelRunner._model_forward (vllm_ascend/worker/model_runner_v1.py:2834) calls self._new_step "
+     "(vllm_ascend/worker/model_runner_v1.py:2874), a step the runtime's replacement for a split step's micro-batches "
+     "(AscendIntegration.forward_ubatch) does not take"),
+    ("runner.model_forward_parts",
+     [(_MR, "        if forward_context.flash_comm_v1_enabled and not isinstance(hidden_states, IntermediateTensors):\n"
+            "            hidden_states = self._all_gather_hidden_states_and_aux(hidden_states)\n",
+       "        hidden_states = self._all_gather_hidden_states_and_aux(hidden_states)\n", 1)],
+     "calls self._all_gather_hidden_states_and_aux (vllm_ascend/worker/model_runner_v1.py:2872) other than under a "
+     "flash_comm_v1_enabled test"),
+    ("runner.model_forward_parts",
+     [(_MR, "            hidden_states = run_model()\n        else:",
+       "            torch.npu.current_stream().synchronize()\n            hidden_states = run_model()\n        else:", 1)],
+     "calls torch.npu.current_stream().synchronize() outside CUDAGraphMode.PIECEWISE "
+     "(vllm_ascend/worker/model_runner_v1.py:2861)"),
+    ("runner.model_forward_parts",
+     [(_MR, '"inputs_embeds": inputs_embeds,', '"inputs_embeds": inputs_embeds,\n            "sampling_metadata": None,', 1)],
+     "NPUModelRunner._model_forward (vllm_ascend/worker/model_runner_v1.py:2834) now gives the model "
+     "sampling_metadata (partial(self.model...) at vllm_ascend/worker/model_runner_v1.py:2855), which forward_ubatch "
+     "does not pass"),
+    ("runner.model_forward_parts",
+     [(_MR, "def _all_gather_hidden_states_and_aux(", "def _all_gather_hidden_states_with_aux(", 1)],
+     "NPUModelRunner (vllm_ascend/worker/model_runner_v1.py) has no _all_gather_hidden_states_and_aux, which "
+     "forward_ubatch calls on the runner"),
+    ("forward_context.ascend_call",
+     [("vllm_ascend/ascend_forward_context.py", "    attn_metadata: Any,\n    vllm_config: VllmConfig,\n",
+       "    attn_metadata: Any,\n    vllm_config: VllmConfig,\n    step_id: int,\n", 1)],
+     "set_ascend_forward_context (vllm_ascend/ascend_forward_context.py:58) has parameter(s) without a default that "
+     "AscendIntegration.ascend_context"),
+    ("forward_context.ascend_call",
+     [("vllm_ascend/ascend_forward_context.py", "    attn_metadata: Any,\n", "    layer_name: str,\n    attn_metadata: Any,\n",
+       1)],
+     "the first parameters of set_ascend_forward_context (vllm_ascend/ascend_forward_context.py:58) are now "
+     "layer_name, attn_metadata;"),
 ], ids=["rule-removed", "rule-changed", "enum-member", "no-cache-reads-cache", "rotary-global-renamed",
-        "builder-stops-calling", "finalize-reads-new-attr", "backend-gloo"])
+        "builder-stops-calling", "finalize-reads-new-attr", "backend-gloo", "model-forward-new-step",
+        "gather-unguarded", "sync-outside-piecewise", "model-gets-new-input", "gather-method-renamed",
+        "forward-context-required-param", "forward-context-positional-shift"])
 def test_a_changed_fact_is_named(row: str, edits: list[tuple[str, str, str, int]], expected: str, ascend_tree: Path,
                                  tmp_path: Path) -> None:
     rows = _rows_after(ascend_tree, tmp_path, edits, per_ubatch_state=COMPLETE_STATE, host=ASCEND_HOST)
@@ -491,3 +549,66 @@ def test_a_warning_is_shown_but_does_not_fail(ascend_sdist: Path, capsys: pytest
     assert code == 0
     assert ("doctor: warning: host.torch_pair: the host's pair (torch 2.13.0+cpu, torch-npu not installed) is not the "
             "pair vllm-ascend 0.23.0.post1 pins") in out
+
+
+def test_a_forward_context_parameter_the_runtime_passes_is_named_when_gone(ascend_tree: Path, tmp_path: Path) -> None:
+    """set_ascend_forward_context without has_sinks: ascend_context's call would raise TypeError on the first split
+    step. Named by the call check (keywords read from runner.py) and by the parameter table of the symbol row."""
+    rows = _rows_after(ascend_tree, tmp_path, [("vllm_ascend/ascend_forward_context.py", "    has_sinks=False,\n", "", 1)],
+                       per_ubatch_state=COMPLETE_STATE, host=ASCEND_HOST)
+    failing = sorted(name for name, r in rows.items() if not r.ok)
+    assert failing == ["forward_context.ascend", "forward_context.ascend_call"], failing
+    (problem,) = rows["forward_context.ascend_call"].problems
+    assert re.fullmatch(r"AscendIntegration\.ascend_context \(dbo_runtime/ascend/runner\.py:\d+\) passes has_sinks, "
+                        r"which set_ascend_forward_context \(vllm_ascend/ascend_forward_context\.py:58\) does not take "
+                        r"\(has: .*\)", problem), problem
+    assert "missing has_sinks" in rows["forward_context.ascend"].problems[0]
+
+
+def test_what_the_runner_passes_and_the_runtime_does_not_warns(ascend_tree: Path, tmp_path: Path) -> None:
+    """execute_model passing a parameter ascend_context leaves out is a warning naming it (the row still passes), and
+    so is a changed default of the one the table leaves at its default on purpose."""
+    rows = _rows_after(ascend_tree, tmp_path, [
+        (_MR, "skip_compiled=has_encoder_input,", "skip_compiled=has_encoder_input,\n                draft_attn_metadatas=None,", 1),
+        ("vllm_ascend/ascend_forward_context.py", "max_tokens_across_pcp: int = 0,", "max_tokens_across_pcp: int = 1,", 1),
+    ], per_ubatch_state=COMPLETE_STATE, host=ASCEND_HOST)
+    assert not [name for name, r in rows.items() if not r.ok]
+    row = rows["forward_context.ascend_call"]
+    assert len(row.warnings) == 2, row.warnings
+    assert row.warnings[0].startswith("NPUModelRunner.execute_model (vllm_ascend/worker/model_runner_v1.py:2296) passes "
+                                      "draft_attn_metadatas to set_ascend_forward_context, "
+                                      "AscendIntegration.ascend_context (dbo_runtime/ascend/runner.py:")
+    assert row.warnings[0].endswith("does not: the micro-batches' forward contexts get the default")
+    assert "leaves at its default, now 1 in set_ascend_forward_context" in row.warnings[1]
+    assert "(was 0: the runner passes 0 unless prefill_context_parallel_size > 1" in row.warnings[1]
+
+
+def test_a_keyword_of_the_runtime_that_the_release_lacks_is_named(ascend_sdist: Path,
+                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    """The keywords are read from the runtime's source (runner.py), not from a list: a keyword ascend_context starts
+    passing that the release does not take fails the row."""
+    path, text = runtime_source(FORWARD_CONTEXT_CALL.runtime_module) or ("", "")
+    assert "has_sinks=bool(" in text
+    monkeypatch.setattr(doctor, "runtime_source", lambda module: (path, text.replace("has_sinks=bool(", "sinks=bool(")))
+    src = open_source(ascend_sdist, "vllm_ascend")
+    try:
+        row = doctor.check_forward_context_call(src, {})
+    finally:
+        src.close()
+    assert not row.ok and row.found
+    assert "passes sinks, which set_ascend_forward_context (vllm_ascend/ascend_forward_context.py:58) does not take" \
+        in row.problems[0]
+
+
+def test_the_parameter_table_lists_what_the_runtime_passes() -> None:
+    """The PATCHED_SYMBOLS row of set_ascend_forward_context lists every parameter ascend_context passes (its two
+    positional arguments first), so that the symbol check and the install-time view of it cover the same names."""
+    import ast
+
+    path, text = runtime_source(FORWARD_CONTEXT_CALL.runtime_module) or ("", "")
+    calls = [c for c in ast.walk(ast.parse(text)) if isinstance(c, ast.Call)
+             and getattr(c.func, "id", None) == FORWARD_CONTEXT_CALL.function]
+    assert len(calls) == 1, path
+    table = next(p.params for p in PATCHED_SYMBOLS if p.name == FORWARD_CONTEXT_CALL.table)
+    assert table[:len(calls[0].args)] == ("attn_metadata", "vllm_config")
+    assert {k.arg for k in calls[0].keywords} <= set(table)

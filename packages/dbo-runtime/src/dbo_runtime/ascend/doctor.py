@@ -17,6 +17,8 @@ from dbo_runtime.ascend.sites import (
     ATTN_STATE,
     BUILDERS_PER_GROUP,
     DEFAULT_GROUP_BACKEND,
+    FORWARD_CONTEXT_CALL,
+    MODEL_FORWARD,
     OP_REGISTRATIONS,
     PATCHED_SYMBOLS,
     REFUSED_MODELS,
@@ -39,6 +41,7 @@ from dbo_runtime.ascend.source import (
     normalize_name,
     open_source,
     parse_requirement,
+    runtime_source,
 )
 from dbo_runtime.errors import DBOConfigError
 
@@ -413,7 +416,7 @@ def check_supported_models(source: PackageSource, trees: dict[str, ast.Module | 
 
 # --------------------------------------------------------------------------------------------------------------
 # Semantic facts the DBO fixes rely on (sites.py: ATTN_STATE, ROTARY_MLA_BUFFER, UBATCH_STATE_FACTS,
-# DEFAULT_GROUP_BACKEND, TORCH_PAIR). Each is one row, failing with a message that names the file and what changed.
+# DEFAULT_GROUP_BACKEND, MODEL_FORWARD, FORWARD_CONTEXT_CALL, TORCH_PAIR). Each is one row, failing with a message that names the file and what changed.
 # --------------------------------------------------------------------------------------------------------------
 def _fact_row(name: str, target: str, source: PackageSource, hook: str = "relied on") -> SiteCheck:
     return SiteCheck(name, target, source.package, hook, False, None, source.version)
@@ -808,6 +811,319 @@ def check_default_backend(source: PackageSource, trees: dict[str, ast.Module | N
     return row
 
 
+def _call_name(func: ast.AST) -> str:
+    """A callee as written: ``self.model``, ``torch.npu.current_stream().synchronize``, ``partial``."""
+    if isinstance(func, ast.Name):
+        return func.id
+    if isinstance(func, ast.Attribute):
+        return f"{_call_name(func.value)}.{func.attr}"
+    if isinstance(func, ast.Call):
+        return f"{_call_name(func.func)}()"
+    return "?"
+
+
+def _guards(fn: ast.AST, node: ast.AST) -> list[tuple[ast.expr, bool]]:
+    """The ``if`` tests around ``node`` inside ``fn``, innermost first: (test, True) in the body, (test, False) in the
+    else branch."""
+    parents = {id(child): parent for parent in ast.walk(fn) for child in ast.iter_child_nodes(parent)}
+    found: list[tuple[ast.expr, bool]] = []
+    child = node
+    while id(child) in parents:
+        parent = parents[id(child)]
+        if isinstance(parent, ast.If) and child is not parent.test:
+            found.append((parent.test, any(child is stmt for stmt in parent.body)))
+        child = parent
+    return found
+
+
+def _mentions(test: ast.AST, name: str) -> bool:
+    return any((isinstance(sub, ast.Attribute) and sub.attr == name) or (isinstance(sub, ast.Name) and sub.id == name)
+               for sub in ast.walk(test))
+
+
+def _lines(nodes: Iterable[ast.AST]) -> str:
+    return ", ".join(f":{n.lineno}" for n in nodes)
+
+
+def _model_arguments(fn: ast.FunctionDef | ast.AsyncFunctionDef, call: ast.Call, skip: int
+                     ) -> tuple[set[str], bool, list[str]]:
+    """What ``call`` gives the model: (keyword names, whether the function's own ``**kwargs`` are forwarded, what
+    cannot be resolved). ``skip``: leading positional arguments that are not the model's (``partial``'s callee).
+    ``**x`` is followed into a dict literal assigned to ``x`` in ``fn``."""
+    varkw = fn.args.kwarg.arg if fn.args.kwarg else None
+    names: set[str] = set()
+    forwarded = False
+    unresolved = [ast.unparse(a) for a in call.args[skip:]]
+
+    def double_star(value: ast.expr) -> None:
+        nonlocal forwarded
+        if isinstance(value, ast.Name) and value.id == varkw:
+            forwarded = True
+            return
+        literal = None
+        if isinstance(value, ast.Name):
+            for sub in ast.walk(fn):
+                target = sub.targets[0] if isinstance(sub, ast.Assign) and len(sub.targets) == 1 else (
+                    sub.target if isinstance(sub, ast.AnnAssign) else None)
+                if isinstance(target, ast.Name) and target.id == value.id and isinstance(sub.value, ast.Dict):
+                    literal = sub.value
+        if literal is None:
+            unresolved.append(f"**{ast.unparse(value)}")
+            return
+        for key, item in zip(literal.keys, literal.values, strict=False):
+            if key is None:
+                double_star(item)
+            elif isinstance(key, ast.Constant) and isinstance(key.value, str):
+                names.add(key.value)
+            else:
+                unresolved.append(ast.unparse(key))
+
+    for kw in call.keywords:
+        if kw.arg is None:
+            double_star(kw.value)
+        else:
+            names.add(kw.arg)
+    return names, forwarded, unresolved
+
+
+def check_model_forward(source: PackageSource, trees: dict[str, ast.Module | None]) -> SiteCheck:
+    """``NPUModelRunner._model_forward`` still consists of exactly the parts the runtime's per-micro-batch replacement
+    (``AscendIntegration.forward_ubatch``) redoes or leaves out (sites.py: MODEL_FORWARD), and calls nothing else on
+    ``self``; ``_all_gather_hidden_states_and_aux`` is still on the runner and takes the hidden states alone."""
+    fact = MODEL_FORWARD
+    row = _fact_row("runner.model_forward_parts", f"{fact.module}:{fact.function}", source)
+    relpath, tree = _parsed(source, fact.module, trees)
+    nodes = _functions(tree, fact.function)
+    if tree is None or not nodes:
+        leaf = fact.function.rsplit(".", 1)[-1]
+        row.problems.append(f"{fact.function} not found in {relpath or fact.module}: what a split step's micro-batch "
+                            "must run in its place cannot be checked" + _defined_elsewhere(source, f"def {leaf}(",
+                                                                                          relpath))
+        return row
+    fn = nodes[0]
+    row.found, row.line = True, fn.lineno
+    where = f"{fact.function} ({relpath}:{fn.lineno})"
+    params = _param_names(fn)
+    me = params[0] if params else "self"
+    calls = [c for c in ast.walk(fn) if isinstance(c, ast.Call)]
+
+    # what it calls on self (partial(self.x, ...) calls self.x) and everything else
+    on_self: dict[str, list[ast.Call]] = {}
+    others: dict[str, list[ast.Call]] = {}
+    model_calls: list[tuple[ast.Call, int]] = []  # (call, leading arguments that are not the model's)
+    for call in calls:
+        name = _call_name(call.func)
+        if name.rsplit(".", 1)[-1] == "partial" and call.args and _call_name(call.args[0]).startswith(me + "."):
+            callee = _call_name(call.args[0])[len(me) + 1:]
+            on_self.setdefault(callee, []).append(call)
+            if callee == fact.model:
+                model_calls.append((call, 1))
+        if name.startswith(me + "."):
+            on_self.setdefault(name[len(me) + 1:], []).append(call)
+            if name[len(me) + 1:] == fact.model:
+                model_calls.append((call, 0))
+        elif not name.endswith("." + fact.sync):
+            others.setdefault(name, []).append(call)
+    for name, found in on_self.items():
+        if name not in fact.self_calls:
+            row.problems.append(
+                f"{where} calls {me}.{name} ({relpath}{_lines(found)}), a step the runtime's replacement for a split "
+                f"step's micro-batches (AscendIntegration.forward_ubatch) does not take: it only redoes "
+                f"{me}.{fact.model} and {me}.{fact.gather} and leaves out {me}.{fact.graph_update} and the "
+                f"{fact.sync_mode} {fact.sync}()")
+    unknown = {name: found for name, found in others.items() if name not in fact.other_calls}
+    if unknown:
+        row.warnings.append(f"{where} also calls " + ", ".join(f"{n} ({relpath}{_lines(c)})" for n, c in unknown.items())
+                            + ", which AscendIntegration.forward_ubatch does not: check whether a split step needs it")
+
+    # the model call, with the arguments forward_ubatch gives it
+    if not model_calls:
+        row.problems.append(f"{where} no longer calls {me}.{fact.model} (directly or through partial): the model call "
+                            "moved, and forward_ubatch calls it in the function's place")
+    for call, skip in model_calls:
+        names, forwarded, unresolved = _model_arguments(fn, call, skip)
+        shown = f"{ast.unparse(call.func)}({', '.join(ast.unparse(a) for a in call.args[:skip])}...) at " \
+                f"{relpath}:{call.lineno}"
+        if unresolved:
+            row.problems.append(f"{where} calls the model with {', '.join(unresolved)} ({shown}): cannot tell what it "
+                                f"is given; forward_ubatch passes {', '.join(fact.model_inputs)} by name")
+        extra = sorted(names - set(fact.model_inputs))
+        lacking = [n for n in fact.model_inputs if n not in names]
+        if extra:
+            row.problems.append(f"{where} now gives the model {', '.join(extra)} ({shown}), which forward_ubatch does "
+                                "not pass")
+        if lacking:
+            row.problems.append(f"{where} no longer gives the model {', '.join(lacking)} ({shown}), which "
+                                "forward_ubatch passes")
+        if fn.args.kwarg is not None and not forwarded:
+            row.problems.append(f"{where} no longer forwards **{fn.args.kwarg.arg} to the model ({shown}); "
+                                "forward_ubatch does")
+    # the steps left out: the full-graph parameter update and the PIECEWISE synchronize
+    if fact.graph_update not in on_self:
+        row.problems.append(f"{where} no longer calls {me}.{fact.graph_update}: the graph-replay step the runtime "
+                            "leaves out changed; re-check forward_ubatch")
+    syncs = [c for c in calls if isinstance(c.func, ast.Attribute) and c.func.attr == fact.sync]
+    if not syncs:
+        row.problems.append(f"{where} no longer calls {fact.sync}() under CUDAGraphMode.{fact.sync_mode}: the "
+                            "graph-replay step the runtime leaves out changed; re-check forward_ubatch")
+    for call in syncs:
+        tests = [t for t, body in _guards(fn, call) if body and any(_compares_to(sub, fact.sync_mode)
+                                                                     for sub in ast.walk(t))]
+        if not tests:
+            row.problems.append(f"{where} calls {_call_name(call.func)}() outside CUDAGraphMode.{fact.sync_mode} "
+                                f"({relpath}:{call.lineno}): forward_ubatch leaves it out, which was right only for "
+                                f"{fact.sync_mode} graph replay")
+    # the FlashComm1 gather, under the forward context's flag
+    gathers = on_self.get(fact.gather, [])
+    if not gathers:
+        row.problems.append(f"{where} no longer calls {me}.{fact.gather}: FlashComm1's all-gather of the output moved, "
+                            "and forward_ubatch still gathers each micro-batch's output")
+    conditions = []
+    for call in gathers:
+        tests = [t for t, body in _guards(fn, call) if body and _mentions(t, fact.gather_flag)]
+        if not tests:
+            row.problems.append(f"{where} calls {me}.{fact.gather} ({relpath}:{call.lineno}) other than under a "
+                                f"{fact.gather_flag} test: forward_ubatch gathers only when the forward context's "
+                                f"{fact.gather_flag} is set")
+        else:
+            conditions.append(f"`{ast.unparse(tests[0])}` ({relpath}:{call.lineno})")
+    # the gather is a method of the runner that takes the hidden states alone
+    classes = [n for n in _find(tree, fact.cls) if isinstance(n, ast.ClassDef)]
+    method = _method_in_mro(tree, classes[0], fact.gather) if classes else None
+    if method is None:
+        row.problems.append(f"{fact.cls} ({relpath}) has no {fact.gather}, which forward_ubatch calls on the runner")
+    else:
+        static = "staticmethod" in _decorator_names(method)
+        positional = [p.arg for p in (*method.args.posonlyargs, *method.args.args)][0 if static else 1:]
+        required = positional[:len(positional) - len(method.args.defaults)] if method.args.defaults else positional
+        kw_required = [a.arg for a, d in zip(method.args.kwonlyargs, method.args.kw_defaults, strict=False) if d is None]
+        if len(required) > 1 or kw_required or (not positional and method.args.vararg is None):
+            row.problems.append(f"{fact.cls}.{fact.gather} ({relpath}:{method.lineno}) no longer takes the hidden "
+                                f"states alone (parameters: {', '.join(_param_names(method))}); forward_ubatch calls "
+                                f"it as runner.{fact.gather}(hidden_states)")
+        else:
+            row.notes.append(f"{fact.cls}.{fact.gather} at {relpath}:{method.lineno}"
+                             + (" (staticmethod)" if static else ""))
+    if not row.problems:
+        row.notes.insert(0, (
+            f"redone per micro-batch by forward_ubatch: the model call ({relpath}{_lines(c for c, _ in model_calls)})"
+            f" and {fact.gather} when " + ", ".join(conditions) + f"; left out (graph replay): {fact.graph_update} "
+            f"({relpath}{_lines(on_self[fact.graph_update])}) and {fact.sync}() under {fact.sync_mode} "
+            f"({relpath}{_lines(syncs)})"))
+    row.signature_ok = not row.problems
+    return row
+
+
+def _defaults(fn: ast.FunctionDef | ast.AsyncFunctionDef) -> dict[str, ast.expr | None]:
+    """Every named parameter of ``fn`` with its default (None: none)."""
+    a = fn.args
+    positional = [*a.posonlyargs, *a.args]
+    defaults: list[ast.expr | None] = [None] * (len(positional) - len(a.defaults)) + list(a.defaults)
+    found = {p.arg: d for p, d in zip(positional, defaults, strict=True)}
+    found.update({p.arg: d for p, d in zip(a.kwonlyargs, a.kw_defaults, strict=True)})
+    return found
+
+
+def _calls_to(node: ast.AST, function: str) -> list[ast.Call]:
+    return [c for c in ast.walk(node) if isinstance(c, ast.Call) and _dotted(c.func).rsplit(".", 1)[-1] == function]
+
+
+def check_forward_context_call(source: PackageSource, trees: dict[str, ast.Module | None]) -> SiteCheck:
+    """The runtime's call of ``set_ascend_forward_context`` (``AscendIntegration.ascend_context``, read from its
+    source) against the release's function and the runner's own call (sites.py: FORWARD_CONTEXT_CALL, with the
+    parameters in the PATCHED_SYMBOLS row it names). Errors: a keyword the function no longer takes, a positional
+    argument that now lands on another parameter, a parameter without default that the runtime does not pass.
+    Warning: what the runner's call passes and the runtime's does not (unless the table leaves it at its default)."""
+    fact = FORWARD_CONTEXT_CALL
+    row = _fact_row("forward_context.ascend_call", f"{fact.module}:{fact.function}", source)
+    table = next(p.params for p in PATCHED_SYMBOLS if p.name == fact.table)
+    ours = runtime_source(fact.runtime_module)
+    mine = None
+    runtime_where = f"{fact.runtime_function} ({fact.runtime_module})"
+    if ours is not None:
+        runtime_path, text = ours
+        runtime_fns = _functions(ast.parse(text, filename=runtime_path), fact.runtime_function)
+        runtime_calls = _calls_to(runtime_fns[0], fact.function) if runtime_fns else []
+        if runtime_calls:
+            mine = runtime_calls[0]
+            runtime_where = f"{fact.runtime_function} ({runtime_path}:{mine.lineno})"
+    if mine is None:
+        row.problems.append(f"{runtime_where} does not call {fact.function}: what the runtime passes cannot be read")
+        return row
+    relpath, tree = _parsed(source, fact.module, trees)
+    nodes = _functions(tree, fact.function)
+    if tree is None or not nodes:
+        row.problems.append(f"{fact.function} not found in {relpath or fact.module}"
+                            + _defined_elsewhere(source, f"def {fact.function}(", relpath))
+        return row
+    fn = nodes[0]
+    row.found, row.line = True, fn.lineno
+    where = f"{fact.function} ({relpath}:{fn.lineno})"
+    a = fn.args
+    positional = [p.arg for p in (*a.posonlyargs, *a.args)]
+    by_name = [p.arg for p in (*a.args, *a.kwonlyargs)]
+    defaults = _defaults(fn)
+
+    def passed(call: ast.Call) -> list[str]:
+        return positional[:len(call.args)] + [k.arg for k in call.keywords if k.arg]
+
+    # positional arguments land on the parameters the table names, in its order
+    n_pos = len(mine.args)
+    if len(positional) < n_pos and a.vararg is None:
+        row.problems.append(f"{where} takes {len(positional)} positional parameters, {runtime_where} passes {n_pos}")
+    elif positional[:n_pos] != list(table[:n_pos]):
+        row.problems.append(f"the first parameters of {where} are now {', '.join(positional[:n_pos])}; "
+                            f"{runtime_where} passes its first {n_pos} arguments as {', '.join(table[:n_pos])}")
+    keywords = [k.arg for k in mine.keywords if k.arg]
+    if any(k.arg is None for k in mine.keywords):
+        row.notes.append(f"{runtime_where} also passes **mapping: those keywords are not checked")
+    gone = [k for k in keywords if k not in by_name]
+    if gone and a.kwarg is None:
+        row.problems.append(f"{runtime_where} passes {', '.join(gone)}, which {where} does not take "
+                            f"(has: {', '.join(_param_names(fn))})")
+    elif gone:
+        row.warnings.append(f"{where} takes {', '.join(gone)} only through **{a.kwarg.arg}, which "
+                            f"{runtime_where} passes by name: check that it is still read")
+    twice = [k for k in keywords if k in positional[:n_pos]]
+    if twice:
+        row.problems.append(f"{runtime_where} passes {', '.join(twice)} both positionally and by name to {where}")
+    given = set(passed(mine))
+    required = [name for name, default in defaults.items() if default is None and name not in given]
+    if required:
+        row.problems.append(f"{where} has parameter(s) without a default that {runtime_where} does not pass: "
+                            f"{', '.join(required)}")
+    # what the runner's own call passes and the runtime's does not
+    runner_path, runner_tree = _parsed(source, fact.runner_module, trees)
+    runner_fns = _functions(runner_tree, fact.runner_function)
+    runner_calls = _calls_to(runner_fns[0], fact.function) if runner_fns else []
+    if not runner_calls:
+        row.problems.append(f"{fact.runner_function} ({runner_path or fact.runner_module}) no longer calls "
+                            f"{fact.function}: the step's forward context, which {fact.runtime_function} reads back "
+                            "(attention metadata, slot mapping, input ids, sinks, EPLB flag), is no longer made there")
+    known = {name: (default, why) for name, default, why in fact.left_to_default}
+    for call in runner_calls:
+        runner_where = f"{fact.runner_function} ({runner_path}:{call.lineno})"
+        extra = [n for n in passed(call) if n not in given]
+        unnamed = [n for n in extra if n not in known]
+        if unnamed:
+            row.warnings.append(f"{runner_where} passes {', '.join(unnamed)} to {fact.function}, {runtime_where} does "
+                                "not: the micro-batches' forward contexts get the default")
+        for name in (n for n in extra if n in known):
+            expected, why = known[name]
+            have = defaults.get(name)
+            actual = "none" if have is None else ast.unparse(have)
+            if actual != expected:
+                row.warnings.append(f"{runner_where} passes {name}, which {runtime_where} leaves at its default, now "
+                                    f"{actual} in {where} (was {expected}: {why})")
+            else:
+                row.notes.append(f"{runner_where} passes {name}; {fact.runtime_function} leaves it at {expected}: {why}")
+    if not row.problems:
+        row.notes.insert(0, f"{runtime_where} passes {', '.join(positional[:n_pos])} positionally and "
+                            f"{', '.join(keywords)} by name: all parameters of {where}")
+    row.signature_ok = not row.problems
+    return row
+
+
 @dataclass(frozen=True)
 class HostDist:
     """An installed distribution on this host: its version (None: not installed) and its Requires-Dist lines."""
@@ -917,6 +1233,8 @@ def check_symbols(
     results.extend(check_ubatch_state(ascend, trees,
                                       _per_ubatch_state_table() if per_ubatch_state is None else per_ubatch_state))
     results.append(check_default_backend(ascend, trees))
+    results.append(check_model_forward(ascend, trees))
+    results.append(check_forward_context_call(ascend, trees))
     results.append(check_torch_pair(ascend, host))
     vllm_trees: dict[str, ast.Module | None] = {}
     if vllm is None:

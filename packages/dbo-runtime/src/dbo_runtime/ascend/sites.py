@@ -45,6 +45,10 @@ __all__ = [
     "UBATCH_STATE_FACTS",
     "BackendFact",
     "DEFAULT_GROUP_BACKEND",
+    "ModelForwardFact",
+    "MODEL_FORWARD",
+    "ForwardContextCallFact",
+    "FORWARD_CONTEXT_CALL",
     "TORCH_PAIR",
     "parse_collective",
     "site_by_name",
@@ -360,10 +364,12 @@ PATCHED_SYMBOLS: tuple[PatchedSymbol, ...] = (
         module="vllm_ascend.ascend_forward_context",
         qualname="set_ascend_forward_context",
         kind="function",
-        why="relied on: builds each micro-batch's forward context (MoE comm type, FlashComm pad size, DP sizes)",
+        why="relied on: builds each micro-batch's forward context (MoE comm type, FlashComm pad size, DP sizes, "
+        "sinks, the micro-batch's input ids, the EPLB flag); AscendIntegration.ascend_context passes these by name "
+        "(forward_context.ascend_call checks each one it passes)",
         params=("attn_metadata", "vllm_config", "num_tokens", "num_tokens_across_dp", "in_profile_run",
                 "num_actual_tokens", "aclgraph_runtime_mode", "batch_descriptor", "model_instance",
-                "is_draft_model", "skip_compiled"),
+                "is_draft_model", "skip_compiled", "has_sinks", "input_ids", "eplb_heat_collection_status"),
         patched=False,
     ),
     PatchedSymbol(
@@ -651,6 +657,89 @@ DEFAULT_GROUP_BACKEND = BackendFact(
     function="init_distributed_environment",
     params=("world_size", "rank", "distributed_init_method", "local_rank", "backend"),
     backend="hccl",
+)
+
+
+@dataclass(frozen=True)
+class ModelForwardFact:
+    """The parts of the runner's ``function`` (``_model_forward``) that the runtime's replacement for one micro-batch
+    of a split step (``AscendIntegration.forward_ubatch``, dbo_runtime/ascend/runner.py) redoes or leaves out.
+
+    Redone: the model call (``self.<model>`` called directly or through ``functools.partial``, with the keywords
+    ``model_inputs`` and the function's own ``**kwargs``) and, when the forward context's ``gather_flag`` is set,
+    ``self.<gather>(hidden_states)`` (FlashComm1's all-gather of the output). Left out (graph replay, which a split
+    step does not do: it runs eager): ``self.<graph_update>(...)`` and the ``.<sync>()`` under
+    ``CUDAGraphMode.<sync_mode>``. ``function`` may call nothing else on ``self``: a step a newer release adds would be
+    skipped for split steps. ``other_calls``: the other callables it calls in 0.23.0.post1 (a new one is a warning)."""
+
+    module: str
+    function: str
+    model: str
+    model_inputs: tuple[str, ...]
+    gather: str
+    gather_flag: str
+    graph_update: str
+    sync: str
+    sync_mode: str
+    other_calls: tuple[str, ...]
+
+    @property
+    def cls(self) -> str:
+        return self.function.rsplit(".", 1)[0]
+
+    @property
+    def self_calls(self) -> tuple[str, ...]:
+        """What ``function`` may call on ``self``: the parts above, nothing else."""
+        return (self.model, self.graph_update, self.gather)
+
+
+# worker/model_runner_v1.py:2834-2874 (NPUModelRunner._model_forward: partial(self.model, **model_inputs) at :2854,
+# _update_full_graph_params_if_needed at :2858 (enable_enpu) and :2868, the PIECEWISE synchronize at :2866, the
+# FlashComm1 gather at :2872-2873), :2801 (the static _all_gather_hidden_states_and_aux).
+MODEL_FORWARD = ModelForwardFact(
+    module=_MR,
+    function="NPUModelRunner._model_forward",
+    model="model",
+    model_inputs=("input_ids", "positions", "intermediate_tensors", "inputs_embeds"),
+    gather="_all_gather_hidden_states_and_aux",
+    gather_flag="flash_comm_v1_enabled",
+    graph_update="_update_full_graph_params_if_needed",
+    sync="synchronize",
+    sync_mode="PIECEWISE",
+    other_calls=("get_forward_context", "partial", "run_model", "torch.npu.current_stream", "isinstance"),
+)
+
+
+@dataclass(frozen=True)
+class ForwardContextCallFact:
+    """The runtime's call of ``module:function`` (``runtime_function`` of ``runtime_module``) beside the runner's own
+    (``runner_function`` of ``runner_module``). The parameters the runtime relies on are the ``params`` of the
+    PATCHED_SYMBOLS row ``table`` (positional arguments are those names, in that order); the keywords are read from the
+    runtime's source. ``left_to_default``: (parameter, its default in the release, why) for a parameter the runner
+    passes and the runtime leaves at that default on purpose."""
+
+    module: str
+    function: str
+    table: str
+    runtime_module: str
+    runtime_function: str
+    runner_module: str
+    runner_function: str
+    left_to_default: tuple[tuple[str, str, str], ...] = ()
+
+
+# ascend_forward_context.py:58-75 (set_ascend_forward_context), worker/model_runner_v1.py:2296-2310 (execute_model's
+# call: it also passes max_tokens_across_pcp, 0 unless prefill context parallel, which validate refuses with DBO).
+FORWARD_CONTEXT_CALL = ForwardContextCallFact(
+    module="vllm_ascend.ascend_forward_context",
+    function="set_ascend_forward_context",
+    table="forward_context.ascend",
+    runtime_module="dbo_runtime.ascend.runner",
+    runtime_function="AscendIntegration.ascend_context",
+    runner_module=_MR,
+    runner_function="NPUModelRunner.execute_model",
+    left_to_default=(("max_tokens_across_pcp", "0", "the runner passes 0 unless prefill_context_parallel_size > 1, "
+                      "which validate refuses with DBO"),),
 )
 
 # The distributions whose pair the release pins (requirements.txt:16-17 of 0.23.0.post1: torch==2.10.0,

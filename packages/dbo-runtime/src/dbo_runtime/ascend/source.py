@@ -17,8 +17,8 @@ from pathlib import Path
 
 from dbo_runtime.errors import DBOConfigError
 
-__all__ = ["PackageSource", "open_source", "installed_source", "download_release", "REFERENCE_VLLM_ASCEND_VERSION",
-           "REFERENCE_VLLM_VERSION", "normalize_name", "parse_requirement"]
+__all__ = ["PackageSource", "open_source", "installed_source", "runtime_source", "download_release",
+           "REFERENCE_VLLM_ASCEND_VERSION", "REFERENCE_VLLM_VERSION", "normalize_name", "parse_requirement"]
 
 _ARCHIVE_SUFFIXES = (".tar.gz", ".tgz", ".whl", ".zip")
 
@@ -264,6 +264,22 @@ def installed_source(package: str, distribution: str) -> PackageSource | None:
         version = None
     # site-packages is not a source tree: its other files are not this release's
     return _from_tree(pkg_dir, package, kind="installed", version=version, meta=meta)
+
+
+def runtime_source(module: str) -> tuple[str, str] | None:
+    """(path shown in messages, text) of one of dbo_runtime's own modules, read as text: what the runtime passes to a
+    vLLM-Ascend function is read from its source, never by importing it (the module may import torch_npu or vLLM)."""
+    try:
+        spec = importlib.util.find_spec(module)  # imports the parent packages only (dbo_runtime.ascend)
+    except (ImportError, ValueError):
+        return None
+    if spec is None or not spec.origin or not spec.origin.endswith(".py"):
+        return None
+    try:
+        text = Path(spec.origin).read_text(encoding="utf-8")
+    except OSError:
+        return None
+    return module.replace(".", "/") + ".py", text
 
 
 # The release the site table was written against, and the upstream vLLM its Dockerfile pins (VLLM_TAG).
