@@ -2,10 +2,10 @@
 emulated NPU: the same greedy tokens, with steps really split (fresh prefills cut in the middle of a request, mixed
 prefill/decode and decode-only batches, odd counts).
 
-One engine pair per model, each in its own process (``workers/engine_generate.py``); a Qwen3-MoE with TP=1 (its
-A2 MoE prepare/finalize sites yield; the attention and MoE metadata are split per micro-batch). What the emulation
-cannot show: timing and overlap, HCCL across ranks (TP=1 here), ACL graphs (enforce_eager), and the real kernels'
-numerics (the emulated ones are float32 references).
+One engine pair per set-up, each in its own process (``workers/engine_generate.py``): a Qwen3-MoE with TP=1
+(in-process engine) and with TP=2 (two worker processes whose collectives at the hook sites cross ranks on the
+emulated HCCL). What the emulation cannot show: timing and overlap on an NPU, HCCS, ACL graphs (enforce_eager), and
+the real kernels' numerics (the emulated ones are float32 references).
 """
 
 from __future__ import annotations
@@ -21,21 +21,21 @@ import pytest
 WORKER = Path(__file__).resolve().parent / "workers" / "engine_generate.py"
 
 
-def _generate(mode: str, family: str, stats: Path) -> list[list[int]]:
+def _generate(mode: str, family: str, tp: int, stats: Path) -> list[list[int]]:
     env = {**os.environ, "VLLM_LOGGING_LEVEL": "WARNING", "DBO_RUNTIME_STATS_DIR": str(stats)}
-    proc = subprocess.run([sys.executable, str(WORKER), mode, family], capture_output=True, text=True, timeout=420,
+    proc = subprocess.run([sys.executable, str(WORKER), mode, family, str(tp)], capture_output=True, text=True, timeout=420,
                           env=env)
     lines = [line for line in proc.stdout.splitlines() if line.startswith("TOKENS ")]
     assert proc.returncode == 0 and lines, proc.stderr[-4000:]
     return json.loads(lines[-1][len("TOKENS "):])
 
 
-@pytest.mark.parametrize("family", ["qwen3_moe"])
-def test_greedy_tokens_equal_with_dbo_on_the_real_npu_model_runner(tmp_path: Path, family: str) -> None:
-    off = _generate("off", family, tmp_path / "off")
-    on = _generate("on", family, tmp_path / "on")
-    stats = [json.loads(p.read_text()) for p in (tmp_path / "on").glob("*.json")]
-    assert stats, "the DBO run wrote no split statistics"
-    split = sum(s.get("split_steps", 0) for s in stats)
-    assert split >= 3, f"only {split} steps split: {stats}"
+@pytest.mark.parametrize(("family", "tp"), [("qwen3_moe", 1), ("qwen3_moe", 2)])
+def test_greedy_tokens_equal_with_dbo_on_the_real_npu_model_runner(tmp_path: Path, family: str, tp: int) -> None:
+    off = _generate("off", family, tp, tmp_path / "off")
+    on = _generate("on", family, tp, tmp_path / "on")
+    stats = [json.loads(p.read_text()) for p in (tmp_path / "on").glob("dbo-stats-rank*.json")]
+    assert len(stats) == tp, f"split statistics from {len(stats)} of {tp} ranks"
+    for rank in stats:  # every rank split the same steps
+        assert rank["split_steps"] >= 3 and rank["split_steps"] == stats[0]["split_steps"], stats
     assert on == off

@@ -26,6 +26,8 @@ struct EmulatedNpuGuard final : public c10::impl::DeviceGuardImplInterface {
   void destroyEvent(void*, const c10::DeviceIndex) const noexcept override {}
   bool queryStream(const c10::Stream&) const override { return true; }
   void synchronizeStream(const c10::Stream&) const override {}
+  void synchronizeEvent(void*) const override {}
+  void synchronizeDevice(const c10::DeviceIndex) const override {}
 };
 thread_local c10::DeviceIndex EmulatedNpuGuard::current = 0;
 C10_REGISTER_GUARD_IMPL(PrivateUse1, EmulatedNpuGuard);
