@@ -10,7 +10,7 @@ the result cast back); there are no kernels, no NZ formats and no timing.
 Arguments outside what the DBO paths pass (quantization, other layouts, other sparse modes, ...) raise
 :class:`torch_npu.NotEmulatedError` naming the operator and the argument, rather than computing something else.
 The ``torch.ops._C_ascend`` operators the paths reach are registered by :mod:`torch_npu._c_ascend_ops`.
-The list, with where each one is reached from, is ``tests/ascend_emulation/OPS.md``.
+The list, with where each one is reached from, is in docs/dbo-vllm-ascend.md ("Emulated operators").
 """
 
 from __future__ import annotations
