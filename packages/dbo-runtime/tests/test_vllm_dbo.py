@@ -106,6 +106,38 @@ def test_greenlet_scheduler_in_vllm_gives_the_dbo_off_output(vllm_python: Path, 
     assert d.max_abs_logprob_diff <= 1e-3
 
 
+def test_auto_policy_in_vllm_gives_the_dbo_off_output_and_one_table(vllm_python: Path, tiny_moe: Path,
+                                                                     tp2_report: tuple[int, dict[str, Any], Path]
+                                                                     ) -> None:
+    """Issue 30: the same DBO-on engine with the auto split policy turned on the vLLM way
+    (``--additional-config '{"dbo_policy": "auto"}'``, handed to both workers): the greedy output equals the
+    DBO-off run of the shared fixture, both ranks wrote the same agreed policy table, and ``dbo-runtime
+    policy-table`` reads it (exit 0: the ranks agree)."""
+    from dbo_runtime.ascend.compare import diff_runs
+    from dbo_runtime.vllm.compare import _run_one, cpu_bind_for
+
+    _, report, workdir = tp2_report
+    off = json.loads((workdir / "dbo-off.json").read_text())
+    env = dict(os.environ, VLLM_CPU_KVCACHE_SPACE="1")
+    env.setdefault("VLLM_CPU_OMP_THREADS_BIND", cpu_bind_for(2))
+    on, stats, _ = _run_one(str(vllm_python), str(tiny_moe), True, workdir, label="on-auto",
+                            tensor_parallel_size=2, num_prompts=report["prompts"], max_tokens=int(off["max_tokens"]),
+                            engine_argv=[*ENGINE_ARGS, "--additional-config", '{"dbo_policy": "auto"}'],
+                            timeout_s=400, env=env)
+    tables = sorted((workdir / "stats-on-auto").glob("dbo-policy-rank*.json"))
+    assert len(tables) == 2, tables
+    agreed = [[(r["class"], r["verdict"], r["agreed"]) for r in json.loads(t.read_text())["classes"]]
+              for t in tables]
+    assert agreed[0] == agreed[1] and agreed[0]
+    ranks = {r["rank"]: r for r in stats}
+    assert ranks[0]["split_steps"] == ranks[1]["split_steps"]  # every rank took every decision alike
+    proc = subprocess.run([sys.executable, "-m", "dbo_runtime.cli", "policy-table", str(workdir / "stats-on-auto")],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    d = diff_runs(off, on)
+    assert d.identical == d.prompts == report["prompts"], d.first_divergence
+
+
 RAY_ENV = r"""
 import json, os
 from vllm.ray.ray_env import get_env_vars_to_copy
