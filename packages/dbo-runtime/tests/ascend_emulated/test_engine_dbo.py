@@ -1,5 +1,5 @@
 """DBO on == DBO off through a whole vLLM engine on the REAL vllm-ascend NPUModelRunner (issue 27), over the
-emulated NPU: the same greedy tokens, with steps really split (fresh prefills cut in the middle of a request, mixed
+emulated NPU: the same greedy tokens and float32 logprobs within 1e-4, with steps really split (fresh prefills cut in the middle of a request, mixed
 prefill/decode and decode-only batches, odd counts).
 
 One engine pair per set-up, each in its own process (``workers/engine_generate.py``): a Qwen3-MoE with TP=1
@@ -21,7 +21,7 @@ import pytest
 WORKER = Path(__file__).resolve().parent / "workers" / "engine_generate.py"
 
 
-def _generate(mode: str, family: str, tp: int, stats: Path) -> list[list[int]]:
+def _generate(mode: str, family: str, tp: int, stats: Path) -> list[dict]:
     env = {**os.environ, "VLLM_LOGGING_LEVEL": "WARNING", "DBO_RUNTIME_STATS_DIR": str(stats)}
     proc = subprocess.run([sys.executable, str(WORKER), mode, family, str(tp)], capture_output=True, text=True, timeout=420,
                           env=env)
@@ -38,4 +38,9 @@ def test_greedy_tokens_equal_with_dbo_on_the_real_npu_model_runner(tmp_path: Pat
     assert len(stats) == tp, f"split statistics from {len(stats)} of {tp} ranks"
     for rank in stats:  # every rank split the same steps
         assert rank["split_steps"] >= 3 and rank["split_steps"] == stats[0]["split_steps"], stats
-    assert on == off
+    assert [r["tokens"] for r in on] == [r["tokens"] for r in off]
+    # Not bit for bit: torch's CPU sgemm is not batch-invariant for small row counts (rows of A[:3] @ W differ from
+    # those of (A @ W)[:3] by ~2e-5 at K=256), and a micro-batch is a GEMM of fewer rows. Measured: at most 7e-6.
+    worst = max(abs(a - b) for r_on, r_off in zip(on, off, strict=True)
+                for a, b in zip(r_on["logprobs"], r_off["logprobs"], strict=True))
+    assert worst <= 1e-4, worst

@@ -34,8 +34,12 @@ def main() -> None:  # under __main__: the multiprocessing executor re-imports t
               block_size=_emu.BLOCK_SIZE, max_num_seqs=8, max_num_batched_tokens=256,
               tensor_parallel_size=tp, distributed_executor_backend=None if tp == 1 else "mp",
               kv_cache_memory_bytes=64 << 20, seed=0, **kwargs)
-    outputs = llm.generate(PROMPTS, SamplingParams(max_tokens=16, temperature=0))
-    print("TOKENS " + json.dumps([list(o.outputs[0].token_ids) for o in outputs]), flush=True)
+    outputs = llm.generate(PROMPTS, SamplingParams(max_tokens=16, temperature=0, logprobs=1))
+    # the chosen token's logprob at every step, as float32 bits printed exactly (repr of the Python float)
+    result = [{"tokens": list(o.outputs[0].token_ids),
+               "logprobs": [step[tok].logprob for step, tok in zip(o.outputs[0].logprobs, o.outputs[0].token_ids)]}
+              for o in outputs]
+    print("TOKENS " + json.dumps(result), flush=True)
 
 
 if __name__ == "__main__":
