@@ -94,6 +94,10 @@ $(ASCEND_STAMP): $(PYPROJECTS)
 	$(ASCEND_PY) -c "import site, sys; open(site.getsitepackages()[0] + '/torch_npu_emulation.pth', 'w').write(sys.argv[1] + chr(10))" \
 		"$(CURDIR)/$(ASCEND_EMULATION)"
 	$(ASCEND_PY) -c "import torch_npu, vllm_ascend.utils; assert torch_npu.EMULATED"
+	@# torch-npu's own wheel, read (never installed) for its operator docs and the torch pair the doctor checks
+	@mkdir -p .cache/dbo-runtime
+	@ls .cache/dbo-runtime/torch_npu-2.10.0.post4-*.whl >/dev/null 2>&1 || $(ASCEND_PY) -m pip download -q --no-deps \
+		-d .cache/dbo-runtime torch-npu==2.10.0.post4 2>&1 | { grep -v "is ignored: it is neither a file nor a directory" || true; }
 	@touch $@
 
 hta-env: $(HTA_STAMP)
