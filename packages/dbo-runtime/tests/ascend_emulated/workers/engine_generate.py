@@ -37,7 +37,8 @@ def main() -> None:  # under __main__: the multiprocessing executor re-imports t
     outputs = llm.generate(PROMPTS, SamplingParams(max_tokens=16, temperature=0, logprobs=1))
     # the chosen token's logprob at every step, as float32 bits printed exactly (repr of the Python float)
     result = [{"tokens": list(o.outputs[0].token_ids),
-               "logprobs": [step[tok].logprob for step, tok in zip(o.outputs[0].logprobs, o.outputs[0].token_ids)]}
+               "logprobs": [step[tok].logprob for step, tok in zip(o.outputs[0].logprobs, o.outputs[0].token_ids,
+                                                                    strict=True)]}
               for o in outputs]
     print("TOKENS " + json.dumps(result), flush=True)
 
