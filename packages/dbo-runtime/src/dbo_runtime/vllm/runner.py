@@ -418,12 +418,16 @@ class RunnerIntegration:
 
     # -- the forward ---------------------------------------------------------------------------------------------
     def run_split(self, slices: Sequence[Any], num_tokens_padded: int, contexts: ContextFactory,
-                  forward: Callable[[int, slice], Any]) -> Any:
+                  forward: Callable[[int, slice], Any], *, compiled_reentrant: bool = False) -> Any:
         """Run ``forward(i, token_slice)`` for both micro-batches ping-pong; return the joined output.
 
         ``slices`` are vLLM's micro-batch slices; the last one is extended over the padding tokens. Each
         micro-batch enters ``contexts(i, slice, skip_compiled)`` (its forward context) and that context is
         re-installed whenever the micro-batch resumes after a yield. Afterwards the caller's context is back.
+        ``skip_compiled`` comes from :attr:`guard` (a micro-batch that finds the other one parked inside the
+        compiled model runs eager) unless the platform says its compiled model may be entered by the second
+        micro-batch meanwhile (``compiled_reentrant``: both run compiled, so both run the same kernels as a step
+        that is not split).
         """
         from dbo_runtime.context import run_ubatches
 
@@ -433,7 +437,8 @@ class RunnerIntegration:
 
         def one(i: int, ub: UBatchSlice) -> Callable[[], Any]:
             def run() -> Any:
-                with self.guard.enter() as compiled_ok, contexts(i, ub, not compiled_ok) as ctx:
+                entry = contextlib.nullcontext(True) if compiled_reentrant else self.guard.enter()
+                with entry as compiled_ok, contexts(i, ub, not compiled_ok) as ctx:
                     installed[i] = ctx
                     self.install_forward_context(ctx)
                     try:
