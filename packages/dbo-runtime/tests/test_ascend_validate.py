@@ -134,3 +134,12 @@ def test_dbo_requested_and_batch_veto() -> None:
     assert not batch_may_split(moe_comm_type="FUSED_MC2")
     assert not batch_may_split(moe_comm_type="ALLGATHER", use_cascade_attn=True)
     assert not batch_may_split(moe_comm_type="ALLGATHER", num_reqs=0)
+
+
+def test_greenlet_scheduler_is_refused_on_ascend() -> None:
+    """Its sites run inside custom ops' Python kernels, where a greenlet switch aborts the process (the emulated
+    engine, tests/ascend_emulated/test_plugin_config.py); the thread scheduler is the one that works."""
+    cfg = standin_config()
+    (conflict,) = find_conflicts(cfg, env={"DBO_RUNTIME_SCHEDULER": "greenlet"})
+    assert "greenlet" in conflict.what and "unset DBO_RUNTIME_SCHEDULER" in conflict.flag
+    assert find_conflicts(cfg, env={"DBO_RUNTIME_SCHEDULER": "thread"}) == []

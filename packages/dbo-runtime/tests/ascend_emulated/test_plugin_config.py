@@ -24,3 +24,13 @@ def test_dense_model_without_flashcomm1_is_refused_in_one_line() -> None:
 def test_moe_model_keeps_dbo_without_flashcomm1() -> None:
     cfg = _emu.vllm_config("qwen3_moe", enable_dbo=True, tensor_parallel_size=2, enable_expert_parallel=True)
     assert cfg.parallel_config.enable_dbo is True
+
+
+def test_greenlet_scheduler_is_refused_before_the_engine_starts(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Found here: with DBO_RUNTIME_SCHEDULER=greenlet the emulated engine aborted at its first split step
+    (pybind11 'loader_life_support: internal error': the MoE site yields inside vllm::moe_forward's kernel). Now the
+    configuration is refused in one line instead."""
+    monkeypatch.setenv("DBO_RUNTIME_SCHEDULER", "greenlet")
+    with pytest.raises(Exception) as info:
+        _emu.vllm_config("qwen3_moe", enable_dbo=True, tensor_parallel_size=2)
+    assert "the greenlet scheduler" in str(info.value) and "unset DBO_RUNTIME_SCHEDULER" in str(info.value)

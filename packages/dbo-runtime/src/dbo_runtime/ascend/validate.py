@@ -99,6 +99,15 @@ def find_conflicts(config: Any, env: Mapping[str, str] | None = None) -> list[Co
             "--additional-config '{\"enable_prefill_mc2\": false}'",
         ))
 
+    if str(env.get("DBO_RUNTIME_SCHEDULER", "")).strip() == "greenlet":
+        conflicts.append(Conflict(
+            "the greenlet scheduler (DBO_RUNTIME_SCHEDULER=greenlet)",
+            "on vLLM-Ascend the hook sites run inside torch custom ops (the MoE layers inside vllm::moe_forward, "
+            "the FlashComm1 ops), and a greenlet switch inside an op's Python kernel aborts the process (pybind11 "
+            "'loader_life_support: internal error'; seen in the emulated engine)",
+            "unset DBO_RUNTIME_SCHEDULER (the thread scheduler)",
+        ))
+
     pcp = _get(config, "parallel_config.prefill_context_parallel_size", 1) or 1
     if int(pcp) > 1:
         conflicts.append(Conflict(
