@@ -30,7 +30,7 @@ import torch.distributed as dist
 from dbo_runtime.errors import DBOConfigError, DBOError, DBOTimeoutError
 from dbo_runtime.ubatch import SUPPORTED_NUM_UBATCHES, is_last_ubatch_empty, validate_num_ubatches
 
-__all__ = ["UBatchDecision", "coordinate_ubatching", "decide_locally"]
+__all__ = ["UBatchDecision", "coordinate_ubatching", "decide_locally", "bounded_all_reduce"]
 
 SITE = "dp_sync.coordinate_ubatching"
 
@@ -113,6 +113,24 @@ def _mismatches(table: list[list[int]], world: int) -> list[str]:
                 f"process-group rank {column} was configured as DP rank {claimed_rank} of {claimed_world}"
             )
     return problems
+
+
+def bounded_all_reduce(tensor: torch.Tensor, *, group: object | None, timeout_s: float, site: str, waited: str,
+                       why_missing: str, failed: str, op: object = None) -> None:
+    """``dist.all_reduce(tensor)`` in place over ``group``, waiting at most ``timeout_s``: a peer that does not
+    arrive raises :class:`DBOTimeoutError` (``waited`` and ``why_missing`` are its message), any other failure
+    :class:`DBOError` (``failed``: the backend's text). Never hangs."""
+    kwargs = {} if op is None else {"op": op}
+    try:
+        work = dist.all_reduce(tensor, group=group, async_op=True, **kwargs)
+        completed = work.wait(timeout=datetime.timedelta(seconds=timeout_s))
+    except Exception as exc:  # gloo raises RuntimeError for both a timeout and a peer that went away
+        text = str(exc)
+        if "timed out" in text.lower() or "timeout" in text.lower():
+            raise DBOTimeoutError(f"{waited} and not all arrived ({why_missing})", site=site) from exc
+        raise DBOError(f"{failed}: {text}") from exc
+    if completed is False:  # some backends report a timeout by returning False
+        raise DBOTimeoutError(waited, site=site)
 
 
 def decide_locally(*, should_split: bool, num_tokens: int, num_tokens_padded: int | None = None,
@@ -208,24 +226,11 @@ def coordinate_ubatching(
     mine[_RANK_PLUS_ONE, rank] = (rank if dp_rank is None else dp_rank) + 1
     tensor = mine.to(device)
 
-    try:
-        work = dist.all_reduce(tensor, group=group, async_op=True)
-        completed = work.wait(timeout=datetime.timedelta(seconds=wait_s))
-    except Exception as exc:  # gloo raises RuntimeError for both a timeout and a peer that went away
-        text = str(exc)
-        if "timed out" in text.lower() or "timeout" in text.lower():
-            raise DBOTimeoutError(
-                f"{SITE}: rank {rank} waited {wait_s:g} s for the all-reduce across {world} DP ranks and not all "
-                "arrived (a rank that crashed, skipped this step, or runs a different number of steps)",
-                site=SITE,
-            ) from exc
-        raise DBOError(
-            f"{SITE}: the all-reduce across {world} DP ranks failed on rank {rank}: {text}"
-        ) from exc
-    if completed is False:  # some backends report a timeout by returning False
-        raise DBOTimeoutError(
-            f"{SITE}: rank {rank} waited {wait_s:g} s for the all-reduce across {world} DP ranks", site=SITE
-        )
+    bounded_all_reduce(
+        tensor, group=group, timeout_s=wait_s, site=SITE,
+        waited=f"{SITE}: rank {rank} waited {wait_s:g} s for the all-reduce across {world} DP ranks",
+        why_missing="a rank that crashed, skipped this step, or runs a different number of steps",
+        failed=f"{SITE}: the all-reduce across {world} DP ranks failed on rank {rank}")
 
     table = tensor.cpu().tolist()
     if local_error is not None:

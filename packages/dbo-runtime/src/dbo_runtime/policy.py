@@ -71,7 +71,6 @@ token counts it tabulated) or of a policy table written by an earlier run.
 from __future__ import annotations
 
 import bisect
-import datetime
 import json
 import logging
 import math
@@ -85,7 +84,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from dbo_runtime.errors import DBOConfigError, DBOError, DBOTimeoutError
+from dbo_runtime.errors import DBOConfigError, DBOError
 
 __all__ = [
     "POLICIES", "POLICY_CONFIG_KEY", "POLICY_ENV", "PRIOR_CONFIG_KEY", "PRIOR_ENV", "TABLE_KIND", "NUM_BUCKETS",
@@ -604,26 +603,18 @@ def gloo_max_reducer(group: Any = None, *, timeout_s: float = 60.0) -> Reducer:
     import torch
     import torch.distributed as dist
 
+    from dbo_runtime.dp_sync import bounded_all_reduce
+
     world = dist.get_world_size(group)
     rank = dist.get_rank(group)
 
     def reduce_max(values: list[float]) -> list[float]:
         tensor = torch.tensor(values, dtype=torch.float64)
-        try:
-            work = dist.all_reduce(tensor, op=dist.ReduceOp.MAX, group=group, async_op=True)
-            completed = work.wait(timeout=datetime.timedelta(seconds=timeout_s))
-        except Exception as exc:  # gloo raises RuntimeError for both a timeout and a peer that went away
-            text = str(exc)
-            if "timed out" in text.lower() or "timeout" in text.lower():
-                raise DBOTimeoutError(
-                    f"{SITE}: rank {rank} waited {timeout_s:g} s for the split-policy agreement across {world} ranks "
-                    "and not all arrived (a rank that crashed, runs the static policy, or runs a different number "
-                    "of steps)", site=SITE) from exc
-            raise DBOError(f"{SITE}: the split-policy agreement across {world} ranks failed on rank {rank}: "
-                           f"{text}") from exc
-        if completed is False:
-            raise DBOTimeoutError(f"{SITE}: rank {rank} waited {timeout_s:g} s for the split-policy agreement "
-                                  f"across {world} ranks", site=SITE)
+        bounded_all_reduce(
+            tensor, group=group, timeout_s=timeout_s, site=SITE, op=dist.ReduceOp.MAX,
+            waited=f"{SITE}: rank {rank} waited {timeout_s:g} s for the split-policy agreement across {world} ranks",
+            why_missing="a rank that crashed, runs the static policy, or runs a different number of steps",
+            failed=f"{SITE}: the split-policy agreement across {world} ranks failed on rank {rank}")
         return tensor.tolist()
 
     return reduce_max
