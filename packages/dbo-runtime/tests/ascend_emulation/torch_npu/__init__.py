@@ -77,6 +77,10 @@ def _register_npu_device() -> None:
     _LIBS.append(lib)
 
 
+# vLLM's and vllm-ascend's op namespaces; torch's own PrivateUse1 registrations (e.g. FSDP's) keep their CPU kernels.
+_MIRRORED_NAMESPACES = frozenset({"vllm", "_C_ascend", "_C"})
+
+
 def _npu_kernels_serve_cpu_tensors() -> None:
     """A kernel registered for the NPU (``PrivateUse1``) is registered for ``CPU`` as well: the emulation's "npu"
     tensors are CPU tensors, so the dispatcher picks the CPU key where torch_npu's tensors pick PrivateUse1.
@@ -86,7 +90,7 @@ def _npu_kernels_serve_cpu_tensors() -> None:
 
     def impl(self, op_name, fn=None, dispatch_key="", *args, **kwargs):
         result = original(self, op_name, fn, dispatch_key, *args, **kwargs)
-        if dispatch_key == "PrivateUse1" and fn is not None:
+        if dispatch_key == "PrivateUse1" and fn is not None and self.ns in _MIRRORED_NAMESPACES:
             name = op_name if isinstance(op_name, str) else getattr(op_name, "__name__", str(op_name))
             qualified = name if "::" in name else f"{self.ns}::{name}"
             if not torch._C._dispatch_has_kernel_for_dispatch_key(qualified, "CPU"):
