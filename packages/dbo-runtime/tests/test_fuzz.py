@@ -56,6 +56,26 @@ def test_diff_of_any_json_gives_a_verdict_or_one_line(tmp_path: Path, capsys: py
     else:
         report = json.loads(out.read_text())
         assert report["prompts"] > 0 and 0 <= report["identical"] <= report["prompts"]
+        # an identity resting on no token compared is refused, never reported
+        assert report["identical"] == 0 or report["compared_tokens"] > 0, report
+
+
+non_finite = st.sampled_from([math.nan, math.inf, -math.inf])
+
+
+@FUZZ
+@given(logprobs=st.lists(st.floats(max_value=0.0, allow_infinity=False), min_size=1, max_size=4), at=st.integers(0, 3),
+       bad=non_finite)
+def test_diff_refuses_non_finite_logprobs(tmp_path: Path, capsys: pytest.CaptureFixture[str], logprobs: list[float],
+                                          at: int, bad: float) -> None:
+    good = {"results": [{"prompt": "p", "text": "x", "tokens": list(range(len(logprobs))), "logprobs": logprobs}]}
+    broken = json.loads(json.dumps(good))
+    broken["results"][0]["logprobs"][at % len(logprobs)] = bad
+    pa, pb = tmp_path / "a.json", tmp_path / "b.json"
+    pa.write_text(json.dumps(good))
+    pb.write_text(json.dumps(broken))  # NaN/Infinity literals, as Python's json writes them
+    code, err = _run(capsys, ["compare", "diff", str(pa), str(pb)])
+    assert code == 2 and len(err) == 1 and "not a finite number" in err[0], err
 
 
 gate = st.one_of(st.floats(allow_nan=True, allow_infinity=True), st.text(max_size=6),
@@ -103,3 +123,50 @@ def test_reference_refuses_bad_numbers_before_any_rank(tmp_path: Path, capsys: p
     out = tmp_path / "ref.json"
     code, err = _run(capsys, ["reference", option, str(value), "-o", str(out)])
     assert code == 2 and len(err) == 1 and not out.exists(), err
+
+
+link_latency = st.one_of(st.floats(min_value=10_000.0, exclude_min=True), st.floats(max_value=0.0, exclude_max=True),
+                         st.just(math.nan))
+link_gbps = st.one_of(st.floats(min_value=0.0, max_value=1e-3, exclude_max=True),
+                      st.floats(min_value=1e4, exclude_min=True, allow_infinity=False),
+                      st.floats(max_value=0.0), st.just(math.nan))
+
+
+@FUZZ
+@given(latency=st.one_of(link_latency, st.floats(0.0, 10_000.0)), gbps=link_gbps, which=st.booleans())
+def test_reference_refuses_a_link_outside_the_physical_range(tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                                                            latency: float, gbps: float, which: bool) -> None:
+    from dbo_runtime.reference.comm import LinkModel
+
+    if which:  # the bad value in either place
+        latency, gbps = (latency if not 0.0 <= latency <= 10_000.0 else 1e5), min(max(gbps, 1e-3), 1e4)
+    out = tmp_path / "ref.json"
+    code, err = _run(capsys, ["reference", "--link", f"{latency!r},{gbps!r}", "-o", str(out)])
+    assert code == 2 and len(err) == 1 and "--link" in err[0] and not out.exists(), (latency, gbps, err)
+    with pytest.raises(Exception, match="out of range|invalid"):
+        LinkModel.parse(f"{latency!r},{gbps!r}")
+
+
+@pytest.fixture(scope="module")
+def hardware_doc(tmp_path_factory: pytest.TempPathFactory) -> dict:
+    path = tmp_path_factory.mktemp("hw") / "estimate.json"
+    assert main(["estimate", "--model", "qwen3-30b-a3b", "--tokens", "64", "--format", "json", "-o", str(path)]) == 0
+    return json.loads(path.read_text())["hardware"]
+
+
+measured_like = st.one_of(json_value, st.fixed_dictionaries(
+    {"gflops": json_leaf, "copy_gbps": json_leaf, "shape": json_leaf},
+    optional={"op_us": json_leaf, "gflops_by_rows": json_value}))
+
+
+@FUZZ
+@given(measured=measured_like)
+def test_estimate_hardware_measured_section_gives_an_estimate_or_one_line(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str], hardware_doc: dict, measured: object) -> None:
+    path = tmp_path / "hw.json"
+    path.write_text(json.dumps(dict(hardware_doc, measured=measured)))
+    capsys.readouterr()
+    code, err = _run(capsys, ["estimate", "--model", "qwen3-30b-a3b", "--tokens", "64", "--hardware-file", str(path)])
+    assert code in (0, 2), err
+    if code == 2:
+        assert len(err) == 1 and "measured" in err[0], err

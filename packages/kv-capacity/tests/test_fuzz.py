@@ -103,3 +103,51 @@ def test_any_command_line_exits_0_1_or_2_with_one_line(command, args):
         assert err.getvalue().count("\n") == 1 and "Traceback" not in err.getvalue(), err.getvalue()
     if status == 0 and "--format" in args and "json" in args[args.index("--format") + 1:][:1]:
         json.loads(out.getvalue())
+
+
+# digits of other scripts (Arabic-Indic, Devanagari, full-width, mathematical ...): Python's int() takes them
+non_ascii_digit = st.characters(categories=["Nd"]).filter(lambda ch: not ch.isascii())
+unicode_digit_size = st.builds(
+    lambda head, digit, tail, unit: head + digit + tail + unit,
+    st.text(alphabet="0123456789", max_size=4), non_ascii_digit,
+    st.text(alphabet=st.one_of(st.sampled_from("0123456789"), non_ascii_digit), max_size=6),
+    st.sampled_from(["", "G", "g", "M", "GiB", "GB", "B", ".5g"]),
+)
+
+
+@FUZZ
+@given(unicode_digit_size)
+def test_a_size_with_any_non_ascii_digit_is_refused_in_one_line(text):
+    try:
+        parse_size(text)
+    except KVCapacityInputError as exc:
+        assert "ASCII digits" in str(exc) and "\n" not in str(exc)
+    else:
+        raise AssertionError(f"{text!r} was accepted")
+    err = io.StringIO()
+    with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):
+        status = main(["plan", "--model", "qwen3-8b", "--kv-cache-memory-bytes", text, "--max-model-len", "1024"])
+    assert status == 2 and err.getvalue().count("\n") == 1 and "ASCII digits" in err.getvalue()
+
+
+# (no dict: {"factor": {...}} reads as vLLM's per-layer-type form of rope_parameters)
+bad_factor = st.one_of(
+    st.text(max_size=6), st.booleans(), st.lists(st.integers(), max_size=2),
+    st.floats(max_value=0), st.sampled_from([float("nan"), float("inf"), float("-inf"), 1e7, 10**30]),
+    st.integers(max_value=0),
+)
+
+
+@FUZZ
+@given(bad_factor, st.sampled_from(["linear", "dynamic", "yarn", "llama3", "default", None]),
+       st.booleans(), st.sampled_from(["rope_scaling", "rope_parameters"]))
+def test_a_rope_factor_that_is_no_positive_number_is_refused(factor, rope_type, nested, key):
+    params = {"factor": factor, **({"rope_type": rope_type} if rope_type else {})}
+    fields = {"model_type": "llama", "num_hidden_layers": 2, "num_attention_heads": 4, "hidden_size": 256,
+              "max_position_embeddings": 4096, key: {"full_attention": params} if nested else params}
+    try:
+        spec_from_config(fields, name="fuzz")
+    except KVCapacityInputError as exc:
+        assert "factor" in str(exc) and "\n" not in str(exc)
+    else:
+        raise AssertionError(f"factor {factor!r} was accepted")

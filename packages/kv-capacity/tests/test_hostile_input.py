@@ -218,3 +218,51 @@ def test_verify_with_a_python_without_vllm_says_so(capsys, tmp_path):
     line = one_line_error(capsys, "verify", "--model", model, "--kv-cache-memory-bytes", "16M",
                           "--vllm-python", sys.executable)
     assert "no vLLM in this interpreter" in line
+
+
+@pytest.mark.parametrize(
+    "command",
+    [
+        ["plan", "--kv-cache-memory-bytes", "8G", "--max-model-len", "1024"],
+        ["required", "--max-model-len", "1024"],
+        ["verify", "--kv-cache-memory-bytes", "8G", "--max-model-len", "1024"],
+    ],
+)
+def test_a_config_json_that_is_a_directory_is_refused(capsys, tmp_path, command):
+    folder = tmp_path / "model"
+    (folder / "config.json").mkdir(parents=True)
+    for model in (str(folder), str(folder / "config.json")):
+        line = one_line_error(capsys, command[0], "--model", model, *command[1:])
+        assert "config.json" in line and "is a directory" in line and "regular file" in line
+
+
+def test_output_naming_the_input_config_is_refused_and_the_config_kept(capsys, tmp_path):
+    config = os.path.join(_config(tmp_path), "config.json")
+    before = open(config, "rb").read()
+    plan = ["plan", "--model", config, "--kv-cache-memory-bytes", "8G", "--max-model-len", "1024"]
+    for output in (config, os.path.join(os.path.dirname(config), ".", "config.json")):
+        line = one_line_error(capsys, *plan, "-o", output)
+        assert "config.json" in line and "input" in line
+        assert open(config, "rb").read() == before
+    model_dir = os.path.dirname(config)
+    line = one_line_error(capsys, "plan", "--model", model_dir, *plan[3:], "-o", config)
+    assert "input" in line and open(config, "rb").read() == before
+
+
+@pytest.mark.parametrize("size", ["٨G", "８G", "٨٠٠٠٠٠٠٠٠٠", "8٠G", "৮GiB", "8.٥g", "𝟠G"])
+def test_sizes_take_ascii_digits_only(capsys, size):
+    with pytest.raises(KVCapacityInputError, match="ASCII digits"):
+        parse_size(size)
+    line = one_line_error(capsys, "plan", "--model", "qwen3-8b", "--kv-cache-memory-bytes", size,
+                          "--max-model-len", "1024")
+    assert "ASCII digits" in line
+
+
+@pytest.mark.parametrize("factor", ["x", float("nan"), float("inf"), -2.0, 0, True, [4], 1e7])
+def test_a_bad_rope_scaling_factor_is_refused(capsys, tmp_path, factor):
+    folder = _config(tmp_path, max_position_embeddings=4096, rope_scaling={"rope_type": "linear", "factor": factor})
+    with pytest.raises(KVCapacityInputError, match="rope_scaling.*factor"):
+        load_model(folder)
+    line = one_line_error(capsys, "check", "--model", folder, "--kv-cache-memory-bytes", "8G",
+                          "--max-model-len", "1024")
+    assert "factor" in line and "positive" in line

@@ -129,3 +129,28 @@ def test_bad_pattern_through_the_api_is_a_profile_error(tmp_path: Path) -> None:
 
     with pytest.raises(ProfileError, match="not a regular expression"):
         pa.load(tmp_path, comm_patterns=["("])
+
+
+def test_a_catastrophic_comm_pattern_runs_in_linear_time(tmp_path: Path) -> None:
+    # with Python's backtracking re, `(a+)+$` against 64 a's and a '!' takes ~2**64 steps: the report hung
+    f = tmp_path / "t.json"
+    f.write_text(json.dumps(_gpu_trace("a" * 64 + "!")))
+    out = tmp_path / "r.json"
+    cmd = [sys.executable, "-m", "profile_analyzer", "report", str(f), "--format", "json", "-o", str(out),
+           "--comm-pattern", "(a+)+$", "--comm-pattern", "(x+x+)+y"]
+    try:
+        res = subprocess.run(cmd, capture_output=True, text=True, timeout=60)
+    except subprocess.TimeoutExpired:
+        pytest.fail("a catastrophic --comm-pattern hung the report")
+    assert res.returncode == 0, res.stderr
+    assert json.loads(out.read_text())["summary"]["communication_us"] == 0.0
+
+
+@pytest.mark.parametrize("pattern", [r"(a)\1", r"(?<=hcom)_x", r"a(?=b)", "a" * 3 + "{1000}{1000}{1000}"])
+def test_a_pattern_outside_re2_syntax_is_one_line_naming_the_engine(tmp_path: Path, pattern: str) -> None:
+    f = tmp_path / "t.json"
+    f.write_text(json.dumps(_gpu_trace("void my_team::a2a_push_kernel<8>(void*)")))
+    res = subprocess.run([sys.executable, "-m", "profile_analyzer", "report", str(f), "--comm-pattern", pattern],
+                         capture_output=True, text=True, timeout=120)
+    assert res.returncode == 2 and len(res.stderr.strip().splitlines()) == 1, res.stderr
+    assert "--comm-pattern" in res.stderr and "RE2" in res.stderr and res.stdout == ""

@@ -119,3 +119,55 @@ def test_a_truncated_db_is_one_line(capsys, exports, tmp_path):
     db_path = _copy_db(exports, tmp_path)
     db_path.write_bytes(db_path.read_bytes()[:6000])
     _one_line_error(capsys, db_path)
+
+
+def _set(db_path: Path, sql: str, *args: object) -> None:
+    con = sqlite3.connect(db_path)
+    con.execute(sql, args)
+    con.commit()
+    con.close()
+
+
+FIRST_TASK = "(SELECT rowid FROM TASK ORDER BY startNs LIMIT 1)"
+
+
+@pytest.mark.parametrize(("sql", "reason"), [
+    (f"UPDATE TASK SET startNs = 'abc' WHERE rowid = {FIRST_TASK}", "with a ts that is not a number in range"),
+    (f"UPDATE TASK SET endNs = '12x' WHERE rowid = {FIRST_TASK}", "with a dur that is not a number in range"),
+    (f"UPDATE TASK SET endNs = startNs - 5 WHERE rowid = {FIRST_TASK}", "with a negative dur"),
+    (f"UPDATE TASK SET startNs = NULL WHERE rowid = {FIRST_TASK}", "without ts"),
+    (f"UPDATE TASK SET startNs = 1.5 WHERE rowid = {FIRST_TASK}", "with a ts that is not a number in range"),
+    (f"UPDATE TASK SET endNs = 99999999999999999999 WHERE rowid = {FIRST_TASK}",
+     "with a dur that is not a number in range"),
+    ("UPDATE COMMUNICATION_OP SET endNs = startNs - 1 WHERE rowid = 1", "with a negative dur"),
+    ("UPDATE COMMUNICATION_OP SET startNs = x'ff00' WHERE rowid = 1", "with a ts that is not a number in range"),
+])
+@pytest.mark.parametrize("command", ["report", "compare", "whatif"])
+def test_a_device_task_time_that_is_not_a_time_is_one_line(capsys, exports, tmp_path, sql, reason, command):
+    db_path = _copy_db(exports, tmp_path)
+    _set(db_path, sql)
+    args = [command, str(db_path)] + ([str(db_path)] if command == "compare" else [])
+    status = main(args)
+    out, err = capsys.readouterr()
+    assert status == 2, err
+    assert out == "" and err.count("\n") == 1 and "Traceback" not in err, err
+    assert "cannot be placed" in err and reason in err and db_path.name in err, err
+
+
+def test_a_host_event_time_that_is_not_a_time_is_skipped_with_a_warning(capsys, exports, tmp_path):
+    # the JSON export's rule: a host event that cannot be placed is left out and counted in a warning
+    db_path = _copy_db(exports, tmp_path)
+    _set(db_path, "UPDATE PYTORCH_API SET endNs = 'soon' WHERE rowid = (SELECT rowid FROM PYTORCH_API "
+                  "WHERE name IN (SELECT id FROM STRING_IDS WHERE value LIKE 'ProfilerStep#%') LIMIT 1)")
+    status = main(["report", str(db_path), "--format", "json"])
+    out, err = capsys.readouterr()
+    assert status == 0, err
+    assert "with a dur that is not a number in range" in err
+
+
+def test_text_times_in_ascii_digits_are_read_as_numbers(capsys, exports, tmp_path):
+    # torch_npu writes PYTORCH_API times as TEXT: digits in text are times, as before
+    db_path = _copy_db(exports, tmp_path)
+    before = _report(capsys, db_path)
+    _set(db_path, "UPDATE TASK SET startNs = CAST(startNs AS TEXT), endNs = ' ' || CAST(endNs AS TEXT)")
+    assert _report(capsys, db_path) == before

@@ -119,3 +119,85 @@ def test_any_archive_bytes_give_a_report_or_one_line(blob, name):
         path = Path(folder) / name
         path.write_bytes(gzip.compress(blob) if name == "trace.json.gz" else blob)
         _load_or_refuse(path)
+
+
+number_text = st.one_of(
+    st.floats().map(repr), st.floats(allow_nan=False).map(lambda x: f"{x:.3e}"),
+    st.sampled_from(["nan", "NaN", "-nan", "inf", "-Infinity", "1e400", "-1e400", "1_000", "1__0", "_1", ".5", "5.",
+                     "٣", "３.５", "0x10", "", " ", "1e", "+.e1"]),
+    st.text(alphabet="0123456789.eE+-_ naif", max_size=12), st.text(max_size=8),
+)
+
+
+@FUZZ
+@given(number_text, st.sampled_from([(0.0, 1.0, True), (0.0, 1e6, False), (0.0, 1e12, True), (0.0, 1000.0, False)]))
+def test_a_numeric_option_gives_a_finite_number_in_range_or_one_line(text, bounds):
+    import math
+
+    import click
+    from profile_analyzer._params import FiniteFloat
+
+    lo, hi, min_open = bounds
+    try:
+        number = FiniteFloat(lo, hi, min_open=min_open).convert(text, None, None)
+    except click.BadParameter as exc:
+        assert "\n" not in exc.format_message() and "expected a finite number" in exc.format_message()
+        return
+    assert math.isfinite(number) and (number > lo if min_open else number >= lo) and number <= hi
+    assert not any(ch.isdigit() and not ch.isascii() for ch in text)
+
+
+_DB_TEMPLATE: list[bytes] = []
+
+
+def _db_template() -> bytes:
+    """One rank's torch_npu DB export, written once by the synthesizer (profile_analyzer.synth, --export db)."""
+    if not _DB_TEMPLATE:
+        from profile_analyzer.synth import write_profile
+
+        with tempfile.TemporaryDirectory() as folder:
+            root = write_profile(Path(folder) / "p", ranks=1, steps=1, layers=2, export="db").root
+            _DB_TEMPLATE.append(next(root.glob("**/ascend_pytorch_profiler_*.db")).read_bytes())
+    return _DB_TEMPLATE[0]
+
+
+db_time = st.one_of(st.none(), st.integers(min_value=-(2**63), max_value=2**63 - 1), st.floats(), st.text(max_size=12),
+                    st.binary(max_size=4), decimal_us, st.integers(0, 10**12).map(str))
+
+
+@settings(FUZZ, max_examples=40)
+@given(st.sampled_from(["TASK", "COMMUNICATION_OP", "PYTORCH_API"]), st.integers(0, 30), db_time, db_time)
+def test_any_db_time_gives_a_report_or_one_line(table, row, start, end):
+    import sqlite3
+
+    with tempfile.TemporaryDirectory() as folder:
+        path = Path(folder) / "ascend_pytorch_profiler_0.db"
+        path.write_bytes(_db_template())
+        con = sqlite3.connect(path)
+        con.execute(f"UPDATE {table} SET startNs = ?, endNs = ? WHERE rowid = "
+                    f"(SELECT rowid FROM {table} ORDER BY rowid LIMIT 1 OFFSET ?)", (start, end, row))
+        con.commit()
+        con.close()
+        _load_or_refuse(path)
+
+
+regex_text = st.one_of(st.text(alphabet="a+*?()|[]{}^$\\.1dwb<=!:P,-", max_size=14), st.text(max_size=10),
+                       st.sampled_from(["(a+)+$", "(a|a)*b", "(a*)*$", "(.*a){20}", "(x+x+)+y", "(a)\\1", "(?<=a)b",
+                                        "\x00", "a{1000}{1000}", "[\ud800]"]))
+
+
+@settings(FUZZ, max_examples=200)
+@given(st.lists(regex_text, min_size=1, max_size=3), st.text(alphabet="ab!x_", max_size=200))
+def test_any_comm_pattern_is_refused_in_one_line_or_matches_in_bounded_time(patterns, name):
+    import time
+
+    from profile_analyzer.loaders.comm_rules import classify_name, compile_patterns
+
+    try:
+        compiled = compile_patterns(patterns)
+    except ProfileError as exc:
+        assert "\n" not in str(exc) and "RE2" in str(exc)
+        return
+    begin = time.monotonic()
+    classify_name(name * 50, compiled)  # up to 10,000 characters: a backtracking engine takes ages on some
+    assert time.monotonic() - begin < 2

@@ -246,3 +246,47 @@ def test_sigterm_stops_the_loader_workers(tmp_path):
     assert workers and not any(_alive(w) for w in workers)
     assert not (tmp_path / "report.txt").exists()
     assert [p.name for p in tmp_path.iterdir()] == ["ranks"]  # no temporary file left
+
+
+def test_output_naming_an_input_trace_is_refused_and_the_trace_kept(capsys, tmp_path):
+    folder = profile(tmp_path, trace())
+    trace_view = folder / "ASCEND_PROFILER_OUTPUT" / "trace_view.json"
+    single = tmp_path / "rank0.pt.trace.json"
+    single.write_bytes(trace_view.read_bytes())
+    before = trace_view.read_bytes()
+    for args in (["report", str(single), "-o", str(single)],
+                 ["report", "-d", str(single), "--format", "json", "-o", str(tmp_path / "." / single.name)],
+                 ["report", str(folder), "-o", str(trace_view)],
+                 ["compare", str(folder), str(single), "-o", str(single)],
+                 ["whatif", str(folder), "-o", str(trace_view)]):
+        line = one_line_error(capsys, *args)
+        assert "input" in line and "-o" in line, line
+        assert single.read_bytes() == before and trace_view.read_bytes() == before
+    status, _, _ = run(capsys, "report", str(single), "-o", str(tmp_path / "report.txt"))
+    assert status == 0 and (tmp_path / "report.txt").stat().st_size > 0
+
+
+@pytest.mark.parametrize("option", ["--switch-us", "--comm-fixed-us", "--compute-scale", "--comm-scale",
+                                    "--measured-off-us"])
+@pytest.mark.parametrize("value", ["nan", "NaN", "-nan", "inf", "-inf", "1e400", "٣"])
+def test_whatif_refuses_a_number_that_is_not_finite(capsys, tmp_path, option, value):
+    line = one_line_error(capsys, "whatif", str(profile(tmp_path, trace())), option, value)
+    assert option in line and "finite number" in line, line
+
+
+@pytest.mark.parametrize("option", ["--exposed-factor", "--pp-receive-us", "--comm-fraction"])
+@pytest.mark.parametrize("value", ["nan", "inf", "-inf", "1e999"])
+def test_synth_refuses_a_number_that_is_not_finite_and_writes_nothing(capsys, tmp_path, option, value):
+    out = tmp_path / "synth"
+    line = one_line_error(capsys, "synth", str(out), "--dbo", "--exposed-layers", "1", option, value)
+    assert option in line and "finite number" in line, line
+    assert not out.exists()
+
+
+@pytest.mark.parametrize("field", ["pp_receive_us", "exposed_factor"])
+def test_the_synth_api_refuses_a_number_that_is_not_finite(tmp_path, field):
+    synth = pytest.importorskip("profile_analyzer.synth")
+    for bad in (float("nan"), float("inf")):
+        with pytest.raises(ValueError, match=f"{field} must be a finite number"):
+            synth.write_profile(tmp_path / "out", **{field: bad})
+    assert not (tmp_path / "out").exists()

@@ -116,3 +116,75 @@ def test_argparse_mirror_has_the_subcommands_and_options():
     sub = next(a for a in parser._actions if a.__class__.__name__ == "_SubParsersAction")
     options = {s for a in sub.choices["work"]._actions for s in a.option_strings}
     assert {"--n", "--size", "--format", "-o", "--output", "--fail"} <= options
+
+
+@pytest.mark.parametrize("digits", ["٤٠٩٦", "４０９６", "4٠96", "৪", "𝟜"])
+def test_numbers_take_ascii_digits_only(capsys, digits):
+    status, _, err = run(capsys, "work", "--n", digits)
+    assert status == 2 and err.count("\n") == 1 and "ASCII digits" in err and "--n" in err
+    status, _, err = run(capsys, "work", "--size", digits + "B")  # the tool's own parser would take them
+    assert status == 2 and err.count("\n") == 1 and "ASCII digits" in err and "--size" in err
+
+
+@click.command("read")
+@click.argument("source")
+@click.option("--other", default=None)
+@click.option("--level", type=click.Choice(["a", "b"]), default="a")
+@output_option()
+def read(source, other, level, output):
+    text = open(source).read() if os.path.isfile(source) else "folder\n"
+    write_output(output, text.upper())
+
+
+READER = ToolGroup("reader", lazy_subcommands={"read": f"{__name__}:read"})
+
+
+def test_output_naming_an_input_is_refused_and_the_input_kept(capsys, tmp_path):
+    source = tmp_path / "in.txt"
+    source.write_text("keep")
+    os.symlink(source, tmp_path / "link.txt")
+    for output in (source, tmp_path / "." / "in.txt", tmp_path / "link.txt"):
+        status = READER.run(["read", str(source), "-o", str(output)])
+        _, err = capsys.readouterr()
+        assert status == 2 and err.count("\n") == 1 and "input" in err and "in.txt" in err, err
+        assert source.read_text() == "keep"
+    # an input given through an option counts too; the choice of a --level never does
+    (tmp_path / "elsewhere").mkdir()
+    assert READER.run(["read", str(tmp_path / "elsewhere"), "--other", str(source), "-o", str(source)]) == 2
+    assert "--other" in capsys.readouterr().err
+    assert source.read_text() == "keep"
+    assert READER.run(["read", str(source), "-o", str(tmp_path / "out.txt")]) == 0
+    assert (tmp_path / "out.txt").read_text() == "KEEP"
+
+
+def test_output_inside_an_input_folder_is_refused(capsys, tmp_path):
+    profile = tmp_path / "prof_ascend_pt" / "ASCEND_PROFILER_OUTPUT"
+    profile.mkdir(parents=True)
+    (profile / "trace_view.json").write_text("[]")
+    (profile / "kernel_details.csv").write_text("x")
+    os.symlink(profile / "kernel_details.csv", tmp_path / "elsewhere.csv")
+    for output in (profile / "trace_view.json", profile / ".." / "ASCEND_PROFILER_OUTPUT" / "kernel_details.csv"):
+        status = READER.run(["read", str(tmp_path / "prof_ascend_pt"), "-o", str(output)])
+        _, err = capsys.readouterr()
+        assert status == 2 and err.count("\n") == 1 and "inside the input folder" in err, err
+    assert READER.run(["read", str(tmp_path / "prof_ascend_pt"), "-o", str(tmp_path / "elsewhere.csv")]) == 2
+    assert "inside the input folder" in capsys.readouterr().err
+    assert (profile / "trace_view.json").read_text() == "[]" and (profile / "kernel_details.csv").read_text() == "x"
+    # a new file in the folder is the msprof-analyze habit (its reports go into the profile) and changes no input
+    assert READER.run(["read", str(tmp_path / "prof_ascend_pt"), "-o", str(profile / "report.txt")]) == 0
+    assert READER.run(["read", str(tmp_path / "prof_ascend_pt"), "-o", str(tmp_path / "r.txt")]) == 0
+
+
+def test_write_output_refuses_an_input_file_even_without_the_early_check(tmp_path):
+    source = tmp_path / "in.txt"
+    source.write_text("keep")
+
+    @click.command("late")
+    @click.argument("source")
+    @output_option(check_early=False)
+    def late(source, output):
+        write_output(output, "new")
+
+    with pytest.raises(OutputError, match="input"):
+        late.main([str(source), "-o", str(source)], standalone_mode=False)
+    assert source.read_text() == "keep"

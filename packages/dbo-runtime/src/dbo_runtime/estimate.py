@@ -37,6 +37,7 @@ import json
 import math
 import os
 import queue
+import stat
 import tempfile
 import time
 from collections.abc import Callable, Sequence
@@ -319,12 +320,33 @@ def hardware_from_dict(data: dict[str, Any], *, base: Hardware | None = None, wh
     values["latency_us"] = {k: float(lat[k]) for k in COLLECTIVES}
     values["switch_us"] = {k: float(sw[k]) for k in SCHEDULERS}
     values["sources"] = tuple(values.get("sources") or ())
-    values["measured"] = dict(values.get("measured") or {})
+    values["measured"] = _measured(values.get("measured"), where)
     values["matrix_curve"] = _curve(values.get("matrix_curve") or (), where)
     values["host_gbps"] = _per_collective(values.get("host_gbps"), f"{where} host_gbps", _positive, "GB/s")
     values["host_call_us"] = _per_collective(values.get("host_call_us"), f"{where} host_call_us", _non_negative,
                                              "microseconds")
     return Hardware(**values)
+
+
+def _measured(value: Any, where: str) -> dict[str, Any]:
+    """A hardware file's ``measured`` record (what ``cpu-link`` timed, :func:`measure_cpu_rates`): empty, or a
+    mapping with at least the rates the report prints (``gflops``, ``copy_gbps`` > 0, ``shape`` a string); the
+    other keys are kept as they are."""
+    what = f"{where} measured"
+    accepted = "accepted: an object with gflops and copy_gbps (numbers > 0) and shape (a string), as --format json writes"
+    if value is None or value == {}:
+        return {}
+    if not isinstance(value, dict):
+        raise DBOConfigError(f"{what} is a {type(value).__name__}, not an object; {accepted}")
+    missing = [k for k in ("gflops", "copy_gbps", "shape") if k not in value]
+    if missing:
+        raise DBOConfigError(f"{what} has no {', '.join(missing)}; {accepted}")
+    out = dict(value)
+    for key in ("gflops", "copy_gbps"):
+        out[key] = _positive(f"{what}.{key}", value[key])
+    if not isinstance(value["shape"], str):
+        raise DBOConfigError(f"{what}.shape {str(value['shape'])[:40]!r} is invalid; {accepted}")
+    return out
 
 
 def _per_collective(value: Any, what: str, check: Callable[[str, Any], float], unit: str) -> dict[str, float]:
@@ -346,13 +368,29 @@ def _curve(points: Any, where: str) -> tuple[tuple[float, float], ...]:
     return out
 
 
+# A hardware file is a preset's few dozen fields: far below this; a larger one (or /dev/zero) is not one.
+MAX_HARDWARE_FILE_BYTES = 1 << 20
+
+
 def hardware_from_file(path: str | Path) -> Hardware:
     """A --hardware-file: JSON or YAML, the fields of a preset (``--format json`` prints one)."""
     p = Path(path)
+    accepted = f"accepted: a regular JSON or YAML file of at most {MAX_HARDWARE_FILE_BYTES:,} bytes"
     try:
-        text = p.read_text(encoding="utf-8")
+        # O_NONBLOCK: opening a FIFO for reading would otherwise wait for a writer; the type is checked on the
+        # open descriptor, so the file read is the file checked.
+        fd = os.open(p, os.O_RDONLY | os.O_NONBLOCK)
+        with os.fdopen(fd, "rb") as handle:
+            if not stat.S_ISREG(os.fstat(handle.fileno()).st_mode):
+                raise DBOConfigError(f"--hardware-file {str(p)[:200]!r} is not a regular file; {accepted}")
+            raw = handle.read(MAX_HARDWARE_FILE_BYTES + 1)
+        if len(raw) > MAX_HARDWARE_FILE_BYTES:
+            raise DBOConfigError(f"--hardware-file {str(p)[:200]!r} is larger than "
+                                 f"{MAX_HARDWARE_FILE_BYTES:,} bytes; {accepted}")
+        text = raw.decode("utf-8")
     except (OSError, UnicodeDecodeError) as exc:
-        raise DBOConfigError(f"--hardware-file {str(p)!r} cannot be read ({exc}); accepted: a JSON or YAML file") from None
+        why = exc.strerror if isinstance(exc, OSError) and exc.strerror else exc.__class__.__name__
+        raise DBOConfigError(f"--hardware-file {str(p)[:200]!r} cannot be read ({why}); {accepted}") from None
     try:
         if p.suffix.lower() in (".yaml", ".yml"):
             import yaml

@@ -188,6 +188,10 @@ def load_config(name_or_path: str) -> tuple[dict[str, Any], str, str]:
     if info is not None and stat.S_ISDIR(info.st_mode):
         path = path / "config.json"
         info = _stat(path, text, what="config.json of model directory")
+        if info is None and text.endswith(".json"):
+            raise KVCapacityInputError(
+                f"config {_short(text, 80)} is a directory; expected a model's config.json (a regular file)"
+            )
         if info is None:
             raise KVCapacityInputError(
                 f"model directory {_short(text, 80)} has no config.json; expected {ACCEPTED_MODELS}"
@@ -239,18 +243,21 @@ def _read_config(path: Path) -> str:
         raise KVCapacityInputError(
             f"config {shown} cannot be read ({exc.strerror}); expected {ACCEPTED_MODELS}"
         ) from None
+    # Checked before os.fdopen, which raises IsADirectoryError itself for a directory's descriptor.
+    info = os.fstat(fd)
+    if not stat.S_ISREG(info.st_mode):
+        os.close(fd)
+        kind = (
+            "a directory" if stat.S_ISDIR(info.st_mode)
+            else "a FIFO" if stat.S_ISFIFO(info.st_mode)
+            else "a device" if stat.S_ISCHR(info.st_mode) or stat.S_ISBLK(info.st_mode)
+            else "a socket" if stat.S_ISSOCK(info.st_mode)
+            else "not a regular file"
+        )
+        raise KVCapacityInputError(
+            f"config {shown} is {kind}; expected a model's config.json (a regular file)"
+        )
     with os.fdopen(fd, "rb") as handle:
-        info = os.fstat(fd)
-        if not stat.S_ISREG(info.st_mode):
-            kind = (
-                "a FIFO" if stat.S_ISFIFO(info.st_mode)
-                else "a device" if stat.S_ISCHR(info.st_mode) or stat.S_ISBLK(info.st_mode)
-                else "a socket" if stat.S_ISSOCK(info.st_mode)
-                else "not a regular file"
-            )
-            raise KVCapacityInputError(
-                f"config {shown} is {kind}; expected a model's config.json (a regular file)"
-            )
         try:
             raw = handle.read(MAX_CONFIG_BYTES + 1)
         except OSError as exc:
@@ -375,7 +382,7 @@ def spec_from_config(config: dict[str, Any], *, name: str, source: str = "") -> 
         dtype = "float16"
 
     max_pos = _int_field(text, "max_position_embeddings", where, required=False)
-    rope_factor = _rope_scaling_factor(text, model_type)
+    rope_factor = _rope_scaling_factor(text, model_type, where)
     model_max_length = text.get("model_max_length")
     if isinstance(model_max_length, bool) or not isinstance(model_max_length, int):
         model_max_length = None
@@ -475,19 +482,35 @@ _ROPE_TYPES_NOT_SCALING = frozenset(
 )
 
 
-def _rope_scaling_factor(text: dict[str, Any], model_type: str) -> float:
-    """The factor vLLM multiplies max_position_embeddings by to derive the longest max_model_len."""
-    raw = text.get("rope_parameters") or text.get("rope_scaling")
-    if not isinstance(raw, dict) or "gemma3" in model_type:
+MAX_ROPE_FACTOR = 1e6
+
+
+def _rope_scaling_factor(text: dict[str, Any], model_type: str, where: str) -> float:
+    """The factor vLLM multiplies max_position_embeddings by to derive the longest max_model_len.
+
+    A factor that is there but no positive finite number is refused whatever the RoPE type: vLLM would
+    multiply by it (or fail on it) at start-up, so a plan or a check that ignored it would not hold."""
+    key = "rope_parameters" if text.get("rope_parameters") else "rope_scaling"
+    raw = text.get(key)
+    if not isinstance(raw, dict):
         return 1.0
-    params = list(raw.values()) if raw and all(isinstance(v, dict) for v in raw.values()) else [raw]
+    nested = bool(raw) and all(isinstance(v, dict) for v in raw.values())
+    params = [(f"{key}.{name}", rp) for name, rp in raw.items()] if nested else [(key, raw)]
     factor = 1.0
-    for rp in params:
+    for place, rp in params:
+        value = rp.get("factor")
+        if value is not None and (
+            isinstance(value, bool)
+            or not isinstance(value, (int, float))
+            or not 0 < value <= MAX_ROPE_FACTOR  # also false for NaN
+        ):
+            raise KVCapacityInputError(
+                f"{where}: field {place}.factor is {_short(value)}; expected a positive number up to "
+                f"{MAX_ROPE_FACTOR:,.0f}"
+            )
         rope_type = rp.get("rope_type") or rp.get("type") or "default"
-        if rope_type not in _ROPE_TYPES_NOT_SCALING:
-            value = rp.get("factor", factor)
-            if isinstance(value, (int, float)) and not isinstance(value, bool) and 0 < value < 1e6:
-                factor = float(value)
+        if value is not None and rope_type not in _ROPE_TYPES_NOT_SCALING and "gemma3" not in model_type:
+            factor = float(value)
     return factor
 
 

@@ -56,8 +56,8 @@ def _shown(text: str, limit: int = 40) -> str:
         return repr(text)
     return f"{text[: limit - 10]!r}... ({len(text):,} characters)"
 
-_VLLM_FORM = re.compile(r"(\d+(?:\.\d+)?)([kKmMgGtT])")
-_UNIT_FORM = re.compile(r"(\d+(?:\.\d+)?)\s*([kKmMgGtT](?:[iI]?[bB]|[iI])|[bB])")
+_VLLM_FORM = re.compile(r"([0-9]+(?:\.[0-9]+)?)([kKmMgGtT])")
+_UNIT_FORM = re.compile(r"([0-9]+(?:\.[0-9]+)?)\s*([kKmMgGtT](?:[iI]?[bB]|[iI])|[bB])")
 
 
 def parse_size(text: str) -> int:
@@ -72,6 +72,12 @@ def parse_size(text: str) -> int:
     value = text.strip()
     shown = _shown(text)
     result: int | None = None
+    # One rule for every number of the toolkit: ASCII digits only (Python's int(), float() and a regex
+    # digit class also take Arabic-Indic, full-width ... digits, which no other tool reading these flags does).
+    if any(ch.isdigit() and not ch.isascii() for ch in value):
+        raise KVCapacityInputError(
+            f"size {shown} holds non-ASCII digits; expected ASCII digits 0-9 in {ACCEPTED_SIZES}"
+        )
     digits = len(re.sub(r"[^0-9]", "", value))
     if digits > _MAX_DIGITS:
         raise KVCapacityInputError(
@@ -92,7 +98,7 @@ def parse_size(text: str) -> int:
             )
         else:
             result = int(number) * _VLLM_BINARY[suffix]
-    elif re.fullmatch(r"\d+", value):
+    elif re.fullmatch(r"[0-9]+", value):
         result = int(value)
     else:
         match = _UNIT_FORM.fullmatch(value)

@@ -23,6 +23,7 @@ from toolkit_cli import (
     write_output,
 )
 
+from profile_analyzer._params import FiniteFloat
 from profile_analyzer.errors import ProfileError
 from profile_analyzer.report.compare import compare_dicts, render_compare
 from profile_analyzer.report.render import render
@@ -47,21 +48,22 @@ def _output_path_option(func):
 
 
 def _check_patterns(ctx: click.Context, param: click.Parameter, value: tuple[str, ...]) -> tuple[str, ...]:
-    import re
+    from profile_analyzer.loaders.comm_rules import compile_patterns
 
-    for p in value:
-        try:
-            re.compile(p)
-        except re.error as exc:
-            raise click.BadParameter(f"{p[:60]!r} is not a regular expression ({exc}); expected a Python regex matched "
-                                     "anywhere in a kernel or operator name") from None
+    try:
+        compile_patterns(value)
+    except ProfileError as exc:
+        raise click.BadParameter(exc.problem) from None
     return value
 
 
 def _comm_pattern_option(func):
     return click.option("--comm-pattern", "comm_patterns", multiple=True, metavar="REGEX", callback=_check_patterns,
                         help="also count kernels/operators whose name matches REGEX as communication (repeatable; "
-                             "on top of the built-in vendor table: DeepEP, NVSHMEM, MC2, HCCL AI CPU, ...)")(func)
+                             "on top of the built-in vendor table: DeepEP, NVSHMEM, MC2, HCCL AI CPU, ...). REGEX "
+                             "runs on RE2, an engine without backtracking: matching is linear in the name, so no "
+                             "pattern can hang the report; Python regex syntax without backreferences or "
+                             "lookaround, and \\d \\w \\s match ASCII only")(func)
 
 
 def _profile(positional: str | None, option: str | None, what: str, option_name: str) -> str:
@@ -199,10 +201,6 @@ def compare_command(base: str | None, new: str | None, profiling_path: str | Non
     return 0
 
 
-def _finite(lo: float, hi: float, *, min_open: bool = False) -> click.FloatRange:
-    return click.FloatRange(lo, hi, min_open=min_open)
-
-
 @click.command("whatif", help="What would dual batch overlap give? From a profile taken with DBO off, simulate the "
                "micro-batch ping-pong (each micro-batch's communication under the other's compute, one switch per "
                "collective) and predict the step with DBO on, per layer and in total, with the layers where it "
@@ -212,18 +210,18 @@ def _finite(lo: float, hi: float, *, min_open: bool = False) -> click.FloatRange
               help="the profile (msprof-analyze's name; the same as the argument)")
 @click.option("--ubatches", type=BoundedInt(2, 8, what="micro-batches"), default=2, show_default=True,
               help="micro-batches (DBO: 2)")
-@click.option("--switch-us", type=_finite(0, 1e6), default=30.0, show_default=True,
+@click.option("--switch-us", type=FiniteFloat(0, 1e6, what="µs"), default=30.0, show_default=True,
               help="cost of one switch between micro-batches, µs (the default: an OS-thread handoff as measured "
                    "by make bench on a CPU host; `dbo-runtime bench` measures yours)")
-@click.option("--compute-scale", type=_finite(0, 1, min_open=True), default=None,
+@click.option("--compute-scale", type=FiniteFloat(0, 1, min_open=True, what="a fraction"), default=None,
               help="a micro-batch's compute time as a fraction of the whole batch's (default 1/ubatches; closer to 1 "
                    "where small batches are bound by weight reads, e.g. decode)")
-@click.option("--comm-scale", type=_finite(0, 1, min_open=True), default=None,
+@click.option("--comm-scale", type=FiniteFloat(0, 1, min_open=True, what="a fraction"), default=None,
               help="a micro-batch's collective time above --comm-fixed-us, as a fraction of the whole batch's "
                    "(default 1/ubatches)")
-@click.option("--comm-fixed-us", type=_finite(0, 1e9), default=0.0, show_default=True,
+@click.option("--comm-fixed-us", type=FiniteFloat(0, 1e9, what="µs"), default=0.0, show_default=True,
               help="the part of every collective that does not shrink with the tokens (link latency), µs")
-@click.option("--measured-off-us", type=_finite(0, 1e12, min_open=True), default=None,
+@click.option("--measured-off-us", type=FiniteFloat(0, 1e12, min_open=True, what="µs"), default=None,
               help="the DBO-off step time measured without the profiler, µs: compute is scaled to it (a CPU "
                    "profiler's own cost lands on host compute)")
 @click.option("--measured-on", "measured_on", metavar="PATH",
@@ -278,12 +276,12 @@ def _layers_list(text: str) -> tuple[int, ...]:
 @click.option("--pattern", type=click.Choice(["a2", "a3"]), default="a2", show_default=True,
               help="a2: allGather + reduceScatter around the experts; a3: alltoallv dispatch + combine")
 @click.option("--dbo", is_flag=True, help="two micro-batches ping-pong (dual batch overlap)")
-@click.option("--comm-fraction", type=click.FloatRange(0, 1000), default=0.3, show_default=True,
+@click.option("--comm-fraction", type=FiniteFloat(0, 1000), default=0.3, show_default=True,
               help="collective transfer time of a layer relative to its compute time")
 @click.option("--exposed-layers", default="", help="DBO: comma-separated layers whose collectives are too long to hide")
-@click.option("--exposed-factor", type=click.FloatRange(0, 1000), default=6.0, show_default=True)
+@click.option("--exposed-factor", type=FiniteFloat(0, 1000), default=6.0, show_default=True)
 @click.option("--seed", type=NonNegativeInt(), default=0, show_default=True)
-@click.option("--pp-receive-us", type=click.FloatRange(0, 1e9), default=0.0,
+@click.option("--pp-receive-us", type=FiniteFloat(0, 1e9, what="µs"), default=0.0,
               help="start every step with an hcom_receive of this length (a pipeline-stage wait: Bubble)")
 @click.option("--cann", type=click.Choice(["new", "old"]), default="new", show_default=True,
               help="CANN generation: new = Communication / Physic Stream Id / NPU <id>; old = HCCL / Stream Id")

@@ -28,7 +28,8 @@ Group and error path
 Parameter types (a bad value is a usage error saying what would be accepted)
     PositiveInt(maximum=2**63-1, what=""), NonNegativeInt(...), BoundedInt(minimum, maximum)
         and the instances POSITIVE_INT, NON_NEGATIVE_INT; `40_960` is accepted; a value of thousands of
-        digits is refused without being converted or echoed whole.
+        digits is refused without being converted or echoed whole. Numbers take ASCII digits only
+        (Arabic-Indic, full-width ... digits are refused by name; ByteSize too, before its parser).
     ByteSize(parse, errors=(ValueError,), metavar="SIZE"): the tool's own size parser as a click type.
     shorten(value, limit=40) -> str: a value quoted for a message, cut when long.
 
@@ -36,8 +37,13 @@ Output
     output_option(check_early=True, help=...): `-o/--output FILE` (`-` is stdout); the command gets
         `output` (Path or None). With check_early the place is refused at parse time, before long work:
         a directory, a missing parent, a non-regular file, a directory it cannot create files in.
+        Under ToolGroup/LazyGroup an `-o` that would destroy an input is refused before the command runs
+        (usage error): the file named by any free-text or click.Path parameter (links, `..` and hard links
+        resolved), or an existing file inside an input folder (a new file there is allowed).
+        Parameters named out* (`--output_path`, `--out`) are destinations, not inputs.
     write_output(path_or_None, text_or_bytes): atomic write (temp file in the same directory, fsync,
-        os.replace) or stdout; raises OutputError (a CLIError) with one line.
+        os.replace) or stdout; raises OutputError (a CLIError) with one line, also when the file is one
+        of the running command's input files.
     check_output(path_or_None): the early check, for callers that take a path some other way.
     OutputPath(check_early=True): the click type behind output_option.
 

@@ -45,6 +45,24 @@ def one_line(text: str) -> str:
     return " ".join(str(text).split())
 
 
+class _ToolContext(click.Context):
+    """The context of a tool's command: before the command's own callback runs, an `-o` file that is one of
+    its inputs is refused (all parameters are known only then, not while `-o` itself is converted)."""
+
+    def invoke(self, callback: Any, /, *args: Any, **kwargs: Any) -> Any:
+        if callback is not None and callback is getattr(self.command, "callback", None):
+            from toolkit_cli._output import refuse_outputs_over_inputs
+
+            refuse_outputs_over_inputs(self)
+        return super().invoke(callback, *args, **kwargs)
+
+
+def _checked(command: click.Command) -> click.Command:
+    if command.context_class is click.Context:
+        command.context_class = _ToolContext
+    return command
+
+
 class LazyGroup(click.Group):
     """A click group whose subcommands are imported only when needed.
 
@@ -65,8 +83,10 @@ class LazyGroup(click.Group):
 
     def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
         if cmd_name in self.lazy_subcommands:
-            return self._load(cmd_name)
-        return super().get_command(ctx, cmd_name)
+            command = self._load(cmd_name)
+        else:
+            command = super().get_command(ctx, cmd_name)
+        return _checked(command) if command is not None else None
 
     def _load(self, cmd_name: str) -> click.Command:
         target = self.lazy_subcommands[cmd_name]

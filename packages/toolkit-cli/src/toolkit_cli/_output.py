@@ -71,6 +71,80 @@ def write_probe(directory: str | os.PathLike[str]) -> str | None:
     return None
 
 
+def _is_destination(param: click.Parameter) -> bool:
+    """An output parameter: `-o` itself, or one named out* (`--output_path DIR`, `--out DIR`, OUT_DIR)."""
+    return isinstance(param.type, OutputPath) or (param.name or "").startswith("out")
+
+
+def _named_paths(ctx: click.Context) -> list[tuple[str, str]]:
+    """(hint, path) for every value that names an existing file or folder, in `ctx` and its parents, of a
+    parameter that may take a path: free text or click.Path (never a choice, a number or an output)."""
+    found: list[tuple[str, str]] = []
+    context: click.Context | None = ctx
+    while context is not None:
+        for param in context.command.params:
+            if _is_destination(param) or not isinstance(
+                param.type, (click.types.StringParamType, click.Path, click.types.UnprocessedParamType)
+            ):
+                continue
+            value = context.params.get(param.name or "")
+            for item in value if isinstance(value, (tuple, list)) else (value,):
+                if not isinstance(item, (str, os.PathLike)) or os.fspath(item) in ("", STDOUT):
+                    continue
+                try:
+                    os.stat(item)
+                except (OSError, ValueError):
+                    continue
+                found.append((param.get_error_hint(context), os.fspath(item)))
+        context = context.parent
+    return found
+
+
+def input_clash(
+    path: str | os.PathLike[str], ctx: click.Context | None, *, inside_folders: bool = True
+) -> str | None:
+    """Why writing `path` would destroy an input of the command of `ctx`, as one line; None when it would not.
+
+    An input is a value of the command's parameters that names an existing file or folder. The output may
+    not be that file (after resolving `.`/`..` and links, or a hard link to it), nor, with `inside_folders`,
+    be an existing file inside an input folder (a profile or model directory): the command may have read it.
+    A new file there is allowed (msprof-analyze itself writes its reports into the profile folder).
+    """
+    if ctx is None or os.fspath(path) in ("", STDOUT):
+        return None
+    target = os.path.realpath(path)
+    shown = shorten(os.fspath(path), 80)
+    for hint, source in _named_paths(ctx):
+        real = os.path.realpath(source)
+        if os.path.isdir(real):
+            if inside_folders and target.startswith(real.rstrip(os.sep) + os.sep) and os.path.lexists(target):
+                return (
+                    f"output {shown} is a file inside the input folder {hint} {shorten(source, 80)}, which "
+                    "may be what was read; expected a new file or one outside the command's inputs"
+                )
+            continue
+        try:
+            same = target == real or os.path.samefile(target, real)
+        except OSError:
+            same = False
+        if same:
+            return (
+                f"output {shown} is the input {hint} {shorten(source, 80)}, which writing would destroy; "
+                "expected a file other than the command's inputs"
+            )
+    return None
+
+
+def refuse_outputs_over_inputs(ctx: click.Context) -> None:
+    """Before a command runs: refuse (a usage error naming `-o`) an output file that is one of its inputs."""
+    for param in ctx.command.params:
+        value = ctx.params.get(param.name or "")
+        if isinstance(param.type, OutputPath) and isinstance(value, (str, os.PathLike)):
+            problem = input_clash(value, ctx)
+            if problem:
+                raise click.BadParameter(problem, ctx=ctx, param=param)
+
+
 def check_output(path: str | os.PathLike[str] | None) -> None:
     """Raise OutputError when `path` (None: standard output) cannot be written; call it before long work."""
     if path is None or os.fspath(path) == STDOUT:
@@ -146,7 +220,11 @@ def write_output(path: str | os.PathLike[str] | None, data: str | bytes) -> None
             sys.stdout.flush()
         return
     target = Path(os.fspath(path))
-    problem = output_problem(target, probe=False)
+    # the early check ran on `-o` before the work (ToolGroup); this one also covers callers outside it and
+    # outputs found other ways (`--output_path DIR`, where msprof-analyze writes into the profile folder)
+    problem = output_problem(target, probe=False) or input_clash(
+        target, click.get_current_context(silent=True), inside_folders=False
+    )
     if problem:
         raise OutputError(problem)
     payload = data.encode("utf-8") if isinstance(data, str) else bytes(data)

@@ -17,6 +17,15 @@ _INTEGER = re.compile(r"[+-]?[0-9]+")
 _F = TypeVar("_F", bound=Callable[..., Any])
 
 
+def has_non_ascii_digits(text: str) -> bool:
+    """Whether `text` holds a digit other than 0-9 (Arabic-Indic, full-width ...).
+
+    The toolkit's one rule for numbers is ASCII digits only: Python's int(), float() and a regex digit
+    class take every Unicode digit, vLLM's and msprof-analyze's flags do not, and a digit a reader cannot
+    see as one is no setting to act on."""
+    return any(ch.isdigit() and not ch.isascii() for ch in text)
+
+
 def shorten(value: object, limit: int = 40) -> str:
     """`value` quoted for an error message; a long one is cut, with its length said instead."""
     text = str(value)
@@ -49,6 +58,9 @@ class BoundedInt(click.ParamType):
             number = value
         else:
             text = str(value).strip().replace("_", "")
+            if has_non_ascii_digits(text):
+                self.fail(f"{shorten(value)} holds non-ASCII digits; expected {self.expected} in ASCII "
+                          "digits 0-9", param, ctx)
             if not _INTEGER.fullmatch(text):
                 self.fail(f"{shorten(value)} is not an integer; expected {self.expected}", param, ctx)
             digits = text.lstrip("+-").lstrip("0")
@@ -85,6 +97,8 @@ NON_NEGATIVE_INT = NonNegativeInt()
 class ByteSize(click.ParamType):
     """A byte size parsed by the tool's own parser (the syntax differs per tool, the error path not).
 
+    A value with a digit other than ASCII 0-9 is refused before the parser sees it (one rule for numbers).
+
     `parse(text) -> int` raises one of `errors` with a one-line message that says what is accepted; that
     message becomes the usage error.
     """
@@ -108,6 +122,8 @@ class ByteSize(click.ParamType):
     def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> int:
         if isinstance(value, int) and not isinstance(value, bool):
             return value
+        if has_non_ascii_digits(str(value)):
+            self.fail(f"{shorten(value)} holds non-ASCII digits; expected a size in ASCII digits 0-9", param, ctx)
         try:
             return self.parse(str(value))
         except self.errors as exc:

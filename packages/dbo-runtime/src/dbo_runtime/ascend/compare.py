@@ -159,6 +159,9 @@ def check_collect_result(data: Any, where: str = "collect result") -> dict[str, 
             if value is not None and (isinstance(value, bool) or not isinstance(value, int | float)):
                 raise DBOConfigError(f"{where}: results[{i}].logprobs[{j}] is {str(value)[:40]!r}, not a number; "
                                      f"{_ACCEPTED}")
+            if value is not None and not math.isfinite(value):  # JSON's NaN/Infinity: no comparison holds
+                raise DBOConfigError(f"{where}: results[{i}].logprobs[{j}] is {value!r}, not a finite number; "
+                                     f"{_ACCEPTED}")
     return data
 
 
@@ -182,9 +185,15 @@ def diff_runs(a: dict[str, Any], b: dict[str, Any]) -> RunDiff:
         identical += same
         divergence.append(None if same else first)
         common = len(tx) if first is None else first
-        for p, q in zip(x.get("logprobs", [])[:common], y.get("logprobs", [])[:common], strict=False):
-            if p is not None and q is not None and math.isfinite(p) and math.isfinite(q):
+        for p, q in zip((x.get("logprobs") or [])[:common], (y.get("logprobs") or [])[:common], strict=False):
+            if p is not None and q is not None:
                 diffs.append(abs(p - q))
+    if identical and not diffs:
+        # identical texts with not one token whose logprobs both runs give: empty completions, or runs without
+        # tokens/logprobs; "100% identical" would rest on nothing
+        raise DBOConfigError(f"the runs' {identical} identical completion(s) have no token with a logprob in both "
+                             "runs (0 common tokens), so nothing was compared; accepted: two collect runs whose "
+                             "completions have tokens and logprobs")
     return RunDiff(len(ra), identical, tuple(divergence), len(diffs), max(diffs, default=0.0),
                    sum(diffs) / len(diffs) if diffs else 0.0)
 

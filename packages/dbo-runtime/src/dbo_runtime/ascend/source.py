@@ -238,6 +238,8 @@ def open_source(path: str | Path, package: str) -> PackageSource:
         raise _bad_input(p, package, "no such file or directory")
     if p.is_dir():
         return _from_tree(p, package)
+    if not p.is_file():  # a FIFO would block the archive reader for a writer, a device would never end
+        raise _bad_input(p, package, "not a directory and not a regular file")
     name = p.name.lower()
     if name.endswith((".tar.gz", ".tgz", ".tar")):
         return _from_tar(p, package)

@@ -37,6 +37,8 @@ MAX_THRESHOLD = 1 << 30
 PATTERN_CHOICES = ("a2", "a3")  # dbo_runtime.reference.model.PATTERNS (kept here so --help does not load torch)
 DTYPE_CHOICES = ("float32", "bfloat16")  # dbo_runtime.reference.model.DTYPES
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2}
+LINK_LATENCY_US_MAX = 10_000.0  # dbo_runtime.reference.comm's (kept here so --help does not load torch)
+LINK_GBPS_RANGE = (1e-3, 1e4)
 SCHEDULER_CHOICES = ("thread", "greenlet")  # dbo_runtime.workers.SCHEDULERS (kept here so --help does not load torch)
 
 
@@ -199,8 +201,9 @@ def format_report(spec: Any, results: list[dict[str, Any]], ranks: int) -> str:
               help="intermediate size of each routed expert and of the shared expert")
 @click.option("--dtype", type=click.Choice(DTYPE_CHOICES), default="float32", show_default=True)
 @click.option("--link", type=LinkParam(), default="auto", show_default=True,
-              help="LAT_US,GBPS (e.g. 20,0.05), 'none', or 'auto' (calibrated so communication is about 40% of a "
-              "DBO-off step)")
+              help=f"LAT_US,GBPS (e.g. 20,0.05; latency 0-{LINK_LATENCY_US_MAX:g} us, bandwidth "
+              f"{LINK_GBPS_RANGE[0]:g}-{LINK_GBPS_RANGE[1]:g} GB/s or inf), 'none', or 'auto' (calibrated so "
+              "communication is about 40% of a DBO-off step)")
 @click.option("--ubatch-size", type=_int(0, 1 << 10, "micro-batches"), default=0, show_default=True, metavar="N",
               help=f"micro-batches (vLLM's flag): {SUPPORTED_NUM_UBATCHES}, or 0 for DBO's {SUPPORTED_NUM_UBATCHES}")
 @click.option("--dbo-decode-token-threshold", type=_int(2, MAX_THRESHOLD, "decode token threshold"),

@@ -50,6 +50,13 @@ __all__ = ["LinkModel", "CollectiveRecord", "PendingCollective", "Collectives", 
 LINK_STAND_IN_NOTE = "modelled link: latency + bytes/bandwidth, a stand-in for HCCS (loopback here is not an NPU link)"
 
 
+# What a modelled link may be (`--link`): an interconnect's latency is microseconds (HCCS, NVLink, RoCE: 1-50 us;
+# 10 ms is far past any link one step crosses), its bandwidth from a slow Ethernet (1 MB/s) to far past any
+# NPU/GPU link (10 TB/s).
+LINK_LATENCY_US_MAX = 10_000.0
+LINK_GBPS_RANGE = (1e-3, 1e4)
+
+
 @dataclass(frozen=True)
 class LinkModel:
     """Stand-in for an NPU link: each collective lasts at least ``latency_us`` + wire bytes / ``bandwidth_gbps``.
@@ -81,19 +88,25 @@ class LinkModel:
 
     @classmethod
     def parse(cls, text: str) -> LinkModel:
-        """``"LAT_US,GBPS"`` (e.g. ``"20,0.5"``; ``GBPS`` may be ``inf``) or ``"none"`` (no modelled cost)."""
-        accepted = "accepted: LAT_US,GBPS (e.g. 20,0.5 for 20 us and 0.5 GB/s; GBPS may be inf), 'none' or 'auto'"
+        """``"LAT_US,GBPS"`` (e.g. ``"20,0.5"``; ``GBPS`` may be ``inf``) or ``"none"`` (no modelled cost), within
+        :data:`LINK_LATENCY_US_MAX` and :data:`LINK_GBPS_RANGE`: a link that slow would only make the ranks sleep
+        past their timeouts (or past what ``time.sleep`` takes: OverflowError)."""
+        accepted = (f"accepted: LAT_US,GBPS with 0 <= LAT_US <= {LINK_LATENCY_US_MAX:g} and "
+                    f"{LINK_GBPS_RANGE[0]:g} <= GBPS <= {LINK_GBPS_RANGE[1]:g} or inf (e.g. 20,0.5 for 20 us and "
+                    "0.5 GB/s), 'none' or 'auto'")
         if text.strip().lower() == "none":
             return cls(0.0, math.inf)
         parts = text.split(",")
         if len(parts) != 2:
-            raise DBOConfigError(f"--link {text!r} is invalid; {accepted}")
+            raise DBOConfigError(f"--link {text[:80]!r} is invalid; {accepted}")
         try:
             latency, bandwidth = float(parts[0]), float(parts[1])
         except ValueError:
-            raise DBOConfigError(f"--link {text!r} is invalid; {accepted}") from None
-        if not (math.isfinite(latency) and latency >= 0 and bandwidth > 0):
-            raise DBOConfigError(f"--link {text!r} is invalid (latency >= 0, bandwidth > 0); {accepted}")
+            raise DBOConfigError(f"--link {text[:80]!r} is invalid; {accepted}") from None
+        in_range = (0 <= latency <= LINK_LATENCY_US_MAX
+                    and (bandwidth == math.inf or LINK_GBPS_RANGE[0] <= bandwidth <= LINK_GBPS_RANGE[1]))
+        if not in_range:  # NaN compares false: refused here too
+            raise DBOConfigError(f"--link {text[:80]!r} is out of range; {accepted}")
         return cls(latency, bandwidth)
 
 

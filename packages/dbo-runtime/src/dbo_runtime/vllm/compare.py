@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import subprocess
 import sys
 import tempfile
@@ -25,7 +26,7 @@ from typing import Any
 
 from dbo_runtime.errors import DBOConfigError
 
-__all__ = ["run_compare", "generate_main", "cpu_bind_for", "RESULT_KEYS"]
+__all__ = ["run_compare", "generate_main", "cpu_bind_for", "failure_reason", "RESULT_KEYS"]
 
 RESULT_KEYS = ("identical_pct", "max_logprob_diff", "mean_logprob_diff", "split_steps", "steps", "prompts",
                "first_divergence", "elapsed_s")
@@ -123,6 +124,52 @@ def _stop_group(proc: subprocess.Popen[bytes], grace_s: float = 10.0) -> None:
         return
 
 
+# A vLLM log line's prefix: "(EngineCore_DP0 pid=7) ERROR 12-04 20:00:00 [core.py:708] ".
+_LOG_PREFIX = re.compile(r"^(?:\(\S+ pid=\d+\)\s+)?(?P<level>DEBUG|INFO|WARNING|ERROR|CRITICAL)\s+\d\d-\d\d\s+"
+                         r"\d\d:\d\d:\d\d(?:\.\d+)?\s+\[[^\]]*\]\s?")
+_NOT_A_REASON = re.compile(
+    r"^\s*(?:For further information visit https?://"  # pydantic's footer under each validation error
+    r"|Traceback \(most recent call last\)|The above exception was the direct cause|During handling of the above"
+    r"|Process \S+:$|[\^~]+$)")
+_FRAME = re.compile(r'^\s*File "[^"]*", line \d+')
+_ERROR_LIKE = re.compile(r"error|exception|cannot|can't|refus|not supported|invalid|failed|denied", re.I)
+# What a top level says about an error it relays ("See root cause above"): the cause is the line to quote.
+_RELAYED = re.compile(r"See root cause above|initialization failed|failed to start|Failed core proc", re.I)
+
+
+def failure_reason(log_text: str) -> str | None:
+    """The line of a failed engine run's log that says why: the last error-like line (one naming an error, a
+    refusal, something that cannot be), preferring a cause to a top level that only relays it; library footers
+    (pydantic's "For further information visit ..."), traceback frames and INFO/WARNING lines are never it. None
+    for an empty log."""
+    kept: list[str] = []
+    after_frame = False
+    for raw in log_text.splitlines():
+        if not raw.strip():
+            continue
+        prefix = _LOG_PREFIX.match(raw)
+        if prefix and prefix["level"] in ("DEBUG", "INFO", "WARNING"):
+            continue
+        content = raw[prefix.end():] if prefix else raw
+        line = content.strip()
+        if _FRAME.match(line):
+            after_frame = True  # the next line is the frame's source text
+            continue
+        if after_frame and content[:1].isspace():
+            after_frame = False
+            continue
+        after_frame = False
+        if line and not _NOT_A_REASON.match(line):
+            kept.append(line)
+    for wanted in (lambda ln: _ERROR_LIKE.search(ln) and not _RELAYED.search(ln), _ERROR_LIKE.search,
+                   lambda ln: True):
+        picked = [ln for ln in kept if wanted(ln)]
+        if picked:
+            return picked[-1]
+    lines = [ln.strip() for ln in log_text.splitlines() if ln.strip()]
+    return lines[-1] if lines else None
+
+
 def _run_one(python: str, model: str, dbo: bool, workdir: Path, *, label: str = "", tensor_parallel_size: int, num_prompts: int,
              max_tokens: int, engine_argv: Sequence[str], timeout_s: float, env: dict[str, str]
              ) -> tuple[dict[str, Any], list[dict[str, Any]], Path]:
@@ -147,9 +194,9 @@ def _run_one(python: str, model: str, dbo: bool, workdir: Path, *, label: str = 
             _stop_group(proc)
             raise
     if proc.returncode != 0 or not out.is_file():
-        tail = [ln for ln in log_path.read_text(errors="replace").splitlines() if ln.strip()][-1:]
+        reason = failure_reason(log_path.read_text(errors="replace"))
         raise DBOConfigError(f"the DBO-{label} run exited with {proc.returncode}"
-                             f"{': ' + tail[0][-300:] if tail else ''}; log: {log_path}")
+                             f"{': ' + reason[-300:] if reason else ''}; log: {log_path}")
     return json.loads(out.read_text()), _read_stats(stats_dir), log_path
 
 

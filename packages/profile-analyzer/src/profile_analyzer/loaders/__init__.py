@@ -20,6 +20,7 @@ import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from profile_analyzer.errors import ProfileError
 from profile_analyzer.loaders._slicer import peek_kind
@@ -172,7 +173,7 @@ def _release_memory() -> None:
 
 def _load_single(p: Path, fmt: str, rank: int, host_events: bool = False,
                  on_bytes: Callable[[int, int, str], None] | None = None,
-                 comm_patterns: tuple[re.Pattern[str], ...] = ()) -> list[RankTimeline]:
+                 comm_patterns: tuple[Any, ...] = ()) -> list[RankTimeline]:
     """One profile entry -> its rank (one per NPU when an Ascend trace holds several devices), with the vendor
     communication rules (and the user's ``comm_patterns``) applied."""
     from profile_analyzer.loaders.comm_rules import apply_comm_rules
@@ -225,7 +226,7 @@ def _trace_file(p: Path, rank: int, host_events: bool = False,
 
 
 def load_entry(p: Path, fmt: str, rank: int, host_events: bool = False,
-               comm_patterns: tuple[re.Pattern[str], ...] = ()) -> list[RankTimeline]:
+               comm_patterns: tuple[Any, ...] = ()) -> list[RankTimeline]:
     """One entry of a load plan (:func:`load_plan`) -> its ranks (a worker's job in ``load(workers=N)`` and in
     ``profile_analyzer.api.load_and_analyze``)."""
     return _load_single(p, fmt, rank, host_events, comm_patterns=comm_patterns)
@@ -318,7 +319,7 @@ def assemble(plan: LoadPlan, loaded: list[list[RankTimeline]], ranks: list[int] 
 
 
 def _load(p: Path, ranks: list[int] | None, progress: Callable[[int, int, str], None] | None, workers: int,
-          host_events: bool, patterns: tuple[re.Pattern[str], ...] = ()) -> Timeline:
+          host_events: bool, patterns: tuple[Any, ...] = ()) -> Timeline:
     plan = load_plan(p, ranks)
     total = len(plan.jobs)
     loaded: list[list[RankTimeline]] = []

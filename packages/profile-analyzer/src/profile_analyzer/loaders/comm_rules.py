@@ -17,6 +17,11 @@ After a rank is loaded, every task the loader called compute is matched against 
 
 In a CPU-only Kineto trace (no device kernels) the host ranges are the work: ranges the loader kept as host
 ranges are matched too (a ``deep_ep`` dispatch range of a CPU run, a user's ``--comm-pattern``).
+
+The user's patterns run on RE2 (google-re2), a regex engine without backtracking: matching takes time linear in
+the name whatever the pattern, so a catastrophic one (``(a+)+$``) cannot hang a report, as it did with Python's
+``re``. RE2 syntax is Python's without backreferences and lookaround (refused with one line); the digit, word and space
+classes match ASCII only. The built-in table is ours and stays on ``re``.
 """
 
 from __future__ import annotations
@@ -24,8 +29,10 @@ from __future__ import annotations
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
+import re2
 
 from profile_analyzer.errors import ProfileError
 from profile_analyzer.timeline import Kind, RankTimeline
@@ -111,19 +118,31 @@ RULES: tuple[CommRule, ...] = (
 )
 
 
-def compile_patterns(patterns: Sequence[str]) -> tuple[re.Pattern[str], ...]:
-    """The user's ``--comm-pattern`` regexes; a bad one is a ProfileError naming it."""
+PATTERN_SYNTAX = ("a regular expression in RE2 syntax (Python's, without backreferences or lookaround; matched "
+                  "anywhere in a kernel or operator name, in linear time)")
+_RE2_OPTIONS = re2.Options()
+_RE2_OPTIONS.log_errors = False  # RE2 would also print its refusal on stderr: the one line is ours
+
+
+def compile_patterns(patterns: Sequence[str]) -> tuple[Any, ...]:
+    """The user's ``--comm-pattern`` regexes, compiled by RE2 (linear-time matching); a bad one is a ProfileError
+    naming it."""
     out = []
     for p in patterns:
         try:
-            out.append(re.compile(p))
-        except re.error as exc:
-            raise ProfileError("--comm-pattern", f"{p!r} is not a regular expression ({exc}); expected a Python "
-                                                 "regex matched anywhere in a kernel or operator name") from None
+            out.append(re2.compile(p, _RE2_OPTIONS))
+        except (re2.error, TypeError, ValueError) as exc:
+            reason = exc.args[0] if exc.args else exc
+            if isinstance(reason, bytes):
+                reason = reason.decode("utf-8", "replace")
+            reason = " ".join(str(reason).split())[:120]
+            shown = p if len(p) <= 60 else f"{p[:50]}... ({len(p):,} characters)"
+            raise ProfileError("--comm-pattern", f"{shown!r} is not a regular expression RE2 accepts ({reason}); "
+                                                 f"expected {PATTERN_SYNTAX}") from None
     return tuple(out)
 
 
-def classify_name(name: str, extra: Sequence[re.Pattern[str]] = ()) -> tuple[str, str] | None:
+def classify_name(name: str, extra: Sequence[Any] = ()) -> tuple[str, str] | None:
     """(kind, rule name) of the first rule that matches ``name``; the user's patterns come last."""
     for rule in RULES:
         if rule.regex.search(name):
@@ -134,7 +153,7 @@ def classify_name(name: str, extra: Sequence[re.Pattern[str]] = ()) -> tuple[str
     return None
 
 
-def apply_comm_rules(rt: RankTimeline, extra: Sequence[re.Pattern[str]] = (), host_ranges: bool = False) -> int:
+def apply_comm_rules(rt: RankTimeline, extra: Sequence[Any] = (), host_ranges: bool = False) -> int:
     """Reclassify the compute tasks of ``rt`` (and its host ranges when ``host_ranges``) that a rule names; what
     each rule changed goes to ``rt.comm_rules_applied``. Returns how many tasks changed kind."""
     cand = rt.kind == int(Kind.COMPUTE)

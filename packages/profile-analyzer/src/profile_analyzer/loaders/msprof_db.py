@@ -176,13 +176,51 @@ def _query(db: sqlite3.Connection, path: Path, sql: str) -> list[tuple]:
         raise ProfileError(path, f"query failed ({exc}); {LAYOUT}") from None
 
 
-def _int(v: object) -> int:
-    """An integer column (torch_npu stores PYTORCH_API times as TEXT)."""
+_INTEGER_TEXT = re.compile(r"[+-]?[0-9]{1,19}", re.ASCII)
+# |time| below 9e18 ns (285 years), the JSON loader's bound (9e15 µs): room in int64 for a sum or a difference
+_LIMIT_NS = 9 * 10**18
+
+
+def _integer(v: object) -> int | None:
+    """An integer column's value, or None where it holds none (NULL, a fraction, text that is not ASCII digits,
+    a blob, out of range). torch_npu stores PYTORCH_API times as TEXT: digits in text are numbers."""
+    if isinstance(v, bool):
+        return None
     if isinstance(v, int):
-        return v
-    if v is None:
-        return -1
-    return int(str(v).strip())
+        number = v
+    elif isinstance(v, float) and v.is_integer():
+        number = int(v)
+    elif isinstance(v, str) and _INTEGER_TEXT.fullmatch(v.strip()):
+        number = int(v.strip())
+    else:
+        return None
+    return number if abs(number) < _LIMIT_NS else None
+
+
+def _time_and_duration(start: object, end: object) -> tuple[int, int, int]:
+    """(start ns, duration ns, problem) of a startNs/endNs pair, with the JSON loader's problem codes
+    (_timestamps.PROBLEMS): a pair that cannot be placed is (0, 0, why) and is refused or skipped by the same rule
+    (``set_aside_unplaceable``) as a trace_view.json event with that ts or dur."""
+    from profile_analyzer.loaders._timestamps import BAD_DUR, BAD_TS, NEGATIVE_DUR, NO_DUR, NO_TS
+
+    st, en = _integer(start), _integer(end)
+    if st is None:
+        return 0, 0, NO_TS if start is None else BAD_TS
+    if en is None:
+        return 0, 0, NO_DUR if end is None else BAD_DUR
+    if en < st:
+        return 0, 0, NEGATIVE_DUR
+    if en - st >= _LIMIT_NS:
+        return 0, 0, BAD_DUR
+    return st, en - st, 0
+
+
+def _int(v: object, path: Path, what: str) -> int:
+    """An integer column that is not a time (globalTid, planeId): one that holds none is a bad file."""
+    number = _integer(v)
+    if number is None:
+        raise ProfileError(path, f"{what} {str(v)[:40]!r} is not an integer; expected an integer in ASCII digits")
+    return number
 
 
 def load_db(db_path: Path, rank: int, host_events: bool = False) -> list[RankTimeline]:
@@ -235,7 +273,7 @@ def _columns_from_db(db: sqlite3.Connection, path: Path, present: set[str], host
     tt_idx: dict[str | None, int] = {None: 0}
     tracks: list[tuple[object, object]] = []
     track_idx: dict[tuple[object, object], int] = {}
-    ev: list[tuple[int, int, int, int, int]] = []  # track, start, dur, name id, task type id
+    ev: list[tuple[int, int, int, int, int, int]] = []  # track, start, dur, name id, task type id, problem
     process_name: dict[object, str] = {}
     process_label: dict[object, str] = {}
     thread_name: dict[tuple[object, object], str] = {}
@@ -263,8 +301,8 @@ def _columns_from_db(db: sqlite3.Connection, path: Path, present: set[str], host
         return i
 
     def add(pid: object, tid: object, start: object, end: object, name: str, task_type: str | None = None) -> None:
-        st, en = _int(start), _int(end)
-        ev.append((track(pid, tid), st, en - st, name_id(name), tt_id(task_type)))
+        st, dur, problem = _time_and_duration(start, end)
+        ev.append((track(pid, tid), st, dur, name_id(name), tt_id(task_type), problem))
 
     # device tasks
     compute_info: dict[int, tuple[str, str, str]] = {}
@@ -277,7 +315,7 @@ def _columns_from_db(db: sqlite3.Connection, path: Path, present: set[str], host
         # timeline uses as the plane task's name (MindStudio Insight's real samples, tests/data/msinsight/db)
         for gid, nm, tt, plane, grp in _query(db, path, "SELECT globalTaskId, name, taskType, planeId, groupName "
                                                         "FROM COMMUNICATION_TASK_INFO"):
-            comm_info[gid] = (s(tt) or s(nm), int(plane), s(grp))
+            comm_info[gid] = (s(tt) or s(nm), _int(plane, path, "COMMUNICATION_TASK_INFO.planeId"), s(grp))
     task_rows = _query(db, path, "SELECT startNs, endNs, deviceId, connectionId, globalTaskId, taskType, streamId "
                                  "FROM TASK ORDER BY startNs, globalTaskId")
     devices = sorted({int(r[2]) for r in task_rows if isinstance(r[2], int)})
@@ -334,17 +372,19 @@ def _columns_from_db(db: sqlite3.Connection, path: Path, present: set[str], host
             if ty in OVERLAP_TYPE_NAMES:
                 pid = dev_pid(_OVERLAP, dev)
                 thread_name[(pid, int(ty))] = OVERLAP_TYPE_NAMES[int(ty)]
-                add(pid, int(ty), _int(st), _int(en), OVERLAP_TYPE_NAMES[int(ty)])
+                add(pid, int(ty), st, en, OVERLAP_TYPE_NAMES[int(ty)])
     # host side: torch ops (ProfilerStep#N always, the rest with host_events) and CANN API calls
     flows: dict[tuple[str, str], tuple[np.ndarray, np.ndarray]] = {}
     # where a host -> device link ends: an Ascend Hardware task or a whole communication operator, never a plane task
     # (msprof's HostToDevice flows end there: host_connect_device.py add_task_connection_data, add_hccl_end_points)
     dev_start_of_conn: dict[int, list[int]] = {}
+    # (a start that is not a time links nothing: its task is refused or skipped with the rest)
     for st, _en, _dev, conn, gid, _tt, _stream in task_rows:
-        if gid not in comm_info:
-            dev_start_of_conn.setdefault(conn, []).append(_int(st))
+        if gid not in comm_info and _integer(st) is not None:
+            dev_start_of_conn.setdefault(conn, []).append(_integer(st))
     for conn, st, *_ in ((r[3], r[1]) for r in comm_ops):
-        dev_start_of_conn.setdefault(conn, []).append(_int(st))
+        if _integer(st) is not None:
+            dev_start_of_conn.setdefault(conn, []).append(_integer(st))
     n_steps = 0
     if "PYTORCH_API" in present:
         conn_of_api: dict[int, list[int]] = {}
@@ -354,7 +394,7 @@ def _columns_from_db(db: sqlite3.Connection, path: Path, present: set[str], host
         hs, hd, ids = [], [], []
         for st, en, gtid, api_conn, nm in _query(db, path, "SELECT startNs, endNs, globalTid, connectionId, name "
                                                             "FROM PYTORCH_API ORDER BY CAST(startNs AS INTEGER)"):
-            g = _int(gtid)
+            g = _int(gtid, path, "PYTORCH_API.globalTid")
             pid, t = g >> 32, g & 0xFFFFFFFF
             name = s(nm)
             process_name[pid] = "Python"
@@ -364,9 +404,10 @@ def _columns_from_db(db: sqlite3.Connection, path: Path, present: set[str], host
                 n_steps += 1
             if host_events or name.startswith("ProfilerStep#"):
                 add(pid, t, st, en, name)
-            for conn in conn_of_api.get(api_conn, []) if api_conn is not None else []:
+            host_start = _integer(st)
+            for conn in conn_of_api.get(api_conn, []) if api_conn is not None and host_start is not None else []:
                 for d in dev_start_of_conn.get(conn, []):
-                    hs.append(_int(st))
+                    hs.append(host_start)
                     hd.append(d)
                     ids.append(d)  # torch_npu numbers its async_npu flows by the device task's ts in ns
         _add_flow(flows, "async_npu", hs, hd, ids)
@@ -374,15 +415,16 @@ def _columns_from_db(db: sqlite3.Connection, path: Path, present: set[str], host
         hs, hd, ids = [], [], []
         for st, en, gtid, conn, nm in _query(db, path, "SELECT startNs, endNs, globalTid, connectionId, name "
                                                        "FROM CANN_API ORDER BY startNs"):
-            g = _int(gtid)
+            g = _int(gtid, path, "CANN_API.globalTid")
             pid, t = ("CANN", g >> 32), g & 0xFFFFFFFF
             process_name[pid] = "CANN"
             process_label[pid] = "CPU"
             thread_name[(pid, t)] = f"Thread {t}"
             if host_events:
                 add(pid, t, st, en, s(nm))
-            for k, d in enumerate(dev_start_of_conn.get(conn, [])):
-                hs.append(_int(st))
+            host_start = _integer(st)
+            for k, d in enumerate(dev_start_of_conn.get(conn, []) if host_start is not None else []):
+                hs.append(host_start)
                 hd.append(d)
                 ids.append((int(conn) << 20) + k)  # msprof: HostToDevice ids are (connectionId << 32) + context
         _add_flow(flows, "HostToDevice", hs, hd, ids)
@@ -390,7 +432,7 @@ def _columns_from_db(db: sqlite3.Connection, path: Path, present: set[str], host
     order = sorted(range(len(tracks)), key=lambda i: _track_key(tracks[i]))
     renumber = np.empty(len(tracks), dtype=np.int32)
     renumber[order] = np.arange(len(tracks), dtype=np.int32)
-    arr = np.array(ev, dtype=np.int64).reshape(-1, 5)
+    arr = np.array(ev, dtype=np.int64).reshape(-1, 6)
     n = arr.shape[0]
     z = np.full(n, -1, dtype=np.int64)
     columns = Columns(track=renumber[arr[:, 0]] if n else np.zeros(0, np.int32), start_ns=arr[:, 1], dur_ns=arr[:, 2],
@@ -398,7 +440,7 @@ def _columns_from_db(db: sqlite3.Connection, path: Path, present: set[str], host
                       task_type_id=arr[:, 4].astype(np.int32), stream_arg=z, correlation=z.copy(),
                       tracks=[tracks[i] for i in order], names=names, cats=[None], task_types=task_types,
                       process_name=process_name, process_label=process_label, thread_name=thread_name, flows=flows,
-                      distributed_info=None, n_events=n)
+                      distributed_info=None, n_events=n, problem=arr[:, 5].astype(np.uint8))
     kernel_details = {"types": {**{nm: ot for nm, _tt, ot in compute_info.values() if ot and ot != "N/A"},
                                 **{s(r[0]): re.sub(r"__.*$", "_", s(r[0])) for r in comm_ops}},
                       "comm_names": frozenset(s(r[0]) for r in comm_ops), "rows": len(compute_info) + len(comm_ops)}

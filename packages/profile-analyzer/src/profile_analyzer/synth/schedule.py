@@ -21,6 +21,7 @@ shares no code with the analyzer, following msprof's definitions (reference: doc
 
 from __future__ import annotations
 
+import math
 import random
 from bisect import bisect_right
 from collections.abc import Iterator
@@ -87,8 +88,11 @@ class SynthParams:
             raise ValueError("planes must be at least 1")
         if self.slow_rank is not None and not 0 <= self.slow_rank < self.ranks:
             raise ValueError("slow_rank must be a rank index")
-        if self.pp_receive_us < 0:
-            raise ValueError("pp_receive_us must be >= 0")
+        # a NaN passes every comparison: test for finiteness first
+        if not math.isfinite(self.pp_receive_us) or self.pp_receive_us < 0:
+            raise ValueError("pp_receive_us must be a finite number >= 0")
+        if not math.isfinite(self.exposed_factor) or self.exposed_factor < 0:
+            raise ValueError("exposed_factor must be a finite number >= 0")
         if any(not 0 <= i < self.layers for i in self.exposed_layers):
             raise ValueError("exposed_layers must be layer indices in [0, layers)")
 

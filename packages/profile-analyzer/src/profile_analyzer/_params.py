@@ -1,0 +1,72 @@
+"""Numeric parameter types of profile-analyzer's command line.
+
+click.FloatRange takes whatever float() takes, so ``nan`` passed every range check (a comparison with NaN is
+false either way) and ``inf`` passed an open upper bound; both then failed deep in the model as a ValueError.
+FiniteFloat takes a finite decimal in ASCII digits only (the toolkit's one rule for numbers) and says the
+accepted range in its one-line refusal. A candidate for toolkit_cli, next to BoundedInt.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from typing import Any
+
+import click
+
+# decimal or scientific notation, ASCII digits, underscores between digits (as BoundedInt takes `40_960`)
+_DECIMAL = re.compile(r"[+-]?(?:[0-9](?:_?[0-9])*(?:\.(?:[0-9](?:_?[0-9])*)?)?|\.[0-9](?:_?[0-9])*)"
+                      r"(?:[eE][+-]?[0-9]+)?", re.ASCII)
+
+
+def _shorten(value: object, limit: int = 40) -> str:
+    text = str(value)
+    return repr(text) if len(text) <= limit else f"{text[: limit - 10]!r}... ({len(text):,} characters)"
+
+
+def _bound(x: float) -> str:
+    return f"{x:,.0f}" if float(x).is_integer() else f"{x:g}"
+
+
+class FiniteFloat(click.ParamType):
+    """A finite number in [minimum, maximum] (``min_open``: above minimum); NaN and infinities are refused."""
+
+    name = "float"
+
+    def __init__(self, minimum: float, maximum: float, *, min_open: bool = False, what: str = "") -> None:
+        if not (math.isfinite(minimum) and math.isfinite(maximum) and minimum <= maximum):
+            raise ValueError(f"bad range [{minimum}, {maximum}]")
+        self.minimum = float(minimum)
+        self.maximum = float(maximum)
+        self.min_open = min_open
+        self.what = what
+
+    @property
+    def expected(self) -> str:
+        low = f"above {_bound(self.minimum)}" if self.min_open else f"from {_bound(self.minimum)}"
+        text = f"a finite number {low} up to {_bound(self.maximum)}"
+        return text + (f" ({self.what})" if self.what else "")
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> float:
+        if isinstance(value, int | float) and not isinstance(value, bool):
+            number = float(value)
+        else:
+            text = str(value).strip()
+            if any(ch.isdigit() and not ch.isascii() for ch in text):
+                self.fail(f"{_shorten(value)} holds non-ASCII digits; expected {self.expected} in ASCII digits 0-9",
+                          param, ctx)
+            if len(text) > 400 or not _DECIMAL.fullmatch(text):
+                self.fail(f"{_shorten(value)} is not a finite number; expected {self.expected}", param, ctx)
+            number = float(text.replace("_", ""))
+        if not math.isfinite(number):
+            self.fail(f"{_shorten(value)} is not a finite number; expected {self.expected}", param, ctx)
+        low_ok = number > self.minimum if self.min_open else number >= self.minimum
+        if not (low_ok and number <= self.maximum):
+            self.fail(f"{_shorten(value)} is out of range; expected {self.expected}", param, ctx)
+        return number
+
+    def __repr__(self) -> str:
+        return f"FiniteFloat({self.minimum}, {self.maximum}, min_open={self.min_open})"
+
+
+__all__ = ["FiniteFloat"]
