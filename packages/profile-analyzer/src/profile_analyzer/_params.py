@@ -3,7 +3,7 @@
 click.FloatRange takes whatever float() takes, so ``nan`` passed every range check (a comparison with NaN is
 false either way) and ``inf`` passed an open upper bound; both then failed deep in the model as a ValueError.
 FiniteFloat takes a finite decimal in ASCII digits only (the toolkit's one rule for numbers) and says the
-accepted range in its one-line refusal. A candidate for toolkit_cli, next to BoundedInt.
+accepted range in its one-line refusal. The quoting and the ASCII-digit rule are toolkit_cli's.
 """
 
 from __future__ import annotations
@@ -13,15 +13,11 @@ import re
 from typing import Any
 
 import click
+from toolkit_cli import has_non_ascii_digits, shorten
 
 # decimal or scientific notation, ASCII digits, underscores between digits (as BoundedInt takes `40_960`)
 _DECIMAL = re.compile(r"[+-]?(?:[0-9](?:_?[0-9])*(?:\.(?:[0-9](?:_?[0-9])*)?)?|\.[0-9](?:_?[0-9])*)"
                       r"(?:[eE][+-]?[0-9]+)?", re.ASCII)
-
-
-def _shorten(value: object, limit: int = 40) -> str:
-    text = str(value)
-    return repr(text) if len(text) <= limit else f"{text[: limit - 10]!r}... ({len(text):,} characters)"
 
 
 def _bound(x: float) -> str:
@@ -52,17 +48,17 @@ class FiniteFloat(click.ParamType):
             number = float(value)
         else:
             text = str(value).strip()
-            if any(ch.isdigit() and not ch.isascii() for ch in text):
-                self.fail(f"{_shorten(value)} holds non-ASCII digits; expected {self.expected} in ASCII digits 0-9",
+            if has_non_ascii_digits(text):
+                self.fail(f"{shorten(value)} holds non-ASCII digits; expected {self.expected} in ASCII digits 0-9",
                           param, ctx)
             if len(text) > 400 or not _DECIMAL.fullmatch(text):
-                self.fail(f"{_shorten(value)} is not a finite number; expected {self.expected}", param, ctx)
+                self.fail(f"{shorten(value)} is not a finite number; expected {self.expected}", param, ctx)
             number = float(text.replace("_", ""))
         if not math.isfinite(number):
-            self.fail(f"{_shorten(value)} is not a finite number; expected {self.expected}", param, ctx)
+            self.fail(f"{shorten(value)} is not a finite number; expected {self.expected}", param, ctx)
         low_ok = number > self.minimum if self.min_open else number >= self.minimum
         if not (low_ok and number <= self.maximum):
-            self.fail(f"{_shorten(value)} is out of range; expected {self.expected}", param, ctx)
+            self.fail(f"{shorten(value)} is out of range; expected {self.expected}", param, ctx)
         return number
 
     def __repr__(self) -> str:

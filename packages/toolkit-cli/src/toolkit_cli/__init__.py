@@ -84,6 +84,7 @@ from toolkit_cli._types import (
     NonNegativeInt,
     PositiveInt,
     format_option,
+    has_non_ascii_digits,
     shorten,
 )
 
@@ -104,6 +105,7 @@ __all__ = [
     "argparse_mirror",
     "check_output",
     "format_option",
+    "has_non_ascii_digits",
     "one_line",
     "output_option",
     "shorten",
