@@ -8,8 +8,9 @@ SIGTERM in the parent instead of finishing the ranks they hold.
 
 from __future__ import annotations
 
+import contextlib
 import os
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any, TypeVar
 
 __all__ = ["map_in_processes"]
@@ -28,7 +29,11 @@ def map_in_processes(fn: Callable[..., R], jobs: Sequence[tuple[Any, ...]], work
     pool = ProcessPoolExecutor(max_workers=max(1, min(workers, len(jobs))), mp_context=ctx,
                                initializer=_worker_init, initargs=(os.getpid(),))
     try:
-        futures = [pool.submit(fn, *job) for job in jobs]
+        # A forked worker inherits the parent's SIGTERM handler until its initializer resets it: SIGTERM stays
+        # blocked while the workers are forked (all at the first submit under fork) and the worker unblocks it
+        # after the reset, so a SIGTERM in that window neither raises in a half-started worker nor is lost.
+        with _sigterm_blocked():
+            futures = [pool.submit(fn, *job) for job in jobs]
         for i, fut in enumerate(futures):
             on_result(i, fut.result())
     except BaseException:
@@ -51,8 +56,25 @@ def _worker_init(parent: int) -> None:
         pass
     signal.signal(signal.SIGTERM, signal.SIG_DFL)  # a worker forked from a handler-installing parent
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the whole group: the parent decides
+    if hasattr(signal, "pthread_sigmask"):  # blocked by the parent while it forked (see _sigterm_blocked)
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGTERM})
     if os.getppid() != parent:  # the parent is already gone
         os._exit(1)
+
+
+@contextlib.contextmanager
+def _sigterm_blocked() -> Iterator[None]:
+    """Hold SIGTERM pending in this thread (and in processes forked meanwhile) until the block ends."""
+    import signal
+
+    if not hasattr(signal, "pthread_sigmask"):
+        yield
+        return
+    previous = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, previous)
 
 
 def _stop_workers(pool: Any) -> None:
@@ -75,7 +97,10 @@ def _stop_workers(pool: Any) -> None:
     # "Exception ignored ... OSError: [Errno 9] Bad file descriptor" on stderr after the one-line error (seen in
     # CI twice; the first attempt at this join read the thread after shutdown() had set it to None).
     if manager is not None:
-        manager.join(timeout=10)
+        try:
+            manager.join(timeout=10)
+        except RuntimeError:  # created but never started (an error inside submit() before its start())
+            return
         if manager.is_alive():  # never seen; keep the exit hook off a pipe the thread may still close
             from concurrent.futures import process as _cf_process
 
