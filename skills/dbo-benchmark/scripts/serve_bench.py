@@ -42,6 +42,8 @@ Matrix file (all keys except `model` and `variants` optional):
     warmup_prompts: 8            # unmeasured requests after each server start (0: none)
     reset_prefix_cache: true     # reset the server's prefix cache before every measured run
     vary_seed: true              # repeat r uses seed + r - 1 (same prompts for every variant at that repeat)
+    interleave: false            # true: every variant's server up at once, repeat r of a point runs on each
+                                 # in turn (order rotated by r), so a drifting machine slows them alike
     server_args: {tensor-parallel-size: 2, enable-expert-parallel: true}
     server_env: {HCCL_OP_EXPANSION_MODE: AI_CPU}
     bench_args: {dataset-name: random, random-input-len: 4096, random-output-len: 16, num-prompts: 500}
@@ -100,7 +102,7 @@ SUMMARY_METRICS: tuple[str, ...] = (
 MATRIX_KEYS = {
     "model", "python", "host", "port", "launcher", "startup_timeout_s", "bench_timeout_s", "server_args",
     "server_env", "bench_args", "baseline", "variants", "sweep", "served_model_name", "repeats",
-    "warmup_prompts", "reset_prefix_cache", "vary_seed",
+    "warmup_prompts", "reset_prefix_cache", "vary_seed", "interleave",
 }
 VARIANT_KEYS = {"name", "server_args", "server_env"}
 # Options the harness sets itself; a matrix that sets them would silently point the bench elsewhere.
@@ -154,6 +156,7 @@ class Matrix:
     warmup_prompts: int = 8
     reset_prefix_cache: bool = True
     vary_seed: bool = True
+    interleave: bool = False
 
     def points(self) -> list[dict[str, Any]]:
         """The client sweep as a list of option mappings (one per `vllm bench serve` run)."""
@@ -265,8 +268,8 @@ def parse_matrix(document: Any, where: str = "matrix") -> Matrix:
     if isinstance(warmup, bool) or not isinstance(warmup, int) or not 0 <= warmup <= 100_000:
         raise BenchError(f"{where}: warmup_prompts {warmup!r}; accepted: an integer from 0 (no warm-up) to 100000")
     flags = {}
-    for key in ("reset_prefix_cache", "vary_seed"):
-        flags[key] = document.get(key, True)
+    for key, default in (("reset_prefix_cache", True), ("vary_seed", True), ("interleave", False)):
+        flags[key] = document.get(key, default)
         if not isinstance(flags[key], bool):
             raise BenchError(f"{where}: {key} {flags[key]!r}; accepted: true or false")
     seed = bench_args.get("seed", 0)
@@ -291,6 +294,7 @@ def parse_matrix(document: Any, where: str = "matrix") -> Matrix:
         warmup_prompts=warmup,
         reset_prefix_cache=flags["reset_prefix_cache"],
         vary_seed=flags["vary_seed"],
+        interleave=flags["interleave"],
     )
 
 
@@ -447,10 +451,15 @@ def _model_reference(model: str) -> str:
     return str(path.resolve()) if path.exists() else model
 
 
-def free_port(host: str) -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind((host, 0))
-        return int(sock.getsockname()[1])
+def free_port(host: str, avoid: set[int] | frozenset[int] = frozenset()) -> int:
+    """A port free now on `host`, not one of `avoid` (ports already handed to servers not started yet)."""
+    for _ in range(100):
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+            sock.bind((host, 0))
+            port = int(sock.getsockname()[1])
+        if port not in avoid:
+            return port
+    raise BenchError(f"no free port on {host} outside {sorted(avoid)}")
 
 
 def kill_process_group(proc: subprocess.Popen[Any], grace_s: float = 20.0) -> None:
@@ -811,8 +820,12 @@ def run_matrix(matrix: Matrix, out_dir: Path, python: str, *, log: Any = None, d
         environment = probe_environment(python)
     with signals_raise():
         try:
-            for variant in matrix.variants:
-                _run_variant(matrix, variant, out_dir, python, launcher, rows, commands, say, dry_run, resume, progress)
+            if matrix.interleave and len(matrix.variants) > 1:
+                _run_interleaved(matrix, out_dir, python, launcher, rows, commands, say, dry_run, resume, progress)
+            else:
+                for variant in matrix.variants:
+                    _run_variant(matrix, variant, out_dir, python, launcher, rows, commands, say, dry_run, resume,
+                                 progress)
         except (Interrupted, KeyboardInterrupt) as exc:
             interrupted = exc
     if environment:
@@ -824,6 +837,7 @@ def run_matrix(matrix: Matrix, out_dir: Path, python: str, *, log: Any = None, d
         "launcher": launcher,
         "interrupted": interrupted is not None,
         "measurement": {"repeats": matrix.repeats, "warmup_prompts": matrix.warmup_prompts,
+                        "interleave": matrix.interleave and len(matrix.variants) > 1,
                         "reset_prefix_cache": matrix.reset_prefix_cache, "vary_seed": matrix.vary_seed},
         "environment": environment,
         "commands": commands,
@@ -838,12 +852,23 @@ def run_matrix(matrix: Matrix, out_dir: Path, python: str, *, log: Any = None, d
     return summary
 
 
-def _run_variant(matrix: Matrix, variant: Variant, out_dir: Path, python: str, launcher: str, rows: list[dict[str, Any]],
-                 commands: list[dict[str, Any]], say: Any, dry_run: bool, resume: bool = False,
-                 progress: Progress | None = None) -> None:
-    progress = progress or _silent_progress()
+@dataclass
+class _VariantPlan:
+    """One variant's server and runs, as commands (nothing started)."""
+
+    variant: Variant
+    vdir: Path
+    port: int
+    server_cmd: list[str]
+    env_overrides: dict[str, str]
+    bench_cmds: list[tuple[dict[str, Any], list[tuple[str, list[str]]]]]
+    warmup_cmd: list[str] | None
+    kept: dict[str, dict[str, Any] | None] = field(default_factory=dict)
+
+
+def _plan_variant(matrix: Matrix, variant: Variant, out_dir: Path, python: str, launcher: str,
+                  commands: list[dict[str, Any]], port: int) -> _VariantPlan:
     vdir = out_dir / variant.name
-    port = matrix.port or free_port(matrix.host)
     server_cmd = server_command(python, launcher, matrix, variant, port)
     env_overrides = {**({"VLLM_SERVER_DEV_MODE": "1"} if matrix.reset_prefix_cache else {}),
                      **matrix.server_env, **variant.server_env}
@@ -857,6 +882,94 @@ def _run_variant(matrix: Matrix, variant: Variant, out_dir: Path, python: str, l
                   if matrix.warmup_prompts else None)
     commands.append({"variant": variant.name, "server": server_cmd, "server_env": env_overrides,
                      "warmup": warmup_cmd, "bench": [cmd for _, runs in bench_cmds for _, cmd in runs]})
+    return _VariantPlan(variant, vdir, port, server_cmd, env_overrides, bench_cmds, warmup_cmd)
+
+
+def _dbo_off_warning(matrix: Matrix, variant: Variant, vdir: Path, rows: list[dict[str, Any]], say: Any) -> None:
+    if {**matrix.server_args, **variant.server_args}.get("enable-dbo"):
+        line = dbo_disabled_line(vdir / "server.log")
+        if line is not None:
+            warning = f"the server turned DBO off, so this is not a DBO measurement: {line[-200:]}"
+            for row in rows:
+                if row["variant"] == variant.name:
+                    row["warnings"].append(warning)
+            say(f"[{variant.name}] warning: {warning}")
+
+
+def _run_interleaved(matrix: Matrix, out_dir: Path, python: str, launcher: str, rows: list[dict[str, Any]],
+                     commands: list[dict[str, Any]], say: Any, dry_run: bool, resume: bool = False,
+                     progress: Progress | None = None) -> None:
+    """Every variant's server up at once (each on its own port); repeat r of each point runs on every server in
+    turn, the order rotated by r, so a machine whose speed drifts slows every variant alike. Idle servers wait
+    (vLLM's workers stop spinning after a second without work) while another is measured."""
+    progress = progress or _silent_progress()
+    used: set[int] = set()
+    plans = []
+    for variant in matrix.variants:
+        port = matrix.port + len(plans) if matrix.port else free_port(matrix.host, avoid=used)
+        used.add(port)
+        plans.append(_plan_variant(matrix, variant, out_dir, python, launcher, commands, port))
+    if dry_run:
+        return
+    for plan in plans:
+        plan.vdir.mkdir(parents=True, exist_ok=True)
+        plan.kept = {name: _kept_outcome(plan.vdir, name, run_fingerprint(matrix, plan.variant, cmd)) if resume
+                     else None for _, runs in plan.bench_cmds for name, cmd in runs}
+    outcomes: dict[str, list[list[dict[str, Any]]]] = {p.variant.name: [[] for _ in p.bench_cmds] for p in plans}
+    failed: dict[str, str] = {}
+    with contextlib.ExitStack() as stack:
+        live: list[_VariantPlan] = []
+        for plan in plans:
+            if resume and all(plan.kept.values()):
+                live.append(plan)  # every run kept: no server needed
+                continue
+            name = plan.variant.name
+            say(f"[{name}] starting server on port {plan.port}: {shlex.join(plan.server_cmd)}")
+            started = time.monotonic()
+            try:
+                stack.enter_context(running_server(plan.server_cmd, _env_for(plan.env_overrides),
+                                                   plan.vdir / "server.log", f"http://{matrix.host}:{plan.port}/health",
+                                                   matrix.startup_timeout_s))
+            except BenchError as exc:
+                failed[name] = str(exc)
+                say(f"[{name}] server failed: {exc}")
+                continue
+            say(f"[{name}] healthy after {time.monotonic() - started:.0f} s")
+            if plan.warmup_cmd is not None:
+                _warm_up(plan.variant, plan.warmup_cmd, plan.vdir, matrix, say)
+            live.append(plan)
+        for i in range(len(matrix.points())):
+            for r in range(matrix.repeats):
+                shift = r % len(live) if live else 0
+                for plan in live[shift:] + live[:shift]:
+                    run_name, cmd = plan.bench_cmds[i][1][r]
+                    outcome = plan.kept.get(run_name)
+                    if outcome is None:
+                        outcome = _run_once(plan.variant, run_name, cmd, plan.vdir, matrix, plan.port, say,
+                                            run_fingerprint(matrix, plan.variant, cmd))
+                    progress.advance(f"[{plan.variant.name}] {run_name}: "
+                                     f"{'kept from the earlier run, ' if outcome.get('kept') else ''}"
+                                     f"{_outcome_text(outcome)}")
+                    outcomes[plan.variant.name][i].append(outcome)
+    for plan in plans:
+        name = plan.variant.name
+        for i, (point, _) in enumerate(plan.bench_cmds):
+            if name in failed:
+                rows.append(_row(name, point, "server-failed", failed[name]))
+            else:
+                rows.append(_point_row(name, point, outcomes[name][i]))
+                write_sweep_layout(out_dir, plan.variant, point, outcomes[name][i])
+        _dbo_off_warning(matrix, plan.variant, plan.vdir, rows, say)
+
+
+def _run_variant(matrix: Matrix, variant: Variant, out_dir: Path, python: str, launcher: str, rows: list[dict[str, Any]],
+                 commands: list[dict[str, Any]], say: Any, dry_run: bool, resume: bool = False,
+                 progress: Progress | None = None) -> None:
+    progress = progress or _silent_progress()
+    port = matrix.port or free_port(matrix.host)
+    plan = _plan_variant(matrix, variant, out_dir, python, launcher, commands, port)
+    vdir, server_cmd, env_overrides = plan.vdir, plan.server_cmd, plan.env_overrides
+    bench_cmds, warmup_cmd = plan.bench_cmds, plan.warmup_cmd
     if dry_run:
         return
     vdir.mkdir(parents=True, exist_ok=True)
@@ -894,14 +1007,7 @@ def _run_variant(matrix: Matrix, variant: Variant, out_dir: Path, python: str, l
             if json.dumps(point, sort_keys=True) not in done:
                 rows.append(_row(variant.name, point, "server-failed", str(exc)))
         say(f"[{variant.name}] server failed: {exc}")
-    if {**matrix.server_args, **variant.server_args}.get("enable-dbo"):
-        line = dbo_disabled_line(vdir / "server.log")
-        if line is not None:
-            warning = f"the server turned DBO off, so this is not a DBO measurement: {line[-200:]}"
-            for row in rows:
-                if row["variant"] == variant.name:
-                    row["warnings"].append(warning)
-            say(f"[{variant.name}] warning: {warning}")
+    _dbo_off_warning(matrix, variant, vdir, rows, say)
 
 
 def _outcome_text(outcome: dict[str, Any]) -> str:

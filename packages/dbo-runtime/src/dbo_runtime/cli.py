@@ -22,6 +22,7 @@ COMMANDS = {
     "ascend-sites": "dbo_runtime.commands.sites:ascend_sites",
     "estimate": "dbo_runtime.commands.estimate:estimate",
     "policy-table": "dbo_runtime.commands.policy:policy_table",
+    "policy-sweep": "dbo_runtime.commands.policy:policy_sweep",
 }
 
 cli = ToolGroup("dbo-runtime", lazy_subcommands=COMMANDS, domain_errors=(DBOError,),

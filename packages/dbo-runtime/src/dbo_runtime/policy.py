@@ -32,9 +32,15 @@ Decision (:func:`choose_arm`, pure; the same on every rank given the agreed tabl
       runs the other arm: 1/25 = 4% of a decided class's steps with the defaults (<= 5%). A class with a prior
       skips the initial alternation: its prior's arm is verified by this slow exploration alone, a verdict within
       ``(warmup_per_arm + min_samples) x N + K`` = 116 of its steps;
-    * verdict (:func:`verdict_of`): once both arms have ``min_samples`` samples, split iff the median split step
-      is at least ``margin`` (3%) faster than the median unsplit step, medians over the last ``window`` (5)
-      samples of each arm.
+    * verdict (:func:`verdict_of`): once both arms have ``min_samples`` samples, split iff splitting is at least
+      ``margin`` (3%) faster. *Faster* is read from side-by-side pairs: a sample and the other arm's last one when
+      it came at most ``PAIR_GAP`` (2) steps of the class before (the initial alternation makes a pair at every
+      step; each exploration step makes one with the base step before it and one with the base step after it);
+      split iff the median split / unsplit ratio of the last ``window`` (5) pairs is <= 1 - margin. On a shared
+      machine whose speed drifts, the two arms' own medians compare samples up to 100 steps apart (the explored
+      arm's window spans ``window x explore_every`` steps, the base arm's the last 5): under CI load that flipped
+      the verdict of a class that split 1.4x faster on more than half its steps. Before there are
+      ``min_samples`` pairs (a class started from a prior), the two medians decide.
     * a batch below ``min_tokens`` (2: one token per micro-batch) is never split and is not a class step.
 
 Agreement (every rank of the world group, TP x DP, takes the same decision on every step)
@@ -55,11 +61,11 @@ Agreement (every rank of the world group, TP x DP, takes the same decision on ev
 
 How fast it notices a change of load (steps of the class; K = ``sync_every``, N = ``explore_every``, with the
 defaults W = 5, N = 25, K = 16)
-    * when the arm it runs changes: the median of W samples moves after ``W // 2 + 1`` = 3 new samples, which its
-      base arm gets within 4 class steps; the verdict flips at the next agreement: within ``4 + K`` = 20 steps
-      when the class runs alone (K counts every step, of any class);
-    * when only the arm it explores changes: 3 exploration samples come within ``3 x N`` steps: within
-      ``3 x N + K`` = 91 steps.
+    * a change of either arm (the one it runs or the one it explores) moves the median of W pairs after
+      ``W // 2 + 1`` = 3 new pairs; a decided class makes two pairs per exploration, so they come within
+      ``ceil(3 / 2) x N + 1`` = 51 class steps, and the verdict flips at the next agreement: within
+      ``51 + K`` = 67 steps when the class runs alone (K counts every step, of any class). (Comparing the arms'
+      own medians noticed a change of the arm it runs within 20 steps, but a drifting machine flipped it too.)
 
 The table is logged at shutdown and written (JSON, :meth:`SplitPolicy.table`) to
 ``$DBO_RUNTIME_STATS_DIR/dbo-policy-rank<R>.json`` at every agreement and at shutdown; ``dbo-runtime policy-table``
@@ -81,7 +87,7 @@ import time
 import zlib
 from collections import deque
 from collections.abc import Callable, Mapping
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 from dbo_runtime.errors import DBOConfigError, DBOError
@@ -107,6 +113,8 @@ SITE = "policy.agree"
 PHASES = ("decode", "mixed")
 NUM_BUCKETS = 24  # bucket b: token counts in (2**(b-1), 2**b]; the last one also holds everything above
 _HEADER = 2  # fingerprint, -fingerprint: MAX of x and of -x gives the max and -min over the ranks
+_PER_CLASS = 6  # unsplit median, split median, their sample counts, the median pair ratio, the pair count
+PAIR_GAP = 2  # class steps between two samples that make a side-by-side pair
 
 
 # ------------------------------------------------------------------------------------------------- shape classes
@@ -199,10 +207,14 @@ class PolicyConfig:
 
     @property
     def notice_steps(self) -> tuple[int, int]:
-        """Class steps within which a change is agreed: of the arm it runs, of the arm it only explores."""
+        """Class steps within which a change is agreed: of the arm it runs, of the arm it only explores.
+
+        Once decided, the verdict rests on side-by-side pairs, made at each exploration step (the explored sample
+        and the base one before it) and at the base step after it: two per ``explore_every`` steps. A change of
+        either arm moves the median of ``window`` pairs after ``window // 2 + 1`` new pairs."""
         needed = self.window // 2 + 1
-        own = needed + math.ceil(needed / self.explore_every)  # its exploration steps run the other arm
-        return own + self.sync_every, needed * self.explore_every + self.sync_every
+        steps = math.ceil(needed / 2) * self.explore_every + 1 + self.sync_every
+        return steps, steps
 
 
 def _resolve(value: Any) -> str:
@@ -310,10 +322,15 @@ def load_prior(path: str | os.PathLike[str]) -> dict[ShapeClass, float]:
 
 
 def verdict_of(split_s: float | None, unsplit_s: float | None, split_n: int, unsplit_n: int,
-               config: PolicyConfig) -> bool | None:
-    """Split (True), do not (False), or undecided (None: an arm has fewer than ``min_samples`` samples)."""
+               config: PolicyConfig, *, ratio: float | None = None, pairs: int = 0) -> bool | None:
+    """Split (True), do not (False), or undecided (None: an arm has fewer than ``min_samples`` samples).
+
+    With at least ``min_samples`` side-by-side pairs, the median of their split / unsplit ratios decides (robust
+    to the machine's speed drifting between one arm's samples and the other's); else the two arms' medians."""
     if split_s is None or unsplit_s is None or min(split_n, unsplit_n) < config.min_samples:
         return None
+    if ratio is not None and pairs >= config.min_samples:
+        return ratio <= 1.0 - config.margin
     return split_s <= unsplit_s * (1.0 - config.margin)
 
 
@@ -350,6 +367,9 @@ class _Arm:
 @dataclass
 class _ClassState:
     arms: tuple[_Arm, _Arm]  # [unsplit, split]
+    pairs: deque = field(default_factory=deque)  # split / unsplit time ratios of samples taken side by side
+    paired: int = 0  # pairs made in all
+    last: list = field(default_factory=lambda: [None, None])  # per arm: (class step, seconds) of its last sample
     steps: int = 0
     initial_steps: int = 0
     explore_steps: int = 0
@@ -364,6 +384,8 @@ class _Agreed:
     unsplit_n: int = 0
     split_n: int = 0
     verdict: bool | None = None
+    ratio: float | None = None  # median split / unsplit ratio of side-by-side pairs (the slowest rank's: MAX)
+    pairs: int = 0
 
 
 Reducer = Callable[[list[float]], list[float]]
@@ -437,16 +459,34 @@ class SplitPolicy:
         self._state(choice.cls).arms[int(bool(split))].ran += 1
         self._pending = (choice.cls, bool(split), self.clock())
 
+    def observe(self, choice: Choice, split: bool, seconds: float) -> None:
+        """A step of ``choice`` ran (``split``: as agreed) and took ``seconds``, timed by the caller: what
+        :meth:`start_step` + :meth:`end_step` do with the policy's own clock."""
+        if choice.cls is None:
+            return
+        self._state(choice.cls).arms[int(bool(split))].ran += 1
+        self.record(choice.cls, split, seconds)
+
     def record(self, cls: ShapeClass, split: bool, seconds: float) -> None:
         """One timed step of ``cls`` (a replayed one, or :meth:`end_step`'s)."""
         if not (0.0 <= seconds <= self.config.max_step_s):
             return
-        arm = self._state(cls).arms[int(bool(split))]
+        state = self._state(cls)
+        a = int(bool(split))
+        arm = state.arms[a]
         arm.seen += 1
         if arm.seen <= self.config.warmup_per_arm:
             return
         arm.window.append(float(seconds))
         arm.kept += 1
+        # Side by side: this sample and the other arm's last one, if that came within PAIR_GAP steps of this class.
+        # Their ratio does not move when the whole machine slows down (other work, a clock change) between the
+        # samples of one arm and the other's, which the two windows' medians do (they can be 100 steps apart).
+        other = state.last[1 - a]
+        if other is not None and state.steps - other[0] <= PAIR_GAP and other[1] > 0 and seconds > 0:
+            state.pairs.append(seconds / other[1] if a else other[1] / seconds)
+            state.paired += 1
+        state.last[a] = (state.steps, float(seconds))
 
     # -- agreement -----------------------------------------------------------------------------------------
     def summary(self) -> list[float]:
@@ -455,11 +495,12 @@ class SplitPolicy:
         for cls in ALL_CLASSES:
             state = self._classes.get(cls)
             if state is None:
-                out += [-1.0, -1.0, 0.0, 0.0]
+                out += [-1.0, -1.0, 0.0, 0.0, -1.0, 0.0]
                 continue
             u, s = state.arms
             out += [statistics.median(u.window) if u.window else -1.0,
-                    statistics.median(s.window) if s.window else -1.0, float(u.kept), float(s.kept)]
+                    statistics.median(s.window) if s.window else -1.0, float(u.kept), float(s.kept),
+                    statistics.median(state.pairs) if state.pairs else -1.0, float(state.paired)]
         return out
 
     def agree(self) -> None:
@@ -474,12 +515,13 @@ class SplitPolicy:
         self.agreements += 1
         changes = []
         for i, cls in enumerate(ALL_CLASSES):
-            u_s, s_s, u_n, s_n = reduced[_HEADER + 4 * i: _HEADER + 4 * i + 4]
+            u_s, s_s, u_n, s_n, ratio, pairs = reduced[_HEADER + _PER_CLASS * i: _HEADER + _PER_CLASS * (i + 1)]
             if u_n == 0 and s_n == 0 and cls not in self._agreed:
                 continue
-            entry = _Agreed(u_s if u_s >= 0 else None, s_s if s_s >= 0 else None, int(u_n), int(s_n))
-            entry = _Agreed(entry.unsplit_s, entry.split_s, entry.unsplit_n, entry.split_n,
-                            verdict_of(entry.split_s, entry.unsplit_s, entry.split_n, entry.unsplit_n, self.config))
+            entry = _Agreed(u_s if u_s >= 0 else None, s_s if s_s >= 0 else None, int(u_n), int(s_n),
+                            ratio=ratio if ratio > 0 else None, pairs=int(pairs))
+            entry = replace(entry, verdict=verdict_of(entry.split_s, entry.unsplit_s, entry.split_n, entry.unsplit_n,
+                                                      self.config, ratio=entry.ratio, pairs=entry.pairs))
             before = self._agreed.get(cls, _Agreed()).verdict
             self._agreed[cls] = entry
             if entry.verdict is not None and entry.verdict != before:
@@ -523,8 +565,13 @@ class SplitPolicy:
                 initial += state.initial_steps
                 decided += state.decided_steps
                 decided_explore += state.decided_explore_steps
-            speedup = (agreed.unsplit_s / agreed.split_s if agreed.split_s and agreed.unsplit_s is not None
-                       and min(agreed.split_n, agreed.unsplit_n) >= self.config.min_samples else None)
+            if agreed.ratio is not None and agreed.pairs >= self.config.min_samples:
+                speedup = 1.0 / agreed.ratio  # what the verdict rests on: the side-by-side pairs
+            elif agreed.split_s and agreed.unsplit_s is not None and \
+                    min(agreed.split_n, agreed.unsplit_n) >= self.config.min_samples:
+                speedup = agreed.unsplit_s / agreed.split_s
+            else:
+                speedup = None
             lo, hi = cls.tokens
             rows.append({
                 "class": cls.label, "phase": cls.phase, "tokens_min": lo, "tokens_max": hi,
@@ -533,7 +580,7 @@ class SplitPolicy:
                 "prior_speedup": self.prior.get(cls),
                 "agreed": {"split_ms": _ms(agreed.split_s), "unsplit_ms": _ms(agreed.unsplit_s),
                            "samples_split": agreed.split_n, "samples_unsplit": agreed.unsplit_n,
-                           "speedup": speedup},
+                           "pair_ratio": agreed.ratio, "pairs": agreed.pairs, "speedup": speedup},
                 "local": local,
             })
         return {
@@ -572,7 +619,8 @@ class SplitPolicy:
         state = self._classes.get(cls)
         if state is None:
             w = self.config.window
-            state = self._classes[cls] = _ClassState((_Arm(deque(maxlen=w)), _Arm(deque(maxlen=w))))
+            state = self._classes[cls] = _ClassState((_Arm(deque(maxlen=w)), _Arm(deque(maxlen=w))),
+                                                     pairs=deque(maxlen=w))
         return state
 
 

@@ -6,9 +6,11 @@ import json
 from pathlib import Path
 
 import click
-from toolkit_cli import format_option, output_option, write_output
+from toolkit_cli import BoundedInt, format_option, output_option, write_output
 
-__all__ = ["policy_table"]
+from dbo_runtime.commands._params import WritableDir
+
+__all__ = ["policy_table", "policy_sweep"]
 
 
 @click.command(
@@ -41,3 +43,44 @@ def policy_table(path: str, format: str, output: Path | None) -> int:
                      + ", ".join(map(str, differ)))
     write_output(output, text + "\n")
     return 1 if differ else 0
+
+
+@click.command(
+    "policy-sweep",
+    short_help="the auto split policy against every static token threshold on the reference MoE model",
+    help="Benchmark of the auto split policy on the reference MoE model (2 gloo ranks, modelled link): a mixed "
+    "prefill load of several batch sizes runs DBO off, DBO on and auto step by step; every static threshold is "
+    "replayed from the same steps and auto's speed-up over DBO off is set against the best one's (target: 97%). "
+    "Writes DIR/dbo_policy_sweep.json and DIR/dbo_policy_sweep.md (atomically) and prints the table. Exit 1 when "
+    "auto misses the target.",
+)
+@click.option("--out", type=WritableDir(), default="bench-results", show_default=True,
+              help="directory for dbo_policy_sweep.json and .md (created if missing; checked before the run)")
+@click.option("--tokens", "tokens", type=BoundedInt(2, 8192, what="tokens per rank"), multiple=True, metavar="N",
+              help="batch sizes of the load (repeat the option)  [default: 16 64 256 512]")
+@click.option("--steps-per-size", type=BoundedInt(1, 10000, what="steps per batch size"), default=None,
+              metavar="N", help="steps of each size in the load  [default: 100]")
+@click.option("--layers", type=BoundedInt(1, 64, what="layers"), default=None, metavar="N",
+              help="layers of the reference model  [default: 2]")
+def policy_sweep(out: Path, tokens: tuple[int, ...], steps_per_size: int | None, layers: int | None) -> int:
+    from dataclasses import replace
+
+    from dbo_runtime.reference.launcher import RanksFailed
+    from dbo_runtime.reference.policy_sweep import PolicySweepPlan, format_sweep_markdown, run_policy_sweep
+
+    plan = PolicySweepPlan()
+    if tokens:
+        plan = replace(plan, token_counts=tuple(dict.fromkeys(tokens)))
+    if steps_per_size is not None:
+        plan = replace(plan, steps_per_size=steps_per_size)
+    if layers is not None:
+        plan = replace(plan, num_layers=layers)
+    try:
+        summary = run_policy_sweep(out, plan)
+    except RanksFailed as exc:
+        for err in exc.errors:
+            click.echo(f"dbo-runtime policy-sweep: {err.line()}", err=True)
+        return 1
+    click.echo(format_sweep_markdown(summary), nl=False)
+    click.echo(f"written: {Path(out) / 'dbo_policy_sweep.json'}")
+    return 0 if summary["auto_meets_target"] else 1

@@ -83,21 +83,26 @@ def forward_step(
     prefill_threshold: int = DEFAULT_PREFILL_TOKEN_THRESHOLD,
     timeout_s: float = 60.0,
     scheduler: str | None = None,
+    vote: bool | None = None,
 ) -> StepResult:
     """One step of the model on this rank (every rank calls it; they agree whether to split).
 
     ``scheduler``: ``thread`` or ``greenlet`` (:func:`dbo_runtime.workers.run_ubatches`' ``mode``; None reads
-    ``$DBO_RUNTIME_SCHEDULER``)."""
+    ``$DBO_RUNTIME_SCHEDULER``). ``vote``: this rank's vote from a split policy (``auto``) in place of the token
+    thresholds' (with ``dbo`` on)."""
     comm, timer = model.comm, model.timer
     comm.reset_records()
     timer.compute_s = 0.0
     t0 = time.perf_counter()
-    vote = dbo and should_ubatch(
-        batch.num_tokens,
-        is_decode_only=batch.is_decode_only,
-        decode_token_threshold=decode_threshold,
-        prefill_token_threshold=prefill_threshold,
-    )
+    if vote is not None:
+        vote = dbo and vote
+    else:
+        vote = dbo and should_ubatch(
+            batch.num_tokens,
+            is_decode_only=batch.is_decode_only,
+            decode_token_threshold=decode_threshold,
+            prefill_token_threshold=prefill_threshold,
+        )
     decision = coordinate_ubatching(
         should_split=vote, num_tokens=batch.num_tokens, timeout_s=timeout_s, dp_size=comm.world_size, dp_rank=comm.rank
     )

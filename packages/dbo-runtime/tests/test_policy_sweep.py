@@ -1,0 +1,73 @@
+"""dbo-runtime policy-sweep: the auto policy against every static threshold, replayed from the same steps.
+
+The summary's arithmetic is checked on per-rank step times built here (what the rank task returns); one small run
+goes through two real gloo ranks with the reference model and the real policy.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from dbo_runtime.cli import main
+from dbo_runtime.reference.policy_sweep import PolicySweepPlan, format_sweep_markdown, run_policy_sweep, summarize_sweep
+
+
+def _ranks(plan: PolicySweepPlan, off: dict[int, float], on: dict[int, float], auto_splits: dict[int, bool],
+           slow_rank1: float = 1.0) -> list[dict]:
+    load = plan.load()
+    out = []
+    for rank, scale in ((0, 1.0), (1, slow_rank1)):
+        split = [auto_splits[t] for t in load]
+        out.append({
+            "rank": rank, "link": "modelled", "auto_split": split, "auto_reason": ["verdict"] * len(load),
+            "policy_s": [0.0] * len(load),
+            "times": {"off": [off[t] * scale for t in load], "on": [on[t] * scale for t in load],
+                      "auto": [(on[t] if split[i] else off[t]) * scale for i, t in enumerate(load)]},
+            "policy_table": {"classes": []},
+        })
+    return out
+
+
+def test_the_best_threshold_is_replayed_and_auto_charged_the_arms_it_chose():
+    plan = PolicySweepPlan(token_counts=(16, 256, 512), steps_per_size=4)
+    off = {16: 0.030, 256: 0.180, 512: 0.360}
+    on = {16: 0.050, 256: 0.140, 512: 0.260}
+    perfect = summarize_sweep(plan, _ranks(plan, off, on, {16: False, 256: True, 512: True}))
+    assert perfect["best_threshold"] == 256
+    total_off = 4 * sum(off.values())
+    assert perfect["best_speedup"] == pytest.approx(total_off / (4 * (0.030 + 0.140 + 0.260)))
+    assert perfect["auto_ratio"] == pytest.approx(1.0) and perfect["auto_meets_target"]
+    never = next(t for t in perfect["thresholds"] if t["threshold"] is None)
+    assert never["speedup"] == 1.0
+    # auto that splits the 16-token batches too pays for it, from the same steps
+    wrong = summarize_sweep(plan, _ranks(plan, off, on, {16: True, 256: True, 512: True}))
+    assert wrong["auto_ratio"] == pytest.approx((4 * 0.430) / (4 * 0.450)) and not wrong["auto_meets_target"]
+    # the slowest rank's time is the step's
+    slow = summarize_sweep(plan, _ranks(plan, off, on, {16: False, 256: True, 512: True}, slow_rank1=2.0))
+    assert slow["total_off_s"] == pytest.approx(2 * total_off)
+    text = format_sweep_markdown(perfect)
+    assert "static, split at >= 256 tokens (best)" in text and "target 97%: met" in text
+
+
+@pytest.mark.slow
+def test_a_small_sweep_on_two_gloo_ranks(tmp_path):
+    plan = PolicySweepPlan(token_counts=(8, 64), steps_per_size=10, num_layers=1, hidden_size=64,
+                           expert_intermediate=128, shared_intermediate=128, warmup=1)
+    summary = run_policy_sweep(tmp_path, plan, timeout_s=300)
+    assert summary["steps"] == 20 and {s["tokens"] for s in summary["sizes"]} == {8, 64}
+    assert summary["policy_table"]["steps"] == 20 and summary["policy_overhead_s"] > 0
+    assert all(s["auto_explore_steps"] >= 8 for s in summary["sizes"])  # the initial alternation of each class
+    written = json.loads((tmp_path / "dbo_policy_sweep.json").read_text())
+    assert written["auto_ratio"] == pytest.approx(summary["auto_ratio"])
+    assert (tmp_path / "dbo_policy_sweep.md").read_text().startswith("### The auto policy")
+
+
+@pytest.mark.parametrize("argv, needle", [
+    (["--tokens", "1"], "--tokens"), (["--steps-per-size", "0"], "--steps-per-size"), (["--layers", "x"], "--layers"),
+])
+def test_bad_input_is_one_line_exit_2(capsys, tmp_path, argv, needle):
+    assert main(["policy-sweep", "--out", str(tmp_path / "o"), *argv]) == 2
+    lines = [x for x in capsys.readouterr().err.splitlines() if x.strip()]
+    assert len(lines) == 1 and needle in lines[0]
+    assert not (tmp_path / "o").exists()
