@@ -37,6 +37,7 @@ from typing import Any, TypeVar
 
 from dbo_runtime.devices.base import DeviceBackend
 from dbo_runtime.errors import DBOError, DBOTimeoutError
+from dbo_runtime.scopes import scope
 
 __all__ = [
     "NUM_UBATCHES",
@@ -232,7 +233,9 @@ class UBatchContext:
 
     def _take_baton(self, site: str) -> None:
         run = self._run
-        if not self.cpu_wait_event.wait(run.timeout_s) and not run.aborted:
+        with scope("dbo::wait_turn"):
+            arrived = self.cpu_wait_event.wait(run.timeout_s)
+        if not arrived and not run.aborted:
             holder = run.holder
             holder_site = run.contexts[holder].site if holder is not None else "?"
             who = f"micro-batch {holder}" if holder is not None else "no micro-batch"
@@ -254,7 +257,8 @@ class UBatchContext:
         run.last_progress = time.monotonic()
         self.site = site
         if self.on_resume is not None:
-            self.on_resume()
+            with scope("dbo::context_switch"):
+                self.on_resume()
 
     def _check_running(self, site: str) -> None:
         if self._run.aborted:

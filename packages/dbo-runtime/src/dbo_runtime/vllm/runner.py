@@ -44,6 +44,7 @@ from typing import Any
 import torch
 
 from dbo_runtime.errors import DBOConfigError
+from dbo_runtime.scopes import scope
 from dbo_runtime.ubatch import SUPPORTED_NUM_UBATCHES, UBatchSlice
 from dbo_runtime.vllm.split import decide_split, pad_last_slice, split_common_attn_metadata
 
@@ -394,6 +395,13 @@ class RunnerIntegration:
             for builder in patched:
                 del builder.build  # back to the class method
         per_ubatch: list[dict[str, Any]] = [{} for _ in ubatch_slices]
+        with scope("dbo::ubatch_metadata"):
+            self._build_ubatch_metadata(runner, ubatch_slices, recorded, per_ubatch)
+        del full
+        return per_ubatch, spec
+
+    def _build_ubatch_metadata(self, runner: Any, ubatch_slices: Any, recorded: list[Any],
+                               per_ubatch: list[dict[str, Any]]) -> None:
         for attn_group, b_args, b_kwargs in recorded:
             common_prefix_len = b_kwargs.pop("common_prefix_len", b_args[0] if b_args else 0)
             cm = b_kwargs.pop("common_attn_metadata", b_args[1] if len(b_args) > 1 else None)
@@ -408,8 +416,6 @@ class RunnerIntegration:
                 md = self.own_metadata(md)  # before the next build can overwrite what it shares
                 for layer in attn_group.layer_names:
                     per_ubatch[ubid][layer] = md
-        del full
-        return per_ubatch, spec
 
     def own_metadata(self, md: Any) -> Any:
         """A micro-batch's attention metadata made independent of buffers the next build overwrites (none in vLLM
@@ -442,7 +448,8 @@ class RunnerIntegration:
                     installed[i] = ctx
                     self.install_forward_context(ctx)
                     try:
-                        return forward(i, ub.token_slice)
+                        with scope(f"dbo::ubatch{i}_forward"):
+                            return forward(i, ub.token_slice)
                     finally:
                         installed[i] = None
             return run
@@ -454,9 +461,10 @@ class RunnerIntegration:
             return reinstall
 
         try:
-            outputs = run_ubatches([one(i, ub) for i, ub in enumerate(padded)], backend=self.backend(),
-                                   timeout_s=self.timeout_s, on_resume=[resume(i) for i in range(len(padded))],
-                                   mode=self.scheduler)
+            with scope("dbo::split_forward"):
+                outputs = run_ubatches([one(i, ub) for i, ub in enumerate(padded)], backend=self.backend(),
+                                       timeout_s=self.timeout_s, on_resume=[resume(i) for i in range(len(padded))],
+                                       mode=self.scheduler)
         finally:
             self.install_forward_context(outer)
         return concat_outputs(outputs)
