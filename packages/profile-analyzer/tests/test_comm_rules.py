@@ -154,3 +154,100 @@ def test_a_pattern_outside_re2_syntax_is_one_line_naming_the_engine(tmp_path: Pa
                          capture_output=True, text=True, timeout=120)
     assert res.returncode == 2 and len(res.stderr.strip().splitlines()) == 1, res.stderr
     assert "--comm-pattern" in res.stderr and "RE2" in res.stderr and res.stdout == ""
+
+
+# A vendor fork of DeepEP: DeepEP's kernel structure under a top namespace of its own, with the notify kernels moved
+# out of the namespace (the shape of the public expert-parallel profile of issue 28).
+FORK_DISPATCH = "void vendor_x::ep::internode::dispatch<true, 8, 4, 7168>(int4*, float*, int*, long*, int)"
+FORK_COMBINE = "void vendor_x::ep::internode::combine<nv_bfloat16, 8, 4>(int4*, float*, int const*, int)"
+FORK_NOTIFY = "void cached_notify_dispatch_kernel<8>(int const*, int, void**, int**, int)"
+
+
+@pytest.mark.parametrize("name", [
+    FORK_DISPATCH, FORK_COMBINE,
+    "void vendor_x::ep::internode_ll::dispatch<false, 3, 7168>(void*, float*, int*)",
+    "void uccl_ep::intranode::combine<nv_bfloat16, 8, 768>(int4*, float*)",
+    "void vendor_x::ep::layout::get_dispatch_layout<256, 32, 8>(long const*, int*, int*, int*, bool*, int, int)",
+    "void DeepEP::intranode::dispatch<8, 768, 8192>(int4*)",
+    "void rocshmem::rocshmem_wg_barrier_all()", "mscclKernel_Sum_half_Simple_false",
+    "void sglang::cross_device_reduce_2stage<half, 8>(sglang::RankData*)",
+    "void my_a2a::intranode_combine_kernel<128>(void*)", "MatMulAllReduceV2", "aclnnMoeDistributeCombineV3_quant",
+])
+def test_forks_and_renames_keep_their_library_shape(name: str) -> None:
+    # each of these defeated the table before: a fork's namespace, another capitalisation, another version suffix
+    assert classify_name(name) is not None, name
+
+
+def _fork_stream_trace() -> dict:
+    """One step: GEMMs [0,300) on stream 7; the fork's comm stream 20 with notify [10,20), dispatch [20,120), notify
+    [150,160), combine [160,260) (the kernels that ran in the issue's profile, times made up)."""
+    ev = [{"ph": "X", "cat": "cpu_op", "name": "ProfilerStep#1", "pid": 1, "tid": 1, "ts": 0, "dur": 400}]
+    kernels = [("void gemm_kernel<bf16>(Params)", 7, 0, 300), (FORK_NOTIFY, 20, 10, 10), (FORK_DISPATCH, 20, 20, 100),
+               (FORK_NOTIFY, 20, 150, 10), (FORK_COMBINE, 20, 160, 100)]
+    for corr, (name, stream, ts, dur) in enumerate(kernels, 1):
+        ev.append({"ph": "X", "cat": "cuda_runtime", "name": "cudaLaunchKernel", "pid": 1, "tid": 1, "ts": ts,
+                   "dur": 1, "args": {"correlation": corr}})
+        ev.append({"ph": "X", "cat": "kernel", "name": name, "pid": 0, "tid": stream, "ts": ts, "dur": dur,
+                   "args": {"stream": stream, "correlation": corr, "device": 0}})
+    return {"schemaVersion": 1, "distributedInfo": {"rank": 0, "world_size": 2}, "traceEvents": ev}
+
+
+def test_a_deepep_fork_reads_as_communication(tmp_path: Path) -> None:
+    f = tmp_path / "fork.json"
+    f.write_text(json.dumps(_fork_stream_trace()))
+    rep = pa.analyze(pa.load(f)).to_dict()
+    # before: only the two notify kernels (20 µs) were communication, 200 µs of dispatch/combine were compute
+    assert rep["summary"]["communication_us"] == 220.0
+    assert {r["rule"]: r["tasks"] for r in rep["summary"]["comm_rules"]} == {
+        "DeepEP": 2, "DeepEP kernel names without a namespace": 2}
+    assert not [w for w in rep["warnings"] if "no communication rule names" in w["message"]]
+
+
+def test_a_stream_with_unnamed_kernels_beside_communication_gets_one_warning(tmp_path: Path) -> None:
+    from profile_analyzer.loaders import comm_rules
+
+    trace = _fork_stream_trace()
+    renamed = {FORK_DISPATCH: "void acme::moe::push_tokens<8>(int4*, float*)",
+               FORK_COMBINE: "void acme::moe::pull_tokens<8>(int4*, float*)"}
+    for e in trace["traceEvents"]:
+        e["name"] = renamed.get(e["name"], e["name"])
+    f = tmp_path / "renamed.json"
+    f.write_text(json.dumps(trace))
+    rep = pa.analyze(pa.load(f)).to_dict()
+    assert rep["summary"]["communication_us"] == 20.0  # no rule can know these names
+    (w,) = [w for w in rep["warnings"] if "no communication rule names" in w["message"]]
+    assert "acme::moe::push_tokens (100.0 µs, 1 task)" in w["message"] and "acme::moe::pull_tokens" in w["message"]
+    assert "gemm_kernel" not in w["message"]  # the GEMMs are on another stream
+    pattern = w["message"].split("--comm-pattern '")[1].rstrip("'")
+    assert pattern == comm_rules.suggested_pattern(list(renamed.values()))
+    # the pattern the warning gives counts them, and the warning goes
+    again = pa.analyze(pa.load(f, comm_patterns=[pattern])).to_dict()
+    assert again["summary"]["communication_us"] == 220.0
+    assert not [w for w in again["warnings"] if "no communication rule names" in w["message"]]
+    # printed on stderr by `report`, one line
+    res = subprocess.run([sys.executable, "-m", "profile_analyzer", "report", str(f), "--format", "json", "-o",
+                          str(tmp_path / "r.json")], capture_output=True, text=True, timeout=120)
+    assert res.returncode == 0 and res.stderr.count("no communication rule names") == 1, res.stderr
+
+
+def test_a_compute_stream_with_an_mc2_dispatch_raises_no_warning() -> None:
+    from profile_analyzer.loaders.comm_rules import mixed_stream_warnings
+    from profile_analyzer.timeline import Kind, TimelineBuilder
+
+    b = TimelineBuilder()
+    s = b.stream_index(("hw", 1), "Stream 1", "compute")
+    names = ["MatMulV3", "FlashAttentionScore", "MoeDistributeDispatchV2", "GroupedMatmul", "MoeDistributeCombineV2",
+             "AddRmsNorm", "MatMulV3", "Cast"]
+    ids = b.intern(names)
+    n = len(names)
+    import numpy as np
+
+    starts = np.arange(n, dtype=np.int64) * 100
+    kinds = np.array([int(Kind.COMMUNICATION) if "Distribute" in x else int(Kind.COMPUTE) for x in names], np.int8)
+    b.add(starts, starts + 90, s, kinds, ids)
+    rt = b.build(0, "x", "torch_npu")
+    assert mixed_stream_warnings(rt) == []  # 2 of 8 kernels: a compute stream, and no unnamed name reads as comm
+    rt.name_id[-1] = b.intern(["my_a2a_dispatch_kernel"])[0]
+    rt.names = b.names
+    (w,) = mixed_stream_warnings(rt)
+    assert "my_a2a_dispatch_kernel" in w.message() and "MatMulV3" not in w.message()

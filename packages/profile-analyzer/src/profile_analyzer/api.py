@@ -319,5 +319,5 @@ def verdict(report: Report) -> str:
     if rk.waited_for_rank is not None:
         parts.append(f"Rank {rk.waited_for_rank} makes the others wait ({rk.explanation})")
     if report.warnings:
-        parts.append(f"{len(report.warnings)} warning(s) about missing inputs apply.")
+        parts.append(f"{len(report.warnings)} warning(s) apply (see warnings).")
     return " ".join(parts)

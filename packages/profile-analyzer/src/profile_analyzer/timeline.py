@@ -102,8 +102,12 @@ class Warning_:
     file: str
     missing: str
     affects: list[str]
+    # a warning that is not about a missing input says what it is in its own words
+    text: str | None = None
 
     def message(self) -> str:
+        if self.text is not None:
+            return f"{self.file}: {self.text}"
         return f"{self.file}: {self.missing} is missing; affected: {', '.join(self.affects)}"
 
 
