@@ -128,42 +128,52 @@ def whole_trace_overlap(rt: RankTimeline, sets: Any = None) -> dict[str, Any]:
 
 
 def _load_and_analyze_entry(entry: Any, fmt: str, rank: int, patterns: tuple[Any, ...], step: int | None,
-                            top: int, wanted: tuple[int, ...] | None) -> list[tuple[RankTimeline, RankAnalysis | None]]:
-    """A worker's job: load one rank of a directory of ranks and run its per-rank analyses while it is at hand."""
-    from profile_analyzer.loaders import load_entry
+                            top: int, wanted: tuple[int, ...] | None,
+                            strict: bool = False) -> list[tuple[RankTimeline, RankAnalysis | None]] | Any:
+    """A worker's job: load one rank of a directory of ranks and run its per-rank analyses while it is at hand (a
+    rank that cannot be read comes back as its UnreadableRank record unless ``strict``)."""
+    from profile_analyzer.loaders import load_entry, load_entry_or_unreadable
 
-    return [(rt, analyze_rank(rt, step, top) if wanted is None or rt.rank in wanted else None)
-            for rt in load_entry(entry, fmt, rank, comm_patterns=patterns)]
+    got = (load_entry if strict else load_entry_or_unreadable)(entry, fmt, rank, comm_patterns=patterns)
+    if not isinstance(got, list):
+        return got
+    return [(rt, analyze_rank(rt, step, top) if wanted is None or rt.rank in wanted else None) for rt in got]
 
 
 def load_and_analyze(path: Any, *, rank: int | None = None, step: int | None = None, top: int = 20, jobs: int = 1,
-                     comm_patterns: Any = (), progress: Any = None) -> tuple[Timeline, Report]:
+                     comm_patterns: Any = (), progress: Any = None, strict: bool = False) -> tuple[Timeline, Report]:
     """Load a profile and analyse it. With ``jobs`` > 1 and a directory of ranks, each rank is loaded and its
-    per-rank analyses run in one of ``jobs`` worker processes (the report is the same for any ``jobs``)."""
+    per-rank analyses run in one of ``jobs`` worker processes (the report is the same for any ``jobs``). A rank
+    that cannot be read is left out and reported (``unreadable``) unless ``strict``."""
     from profile_analyzer.loaders import assemble, load, load_plan
     from profile_analyzer.loaders.comm_rules import compile_patterns
+    from profile_analyzer.timeline import UnreadableRank
 
     ranks = [rank] if rank is not None else None
     plan = load_plan(path, ranks)
     if not plan.multi_rank or jobs <= 1 or len(plan.jobs) <= 1:
-        tl = load(path, ranks=ranks, progress=progress, workers=1, comm_patterns=comm_patterns)
+        tl = load(path, ranks=ranks, progress=progress, workers=1, comm_patterns=comm_patterns, strict=strict)
         return tl, analyze(tl, rank=rank, step=step, top=top)
     from profile_analyzer._pool import map_in_processes
 
     patterns = compile_patterns(comm_patterns)
     loaded: list[list[RankTimeline]] = []
+    unreadable: list[UnreadableRank] = []
     done: dict[int, RankAnalysis] = {}
 
-    def got(i: int, pairs: list[tuple[RankTimeline, RankAnalysis | None]]) -> None:
+    def got(i: int, pairs: list[tuple[RankTimeline, RankAnalysis | None]] | UnreadableRank) -> None:
+        if isinstance(pairs, UnreadableRank):
+            unreadable.append(pairs)
+            pairs = []
         loaded.append([rt for rt, _ in pairs])
         done.update((rt.rank, ra) for rt, ra in pairs if ra is not None)
         if progress:
             progress(i + 1, len(plan.jobs), plan.jobs[i][0].name)
 
     wanted = tuple(ranks) if ranks is not None else None
-    map_in_processes(_load_and_analyze_entry, [(e, f, r, patterns, step, top, wanted) for e, f, r in plan.jobs],
-                     jobs, got)
-    tl = assemble(plan, loaded, ranks)
+    map_in_processes(_load_and_analyze_entry,
+                     [(e, f, r, patterns, step, top, wanted, strict) for e, f, r in plan.jobs], jobs, got)
+    tl = assemble(plan, loaded, ranks, unreadable)
     return tl, analyze(tl, rank=rank, step=step, top=top, done=done)
 
 
@@ -229,11 +239,14 @@ def analyze(timeline: Timeline, rank: int | None = None, step: int | None = None
     }
     warnings = [{"file": w.file, "missing": w.missing, "affects": w.affects, "message": w.message()}
                 for w in timeline.warnings + [w for rt in ranks.values() for w in rt.warnings]]
+    unreadable = [{"rank": u.rank, "path": u.path, "reason": u.reason} for u in timeline.unreadable]
+    warnings += [{"file": u.path, "missing": f"rank {u.rank}", "affects": ["every cluster figure"],
+                  "message": u.message()} for u in timeline.unreadable]
     report = Report.from_parts(
         source={"path": timeline.source, "format": timeline.format, "ranks": sorted(ranks), "events": timeline.n_events},
         selection={"rank": rank, "step": step}, warnings=warnings, verdict="", summary=summary, breakdown=breakdown,
         profiler_agreement=agreement, exposed_communication=exposed, streams=streams, idle_gaps=gaps, dual_batch=dbo,
-        ranks=rank_cmp, timeline=_timeline_windows(ranks, exposed, cno_by_rank))
+        ranks=rank_cmp, timeline=_timeline_windows(ranks, exposed, cno_by_rank), unreadable=unreadable)
     report.verdict = verdict(report)
     return report
 
@@ -318,6 +331,10 @@ def verdict(report: Report) -> str:
     rk = report.ranks
     if rk.waited_for_rank is not None:
         parts.append(f"Rank {rk.waited_for_rank} makes the others wait ({rk.explanation})")
+    if report.unreadable:
+        gone = ", ".join(str(u.rank) for u in report.unreadable)
+        parts.append(f"{len(report.unreadable)} rank(s) could not be read ({gone}): every cluster figure here leaves "
+                     f"them out.")
     if report.warnings:
         parts.append(f"{len(report.warnings)} warning(s) apply (see warnings).")
     return " ".join(parts)

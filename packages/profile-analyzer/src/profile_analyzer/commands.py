@@ -66,6 +66,24 @@ def _comm_pattern_option(func):
                              "lookaround, and \\d \\w \\s match ASCII only")(func)
 
 
+def _strict_option(func):
+    return click.option("--strict", is_flag=True,
+                        help="fail on a rank of a directory of ranks that cannot be read (truncated, missing files) "
+                             "instead of leaving it out of the figures with a warning")(func)
+
+
+def _jobs_option(func):
+    return click.option("--jobs", "-j", type=JOBS, default=None,
+                        help="load and analyse the ranks of a multi-rank profile in this many processes (default: 2 "
+                             "where 2 or more CPUs are available, else 1; each process holds about one rank at a "
+                             "time, so memory grows with N; the report is the same for any N)")(func)
+
+
+def _warn(messages: list[str]) -> None:
+    for m in messages:
+        print(f"profile-analyzer: warning: {m}", file=sys.stderr)
+
+
 def _profile(positional: str | None, option: str | None, what: str, option_name: str) -> str:
     """The one profile path given either as the argument or as the msprof-analyze style option."""
     if positional and option and positional != option:
@@ -120,11 +138,11 @@ def _progress(path: str):
         yield cb
 
 
-def _progress_loader(path: str, ranks: list[int] | None, jobs: int = 1, comm_patterns=()):
+def _progress_loader(path: str, ranks: list[int] | None, jobs: int = 1, comm_patterns=(), strict: bool = False):
     from profile_analyzer.loaders import load
 
     with _progress(path) as cb:
-        return load(path, ranks=ranks, progress=cb, workers=jobs, comm_patterns=comm_patterns)
+        return load(path, ranks=ranks, progress=cb, workers=jobs, comm_patterns=comm_patterns, strict=strict)
 
 
 @click.command("report", help="Analyse one profile: a *_ascend_pt or PROF_* directory, a trace_view.json, a "
@@ -140,14 +158,12 @@ def _progress_loader(path: str, ranks: list[int] | None, jobs: int = 1, comm_pat
 @click.option("--step", type=NonNegativeInt(1 << 62, what="step"), help="only this step (ProfilerStep#N, or the N-th vLLM step annotation)")
 @click.option("--top", type=PositiveInt(MAX_TOP, what="rows per ranked table"), default=20, show_default=True,
               help="rows per ranked table")
-@click.option("--jobs", "-j", type=JOBS, default=None,
-              help="load and analyse the ranks of a multi-rank profile in this many processes (default: 2 where 2 or "
-                   "more CPUs are available, else 1; each process holds about one rank at a time, so memory grows "
-                   "with N; the report is the same for any N)")
+@_jobs_option
 @_comm_pattern_option
+@_strict_option
 def report_command(path: str | None, profiling_path: str | None, format: str, output: Path | None,
                    output_path: Path | None, rank: int | None, step: int | None, top: int, jobs: int | None,
-                   comm_patterns: tuple[str, ...]) -> int:
+                   comm_patterns: tuple[str, ...], strict: bool = False) -> int:
     from profile_analyzer.api import load_and_analyze
 
     source = _profile(path, profiling_path, "profile", "-d/--profiling_path")
@@ -155,7 +171,7 @@ def report_command(path: str | None, profiling_path: str | None, format: str, ou
     # with worker processes, each rank's own analyses run in the worker that loaded it
     with _progress(source) as cb:
         _, rep = load_and_analyze(source, rank=rank, step=step, top=top, jobs=jobs or default_jobs(),
-                                  comm_patterns=comm_patterns, progress=cb)
+                                  comm_patterns=comm_patterns, progress=cb, strict=strict)
     d = rep.to_dict()
     text = render(d, format)
     for w in d["warnings"]:
@@ -178,11 +194,14 @@ def report_command(path: str | None, profiling_path: str | None, format: str, ou
 @_output_path_option
 @click.option("--rank", type=NonNegativeInt(1 << 31, what="rank"), help="only this rank")
 @click.option("--step", type=NonNegativeInt(1 << 62, what="step"), help="only this step (ProfilerStep#N, or the N-th vLLM step annotation)")
+@_jobs_option
 @_comm_pattern_option
+@_strict_option
 def compare_command(base: str | None, new: str | None, profiling_path: str | None, benchmark_path: str | None,
                     format: str, output: Path | None, output_path: Path | None, rank: int | None,
-                    step: int | None, comm_patterns: tuple[str, ...]) -> int:
-    from profile_analyzer.api import analyze
+                    step: int | None, comm_patterns: tuple[str, ...], jobs: int | None = None,
+                    strict: bool = False) -> int:
+    from profile_analyzer.api import load_and_analyze
 
     if base and not new and profiling_path and not benchmark_path:  # `compare BASE -d NEW`
         base_path, new_path = base, profiling_path
@@ -192,11 +211,16 @@ def compare_command(base: str | None, new: str | None, profiling_path: str | Non
         base_path = _profile(base, benchmark_path, "base profile", "--bp")
         new_path = _profile(new, profiling_path, "new profile", "-d/--profiling_path")
     target = _destination(output, output_path, COMPARE_NAMES, format)
-    ranks = [rank] if rank is not None else None
-    base_d = analyze(_progress_loader(base_path, ranks, default_jobs(), comm_patterns=comm_patterns), rank=rank,
-                     step=step).to_dict()
-    new_d = analyze(_progress_loader(new_path, ranks, default_jobs(), comm_patterns=comm_patterns), rank=rank,
-                    step=step).to_dict()
+    dicts = []
+    for which in (base_path, new_path):
+        with _progress(which) as cb:
+            _, rep = load_and_analyze(which, rank=rank, step=step, jobs=jobs or default_jobs(),
+                                      comm_patterns=comm_patterns, progress=cb, strict=strict)
+        dicts.append(rep.to_dict())
+    base_d, new_d = dicts
+    _warn([f"{side}: {u}" for side, d in (("base", base_d), ("new", new_d))
+           for u in (f"rank {x['rank']} ({x['path']}) could not be read and is left out: {x['reason']}"
+                     for x in d["unreadable"])])
     write_output(target, render_compare(compare_dicts(base_d, new_d), format))
     return 0
 
@@ -237,22 +261,25 @@ def compare_command(base: str | None, new: str | None, profiling_path: str | Non
 @click.option("--step", type=NonNegativeInt(1 << 62, what="step"),
               help="the step to simulate (ProfilerStep#N, or the N-th vLLM step annotation; default: every step)")
 @_comm_pattern_option
+@_strict_option
 def whatif_command(path: str | None, profiling_path: str | None, ubatches: int, switch_us: float,
                    compute_scale: float | None, comm_scale: float | None, comm_fixed_us: float,
                    measured_off_us: float | None, measured_on: str | None, format: str, output: Path | None,
                    output_path: Path | None, rank: int | None, step: int | None, comm_patterns: tuple[str, ...],
-                   no_host_work: bool = False) -> int:
+                   no_host_work: bool = False, strict: bool = False) -> int:
     from profile_analyzer.report.whatif import render_whatif
     from profile_analyzer.whatif import whatif
 
     source = _profile(path, profiling_path, "profile", "-d/--profiling_path")
     target = _destination(output, output_path, WHATIF_NAMES, format)
-    tl = _progress_loader(source, [rank] if rank is not None else None, default_jobs(), comm_patterns=comm_patterns)
+    tl = _progress_loader(source, [rank] if rank is not None else None, default_jobs(), comm_patterns=comm_patterns,
+                          strict=strict)
     on_tl = (_progress_loader(measured_on, [rank] if rank is not None else None, default_jobs(),
-                              comm_patterns=comm_patterns) if measured_on is not None else None)
+                              comm_patterns=comm_patterns, strict=strict) if measured_on is not None else None)
     d = whatif(tl, ubatches=ubatches, switch_us=switch_us, rank=rank, step=step, compute_scale=compute_scale,
                comm_scale=comm_scale, comm_fixed_us=comm_fixed_us, measured_off_us=measured_off_us,
                measured_on=on_tl, host_work=not no_host_work)
+    _warn([u.message() for t in (tl, on_tl) if t is not None for u in t.unreadable])
     write_output(target, render_whatif(d, format))
     return 0
 

@@ -175,14 +175,29 @@ class RankTimeline:
         return int(self.start_ns.min()) if self.start_ns.size else 0
 
 
+@dataclass(frozen=True)
+class UnreadableRank:
+    """A rank of a directory of ranks that could not be read (truncated while still being written, missing files,
+    no permission ...): it is left out of every figure, and the report says so."""
+
+    rank: int
+    path: str
+    reason: str
+
+    def message(self) -> str:
+        return f"rank {self.rank} ({self.path}) could not be read and is left out of every figure: {self.reason}"
+
+
 @dataclass
 class Timeline:
-    """Everything loaded from one path: one ``RankTimeline`` per rank, ordered by rank."""
+    """Everything loaded from one path: one ``RankTimeline`` per rank, ordered by rank, and the ranks of a
+    directory of ranks that could not be read (``unreadable``)."""
 
     source: str
     format: str
     ranks: dict[int, RankTimeline]
     warnings: list[Warning_] = field(default_factory=list)
+    unreadable: list[UnreadableRank] = field(default_factory=list)
 
     def rank(self, r: int) -> RankTimeline:
         return self.ranks[r]

@@ -635,6 +635,9 @@ def whatif(timeline: Timeline, *, ubatches: int = 2, switch_us: float = 30.0, ra
         "summary": {"steps": len(per_step), "off_us": off, "on_us": on, "speedup": off / on if on else None,
                     "pays": on < off, "exposed_comm_us": max(sum(s["comm_us"] for s in x["steps"]) for x in rows)},
         "ranks": rows,
+        # ranks of a directory of ranks that could not be read: left out of every figure above
+        "unreadable": [{"rank": u.rank, "path": u.path, "reason": u.reason}
+                       for t in (timeline, measured_on) if t is not None for u in t.unreadable],
     }
     if measured_on is not None:
         m = measured(measured_on, rank)

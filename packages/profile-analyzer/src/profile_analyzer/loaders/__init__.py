@@ -24,7 +24,7 @@ from typing import Any
 
 from profile_analyzer.errors import ProfileError
 from profile_analyzer.loaders._slicer import peek_kind
-from profile_analyzer.timeline import RankTimeline, Timeline
+from profile_analyzer.timeline import RankTimeline, Timeline, UnreadableRank
 
 FORMATS = ("torch_npu", "msprof", "kineto", "multi_rank", "torch_npu_db", "msprof_db")
 ASCEND_FORMATS = ("torch_npu", "msprof", "torch_npu_db", "msprof_db")
@@ -232,9 +232,31 @@ def load_entry(p: Path, fmt: str, rank: int, host_events: bool = False,
     return _load_single(p, fmt, rank, host_events, comm_patterns=comm_patterns)
 
 
+def load_entry_or_unreadable(p: Path, fmt: str, rank: int, host_events: bool = False,
+                             comm_patterns: tuple[Any, ...] = ()) -> list[RankTimeline] | UnreadableRank:
+    """:func:`load_entry`, with a rank that cannot be read returned as :class:`UnreadableRank` (a worker's job when
+    a directory of ranks is read leniently: one bad rank must not stop the others)."""
+    try:
+        return _load_single(p, fmt, rank, host_events, comm_patterns=comm_patterns)
+    except ProfileError as exc:
+        return unreadable_rank(p, rank, exc)
+
+
+def unreadable_rank(entry: Path, rank: int, exc: ProfileError) -> UnreadableRank:
+    """The record of a rank whose entry raised ``exc``; the reason names the file inside the entry that failed."""
+    where = exc.path
+    try:
+        inner = Path(exc.path).relative_to(entry)
+        where = str(inner) if str(inner) != "." else ""
+    except ValueError:
+        pass
+    reason = f"{where}: {exc.problem}" if where and where != str(entry) else exc.problem
+    return UnreadableRank(rank=rank, path=str(entry), reason=reason)
+
+
 def load(path: str | Path, *, ranks: list[int] | None = None,
          progress: Callable[[int, int, str], None] | None = None, workers: int = 1,
-         host_events: bool = False, comm_patterns: Sequence[str] = ()) -> Timeline:
+         host_events: bool = False, comm_patterns: Sequence[str] = (), strict: bool = False) -> Timeline:
     """Load any supported profile. ``ranks`` restricts a multi-rank directory to those ranks.
 
     ``progress(done, total, label)`` reports bytes read for a single profile and ranks loaded for a
@@ -245,13 +267,16 @@ def load(path: str | Path, *, ranks: list[int] | None = None,
     (CPU-only Kineto traces keep them, since there they are the work).
     ``comm_patterns``: regexes (``--comm-pattern``) naming further communication kernels or ranges, on top of the
     vendor rule table (:mod:`profile_analyzer.loaders.comm_rules`); a bad one raises ProfileError.
+    In a directory of ranks, a rank that cannot be read is left out and listed in ``Timeline.unreadable`` (in a
+    cluster some ranks are always missing or still being written); ``strict=True`` raises its error instead. A
+    directory where no rank reads raises ProfileError either way.
     """
     from profile_analyzer.loaders.comm_rules import compile_patterns
 
     p = Path(path)
     patterns = compile_patterns(comm_patterns)
     try:
-        return _load(p, ranks, progress, workers, host_events, patterns)
+        return _load(p, ranks, progress, workers, host_events, patterns, strict)
     except OSError as exc:
         raise _os_problem(p, exc) from None
 
@@ -295,8 +320,12 @@ def load_plan(path: str | Path, ranks: list[int] | None = None) -> LoadPlan:
     return LoadPlan(p, fmt, tuple(jobs), tuple(entries))
 
 
-def assemble(plan: LoadPlan, loaded: list[list[RankTimeline]], ranks: list[int] | None = None) -> Timeline:
-    """The Timeline of a plan from each job's ranks (in job order): one profile per rank, ``ranks`` kept."""
+def assemble(plan: LoadPlan, loaded: list[list[RankTimeline]], ranks: list[int] | None = None,
+             unreadable: Sequence[UnreadableRank] = ()) -> Timeline:
+    """The Timeline of a plan from each job's ranks (in job order; an unreadable job's entry is empty and its record
+    is in ``unreadable``): one profile per rank, ``ranks`` kept. Raises ProfileError when no rank was read."""
+    if unreadable and not any(loaded):
+        raise no_rank_readable(plan, list(unreadable))
     if not plan.multi_rank:
         rts = loaded[0]
         return Timeline(source=str(plan.path), format=plan.format if len(rts) == 1 else "multi_rank",
@@ -315,16 +344,29 @@ def assemble(plan: LoadPlan, loaded: list[list[RankTimeline]], ranks: list[int] 
                                           f"{sorted(_all_ranks(list(plan.entries)))}")
     fmts = {f for _, f in plan.entries}
     return Timeline(source=str(plan.path), format="multi_rank" if len(by_rank) > 1 else next(iter(fmts)),
-                    ranks=dict(sorted(by_rank.items())))
+                    ranks=dict(sorted(by_rank.items())), unreadable=sorted(unreadable, key=lambda u: u.rank))
+
+
+def no_rank_readable(plan: LoadPlan, unreadable: list[UnreadableRank]) -> ProfileError:
+    """The one-line error of a directory of ranks where not one rank could be read."""
+    first = unreadable[0]
+    n = len(unreadable)
+    return ProfileError(plan.path, f"none of its {n} rank profile{'s' if n != 1 else ''} could be read (rank "
+                                   f"{first.rank}, {Path(first.path).name}: {first.reason}"
+                                   f"{f'; and {n - 1} more' if n > 1 else ''})")
 
 
 def _load(p: Path, ranks: list[int] | None, progress: Callable[[int, int, str], None] | None, workers: int,
-          host_events: bool, patterns: tuple[Any, ...] = ()) -> Timeline:
+          host_events: bool, patterns: tuple[Any, ...] = (), strict: bool = False) -> Timeline:
     plan = load_plan(p, ranks)
     total = len(plan.jobs)
     loaded: list[list[RankTimeline]] = []
+    unreadable: list[UnreadableRank] = []
 
-    def got(i: int, rts: list[RankTimeline]) -> None:
+    def got(i: int, rts: list[RankTimeline] | UnreadableRank) -> None:
+        if isinstance(rts, UnreadableRank):
+            unreadable.append(rts)
+            rts = []
         loaded.append(rts)
         if progress:
             progress(i + 1, total, plan.jobs[i][0].name)
@@ -335,11 +377,17 @@ def _load(p: Path, ranks: list[int] | None, progress: Callable[[int, int, str], 
     elif workers > 1 and total > 1:
         from profile_analyzer._pool import map_in_processes
 
-        map_in_processes(load_entry, [(e, f, r, host_events, patterns) for e, f, r in plan.jobs], workers, got)
+        map_in_processes(load_entry if strict else load_entry_or_unreadable,
+                         [(e, f, r, host_events, patterns) for e, f, r in plan.jobs], workers, got)
     else:
         for i, (entry, f, rank) in enumerate(plan.jobs):
-            got(i, _load_single(entry, f, rank, host_events, progress if total == 1 else None, patterns))
-    return assemble(plan, loaded, ranks)
+            try:
+                got(i, _load_single(entry, f, rank, host_events, progress if total == 1 else None, patterns))
+            except ProfileError as exc:
+                if strict:
+                    raise
+                got(i, unreadable_rank(entry, rank, exc))
+    return assemble(plan, loaded, ranks, unreadable)
 
 
 def _all_ranks(entries: list[tuple[Path, str]]) -> list[int]:

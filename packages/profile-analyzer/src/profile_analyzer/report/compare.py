@@ -36,11 +36,18 @@ def compare_dicts(base: dict[str, Any], new: dict[str, Any]) -> dict[str, Any]:
     cno = next(i for i in items if i["item"] == "communication_not_overlapped")
     verdict = (f"Per step, exposed communication went from {cno['base_us']:.1f} µs to {cno['new_us']:.1f} µs "
                f"({cno['delta_us']:+.1f} µs); overlap {_pct(ob)} -> {_pct(on)}.")
+    for side, d in (("base", base), ("new", new)):
+        gone = d.get("unreadable") or []
+        if gone:
+            verdict += (f" The {side} profile's figures leave out {len(gone)} rank(s) that could not be read "
+                        f"({', '.join(str(u['rank']) for u in gone)}).")
     return {"schema": "profile-analyzer/compare", "schema_version": 1,
             "base": {"path": base["source"]["path"], "format": base["source"]["format"], "ranks": base["source"]["ranks"],
-                     "steps": base["summary"]["steps"], "overlap_pct": ob},
+                     "steps": base["summary"]["steps"], "overlap_pct": ob,
+                     "unreadable": base.get("unreadable", [])},
             "new": {"path": new["source"]["path"], "format": new["source"]["format"], "ranks": new["source"]["ranks"],
-                    "steps": new["summary"]["steps"], "overlap_pct": on},
+                    "steps": new["summary"]["steps"], "overlap_pct": on,
+                    "unreadable": new.get("unreadable", [])},
             "items": items, "exposed_by_operator": operators, "verdict": verdict}
 
 

@@ -56,7 +56,8 @@ within a schema version, never renamed or removed.
                 "explanation": str},
       "timeline": [ {"rank", "t0_ns", "start_us", "end_us", "title",         # windows around the worst gaps
                      "lanes": [{"stream", "kind", "tasks": [{"start_us", "end_us", "name", "kind"}]}],
-                     "exposed": [{"start_us", "end_us"}]} ]
+                     "exposed": [{"start_us", "end_us"}]} ],
+      "unreadable": [ {"rank": int, "path": str, "reason": str} ]   # ranks of a directory of ranks left out
     }
 """
 

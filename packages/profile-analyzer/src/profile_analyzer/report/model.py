@@ -20,7 +20,7 @@ from profile_analyzer.report.json_schema import SCHEMA_NAME, SCHEMA_VERSION
 __all__ = ["Report", "record", "Source", "Selection", "WarningRow", "Summary", "CommRuleRow", "WholeTraceRow",
            "BreakdownRow", "AgreementRow", "ExposedOperator", "ExposedAfterCompute", "ExposedGap", "ExposedRank",
            "StreamRow", "IdleStream", "IdleGap", "IdleRank", "UBatchRow", "DualBatchLayer", "DualBatchRank",
-           "RankRow", "RanksSummary", "TimelineTask", "TimelineLane", "TimelineSpan", "TimelineWindow"]
+           "RankRow", "RanksSummary", "UnreadableRow", "TimelineTask", "TimelineLane", "TimelineSpan", "TimelineWindow"]
 
 T = TypeVar("T")
 Num = float | int
@@ -46,6 +46,13 @@ class WarningRow:
     missing: str
     affects: list[str]
     message: str
+
+
+@dataclass
+class UnreadableRow:
+    rank: int
+    path: str
+    reason: str
 
 
 @dataclass
@@ -339,11 +346,12 @@ class Report:
     dual_batch: list[DualBatchRank]
     ranks: RanksSummary
     timeline: list[TimelineWindow] = field(default_factory=list)
+    unreadable: list[UnreadableRow] = field(default_factory=list)
 
     @classmethod
     def from_parts(cls, **parts: Any) -> Report:
         """A report from the analyses' dicts, each converted strictly (:func:`record`)."""
-        return record(cls, {"timeline": [], **parts})
+        return record(cls, {"timeline": [], "unreadable": [], **parts})
 
     def to_dict(self) -> dict[str, Any]:
         from profile_analyzer._version import __version__
@@ -368,4 +376,5 @@ class Report:
             "dual_batch": body["dual_batch"],
             "ranks": body["ranks"],
             "timeline": body["timeline"],
+            "unreadable": body["unreadable"],
         }

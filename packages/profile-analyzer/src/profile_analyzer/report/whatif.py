@@ -27,6 +27,10 @@ def verdict(d: dict[str, Any]) -> str:
         head += (f" Measured with DBO on ({m['path']}): {m['steps']} steps, {m['on_us'] / 1000:,.3f} ms, "
                  f"{m['mean_step_us'] / 1000:,.3f} ms per step against {m['predicted_mean_step_us'] / 1000:,.3f} "
                  f"predicted ({m['error']:+.1%}).")
+    gone = d.get("unreadable") or []
+    if gone:
+        head += (f" {len(gone)} rank(s) could not be read ({', '.join(str(u['rank']) for u in gone)}): the "
+                 f"prediction leaves them out.")
     return head
 
 
