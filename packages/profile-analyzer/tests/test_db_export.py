@@ -37,9 +37,14 @@ def test_db_and_json_exports_give_the_same_report(capsys, exports):
     json_rep = _report(capsys, exports["json"])
     db_rep = _report(capsys, exports["db"])
     assert json_rep["breakdown"] and json_rep["dual_batch"][0]["detected"]
-    # the profiler's own figures are read from the DB too (OVERLAP_ANALYSIS, analysis.db)
-    assert {a["source"] for a in db_rep["profiler_agreement"]} == {"overlap_analysis_track", "step_trace_time.csv",
-                                                                   "communication.json"}
+    # the profiler's own figures are read from the DB too (OVERLAP_ANALYSIS, analysis.db), and labelled by the table
+    assert {a["source"] for a in db_rep["profiler_agreement"]} == {"overlap_analysis_track", "analysis.db:StepTraceTime",
+                                                                   "analysis.db:CommAnalyzerTime"}
+    assert {a["source"] for a in json_rep["profiler_agreement"]} == {"overlap_analysis_track", "step_trace_time.csv",
+                                                                     "communication.json"}
+    as_text = {"analysis.db:StepTraceTime": "step_trace_time.csv", "analysis.db:CommAnalyzerTime": "communication.json"}
+    for a in db_rep["profiler_agreement"]:
+        a["source"] = as_text.get(a["source"], a["source"])
     assert db_rep == json_rep
 
 

@@ -76,3 +76,23 @@ def test_every_column_by_hand(tmp_path):
     assert ex["worst_gaps"][0]["comm_op"] == "hcom_allReduce__42_1_1"
     assert ex["worst_gaps"][0]["preceding_compute"] == "aclnnMatmul_MatMulV3"
     assert any(w["missing"] == "the 'Overlap Analysis' track" for w in rep["warnings"])
+
+
+@pytest.mark.parametrize("op_type,label", [("N/A", "aclnnMatmul_MatMulV3"),
+                                           ("MatMulV3", "MatMulV3 (aclnnMatmul_MatMulV3)")])
+def test_level0_operators_are_named_by_their_kernel(tmp_path, op_type, label):
+    # Level 0 writes Type "N/A" in kernel_details.csv (reference/msprof.md 3a): an operator is then its kernel's name,
+    # never "N/A (aclnnMatmul_MatMulV3)"; with a real Type the label keeps it
+    out = tmp_path / "w_ascend_pt" / "ASCEND_PROFILER_OUTPUT"
+    out.mkdir(parents=True)
+    (out / "trace_view.json").write_text(json.dumps(trace()))
+    (out / "kernel_details.csv").write_text(
+        "Step Id,Device_id,Name,Type,Accelerator Core,Start Time(us),Duration(us),Wait Time(us),Block Num\n"
+        f'7,0,aclnnMatmul_MatMulV3,{op_type},AI_CORE,"{ts(100)}\t",50,0,24\n'
+        f'7,0,aclnnAdd_AddAiCore_Add,{op_type},AI_VECTOR_CORE,"{ts(200)}\t",60,0,8\n')
+    rep = pa.analyze(pa.load(out.parent)).to_dict()
+    ex = rep["exposed_communication"][0]
+    assert ex["worst_gaps"][0]["preceding_compute"] == label
+    add = "aclnnAdd_AddAiCore_Add" if op_type == "N/A" else "MatMulV3 (aclnnAdd_AddAiCore_Add)"
+    assert add in {r["preceding_compute"] for r in ex["by_preceding_compute"]}
+    assert not any("N/A" in (r["preceding_compute"] or "") for r in ex["by_preceding_compute"])

@@ -70,7 +70,7 @@ def test_step_breakdown_equals_torch_npus_step_trace_time(loaded):
 
 def test_synchronization_wait_and_elapse_equal_torch_npus_comm_analyzer_time(loaded):
     level, _, per_rank = loaded
-    rows = [a for _, _, agree in per_rank.values() for a in agree if a["source"] == "communication.json"]
+    rows = [a for _, _, agree in per_rank.values() for a in agree if a["source"] == "analysis.db:CommAnalyzerTime"]
     assert {(a["rank"], a["item"]) for a in rows} == {(r, i) for r in (0, 1)
                                                       for i in ("communication_elapse", "synchronization_wait")}
     for a in rows:
@@ -86,7 +86,10 @@ def test_every_figure_of_the_report_agrees_with_the_profilers_own_to_a_microseco
     for level in LEVELS:
         assert main(["report", str(DATA / level), "--format", "json"]) == 0
         agree = json.loads(capsys.readouterr().out)["profiler_agreement"]
-        assert len(agree) >= 2 * (9 + 2)  # step_trace_time.csv's 9 items and communication.json's 2, per rank
+        assert len(agree) >= 2 * (9 + 2)  # StepTraceTime's 9 items and CommAnalyzerTime's 2, per rank
+        # read from the DB export's analysis.db, and labelled so (not as the text export's files)
+        assert {a["source"] for a in agree} - {"overlap_analysis_track"} == {"analysis.db:StepTraceTime",
+                                                                             "analysis.db:CommAnalyzerTime"}
         assert all(abs(a["delta_us"]) < 1.0 for a in agree), [a for a in agree if abs(a["delta_us"]) >= 1.0]
         if level == "level1":  # rank 0's DB also holds CANN's OVERLAP_ANALYSIS intervals
             assert any(a["source"] == "overlap_analysis_track" and a["rank"] == 0 for a in agree)

@@ -130,6 +130,10 @@ class RankTimeline:
     profiler_overlap: dict[str, tuple[np.ndarray, np.ndarray]] | None = None
     # the profiler's own step_trace_time.csv rows for this rank (column name -> value in µs)
     profiler_step_trace: list[dict[str, float | str]] | None = None
+    # where profiler_step_trace and profiler_comm were read (the profiler_agreement rows' source): the text export's
+    # files, or their tables in a DB export's analysis.db
+    profiler_step_trace_source: str = "step_trace_time.csv"
+    profiler_comm_source: str = "communication.json"
     warnings: list[Warning_] = field(default_factory=list)
     device_id: int | None = None
     # the profiler's communication.json totals per step (None key: no steps): elapse/transit/wait/sync in µs

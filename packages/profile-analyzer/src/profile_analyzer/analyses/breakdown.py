@@ -190,7 +190,7 @@ def profiler_agreement(rt: RankTimeline, ours: list[dict[str, object]] | None = 
             for key, col in BREAKDOWN_ITEMS:
                 v = r.get(col)
                 if isinstance(v, float):
-                    out.append({"rank": rt.rank, "step": a["step"], "item": key, "source": "step_trace_time.csv",
+                    out.append({"rank": rt.rank, "step": a["step"], "item": key, "source": rt.profiler_step_trace_source,
                                 "ours_us": a[key] / 1000.0, "profiler_us": v, "delta_us": a[key] / 1000.0 - v})
     if rt.profiler_comm:
         from profile_analyzer.analyses.ranks import sync_wait_ns
@@ -205,7 +205,7 @@ def profiler_agreement(rt: RankTimeline, ours: list[dict[str, object]] | None = 
             elapse = int((rt.end_ns[sel] - rt.start_ns[sel]).sum())
             for item, ours_ns, key in (("communication_elapse", elapse, "elapse_us"),
                                        ("synchronization_wait", sync_wait_ns(rt, lo, hi), "sync_wait_us")):
-                out.append({"rank": rt.rank, "step": a["step"], "item": item, "source": "communication.json",
+                out.append({"rank": rt.rank, "step": a["step"], "item": item, "source": rt.profiler_comm_source,
                             "ours_us": ours_ns / 1000.0, "profiler_us": theirs_c[key],
                             "delta_us": ours_ns / 1000.0 - theirs_c[key]})
     return out

@@ -59,7 +59,8 @@ def op_kind(name: str) -> str:
 def compute_label(rt: RankTimeline, name_id: int) -> str:
     t = rt.op_types.get(name_id)
     name = short_name(rt.names[name_id])
-    return f"{t} ({name})" if t and t != name else name
+    # a Level-0 profile has no operator types (kernel_details.csv Type "N/A"): the kernel's own name says it
+    return f"{t} ({name})" if t and t != name and t != "N/A" else name
 
 
 class _CodeRegion:

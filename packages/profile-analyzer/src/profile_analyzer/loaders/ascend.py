@@ -357,7 +357,8 @@ def columns_to_rank(cols: Columns, *, rank: int, source: str, fmt: str, kernel_d
                         dev_start, dev_end)
     if kernel_details:
         type_by_name: dict[str, str] = kernel_details["types"]  # type: ignore[assignment]
-        op_types = {i: type_by_name[n] for i, n in enumerate(names) if n in type_by_name}
+        # Level 0 writes Type "N/A" for every operator: no type is known then
+        op_types = {i: t for i, n in enumerate(names) if (t := type_by_name.get(n)) and t != "N/A"}
     else:
         op_types = {}
     device_id = min(devices) if devices else None

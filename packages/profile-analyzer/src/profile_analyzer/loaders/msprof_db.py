@@ -250,6 +250,8 @@ def load_db(db_path: Path, rank: int, host_events: bool = False) -> list[RankTim
     rts = columns_to_ranks(cols, rank=rank, source=str(db_path), fmt=fmt, kernel_details=kernel_details,
                            step_trace=step_trace, warnings=warnings, host_events=host_events)
     for rt in rts:
+        rt.profiler_step_trace_source = "analysis.db:StepTraceTime"
+        rt.profiler_comm_source = "analysis.db:CommAnalyzerTime"
         if comm is not None and len(rts) == 1:
             rt.profiler_comm = comm
         if n_steps == 0 and fmt == "msprof_db":

@@ -31,7 +31,8 @@ within a schema version, never renamed or removed.
                       "communication_not_overlapped_exclude_receive": float, "preparing": float,
                       "overlap_pct": float|null} ],                   # µs, msprof step_trace_time columns
       "breakdown_items": [[json_key, msprof_column_name], ...],
-      "profiler_agreement": [ {"rank", "step", "item", "source": "overlap_analysis_track"|"step_trace_time.csv"|"communication.json",
+      "profiler_agreement": [ {"rank", "step", "item", "source": "overlap_analysis_track"|"step_trace_time.csv"|"communication.json"
+                               |"analysis.db:StepTraceTime"|"analysis.db:CommAnalyzerTime",   # the last two: DB export
                                "ours_us", "profiler_us", "delta_us"} ],
       "exposed_communication": [ {"rank": int, "exposed_us": float,
             "by_operator": [{"operator", "count", "exposed_us", "total_us", "exposed_pct"}],
