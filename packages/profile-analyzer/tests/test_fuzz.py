@@ -201,3 +201,68 @@ def test_any_comm_pattern_is_refused_in_one_line_or_matches_in_bounded_time(patt
     begin = time.monotonic()
     classify_name(name * 50, compiled)  # up to 10,000 characters: a backtracking engine takes ages on some
     assert time.monotonic() - begin < 2
+
+
+# Oversized input (gzip bombs and their plain twins): one stretch without an event boundary, larger or smaller than
+# the slicer's cap, placed anywhere an event or the file's structure can hold it. Caps shrunk so the stretch is small.
+_CAP = 64 << 10
+oversize_place = st.sampled_from(["name", "args", "blanks-between", "blanks-first", "kineto-rest", "kineto-head"])
+
+
+def _oversized_trace(place: str, filler: bytes, size: int) -> tuple[bytes, bool]:
+    """(the file's bytes, whether it is a Kineto object) with ``size`` bytes of ``filler`` at ``place``."""
+    run = (filler * (size // len(filler) + 1))[:size]
+    blanks = (b" \t\r\n" * size)[:size]
+    event = {"ph": "X", "name": "aclnnAdd", "pid": HW, "tid": 5, "ts": "1.0", "dur": 1.0, "args": {}}
+    body = json.dumps(META + [event]).encode()
+    if place == "name":
+        body = body.replace(b'"aclnnAdd"', b'"' + run + b'"')
+    elif place == "args":
+        body = body.replace(b'"args": {}', b'"args": {"x": "' + run + b'"}')
+    elif place == "blanks-between":
+        body = body.replace(b"}, {", b"}, " + blanks + b"{", 1)
+    elif place == "blanks-first":
+        body = b"[" + blanks + body[1:]
+    if place == "kineto-rest":
+        return b'{"traceEvents": ' + body + b', "x": "' + run + b'"}', True
+    if place == "kineto-head":
+        return b'{"a": "traceEvents", "x": "' + run + b'", "traceEvents": ' + body + b"}", True
+    return body, False
+
+
+@settings(FUZZ, max_examples=60)
+@given(oversize_place, st.sampled_from([b"a", b" ", b"\\u00e9", b"x}, {"]),
+       st.one_of(st.integers(_CAP // 8, _CAP // 2), st.integers(2 * _CAP, 6 * _CAP)), st.booleans())
+def test_an_oversized_stretch_is_read_or_refused_at_a_bounded_peak(monkeypatch, place, filler, size, zipped):
+    import tracemalloc
+
+    from profile_analyzer.loaders import _slicer
+
+    monkeypatch.setattr(_slicer, "CHUNK_BYTES", 4 << 10)
+    monkeypatch.setattr(_slicer, "MAX_EVENT_BYTES", _CAP)
+    monkeypatch.setattr(_slicer, "MAX_WHOLE_GZ_BYTES", _CAP)
+    monkeypatch.setattr(_slicer, "_HEAD_LIMIT", _CAP // 4)
+    data, kineto = _oversized_trace(place, filler, size)
+    with tempfile.TemporaryDirectory() as folder:
+        if kineto or zipped:  # a .gz is read as a Kineto trace (its events a list or an object's traceEvents)
+            path = Path(folder) / ("trace.json.gz" if zipped else "trace.json")
+        else:
+            path = Path(folder) / "x_ascend_pt" / "ASCEND_PROFILER_OUTPUT" / "trace_view.json"
+            path.parent.mkdir(parents=True)
+        path.write_bytes(gzip.compress(data, 1) if zipped else data)
+        tracemalloc.start()
+        try:
+            load(path if kineto or zipped else path.parent.parent)
+            refused = None
+        except ProfileError as exc:
+            refused = str(exc)
+        finally:
+            peak = tracemalloc.get_traced_memory()[1]
+            tracemalloc.stop()
+    if refused is not None:
+        assert "\n" not in refused
+    if size > 2 * _CAP and not (place == "kineto-head" and not zipped):  # a plain file is read whole there
+        assert refused is not None and "KiB" in refused, refused
+        assert peak < 8 * _CAP + (4 << 20), peak  # a few caps, plus the loader's own fixed needs
+    elif size < _CAP // 2 and place not in ("kineto-head",):
+        assert refused is None or "KiB" not in refused, refused

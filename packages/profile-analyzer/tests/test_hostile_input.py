@@ -10,6 +10,7 @@ import signal
 import subprocess
 import sys
 import time
+import zlib
 from pathlib import Path
 
 import pytest
@@ -294,3 +295,52 @@ def test_the_synth_api_refuses_a_number_that_is_not_finite(tmp_path, field):
         with pytest.raises(ValueError, match=f"{field} must be a finite number"):
             synth.write_profile(tmp_path / "out", **{field: bad})
     assert not (tmp_path / "out").exists()
+
+
+def gzip_bomb(path: Path, head: bytes, filler: bytes, mib: int, tail: bytes) -> Path:
+    """A .gz that expands to ``head + filler * mib MiB + tail``, written in a few milliseconds: one deflated MiB of
+    filler repeated as gzip members (a reader joins the members, as gunzip does)."""
+    def member(data: bytes) -> bytes:
+        packer = zlib.compressobj(9, zlib.DEFLATED, 31)
+        return packer.compress(data) + packer.flush()
+
+    block = member(filler * (1 << 20))
+    with open(path, "wb") as handle:
+        handle.write(member(head))
+        for _ in range(mib):
+            handle.write(block)
+        handle.write(member(tail))
+    return path
+
+
+def run_measured(*args: str) -> tuple[int, str, float, int]:
+    """(exit status, stderr, seconds, peak RSS in bytes) of ``python -m profile_analyzer ARGS``."""
+    begin = time.monotonic()
+    proc = subprocess.Popen([sys.executable, "-m", "profile_analyzer", *args], stdout=subprocess.DEVNULL,
+                            stderr=subprocess.PIPE)
+    err = proc.stderr.read().decode()  # type: ignore[union-attr]
+    _, status, usage = os.wait4(proc.pid, 0)
+    proc.returncode = os.waitstatus_to_exitcode(status)
+    return proc.returncode, err, time.monotonic() - begin, usage.ru_maxrss * 1024  # ru_maxrss: KiB on Linux
+
+
+EVENT_TAIL = b'", "pid": 1, "tid": 1, "ts": 1, "dur": 1}]'
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="ru_maxrss units and os.wait4 as on Linux")
+@pytest.mark.parametrize("head,filler,mib,tail", [
+    (b"[", b" ", 2048, b"]"),  # 2 MB of gzip, 2 GiB of blanks inside the array
+    (b'[{"ph": "X", "name": "', b"a", 1024, EVENT_TAIL),  # 1 MB of gzip, one event with a 1 GiB name
+    (b'{"traceEvents": [{"ph": "X", "name": "', b"a", 1024, EVENT_TAIL + b"}"),  # the same in a Kineto object
+    (b'{"traceEvents": [], "x": "', b"a", 1024, b'"}'),  # 1 GiB after the Kineto array
+    (b'{"a": "traceEvents", "x": "', b"a", 1024, b'", "traceEvents": []}'),  # the array past the head: read whole
+], ids=["blanks", "name", "kineto-name", "kineto-rest", "kineto-whole"])
+def test_a_gzip_bomb_is_refused_in_seconds_at_a_bounded_peak(tmp_path, head, filler, mib, tail):
+    # before: the 2 GiB of blanks exited 2 after 22 s at a 4.2 GB peak, the 1 GiB name ran past 60 s at 4.1 GB
+    bomb = gzip_bomb(tmp_path / "trace.json.gz", head, filler, mib, tail)
+    assert bomb.stat().st_size < 3 << 20
+    status, err, seconds, peak = run_measured("report", str(bomb))
+    assert status == 2 and err.count("\n") == 1 and "Traceback" not in err, err
+    assert "MiB" in err and "trace.json.gz" in err, err
+    assert peak < 512 << 20, f"peak RSS {peak >> 20} MiB"
+    assert seconds < 20, seconds

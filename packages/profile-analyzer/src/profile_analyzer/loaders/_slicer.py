@@ -27,6 +27,13 @@ import msgspec
 from profile_analyzer.errors import ProfileError
 
 CHUNK_BYTES = 1 << 20  # 1 MiB: measured faster than 4 MiB (the slice's objects stay in cache) and a smaller peak
+# The longest stretch of a trace without an event boundary that is read: one event (or the blanks between two, or
+# the part of a Kineto object after its array) beyond it is refused, so a small .gz that expands to gigabytes of one
+# name or of blanks is refused after reading this much, at a bounded peak (about three times it), instead of
+# being expanded whole. Real events are a few hundred bytes; the largest seen in profiler output is under 1 MiB.
+MAX_EVENT_BYTES = 64 << 20
+# A .gz read whole (a Kineto object whose traceEvents array does not start near the top) is refused past this.
+MAX_WHOLE_GZ_BYTES = 64 << 20
 
 
 class Args(msgspec.Struct, gc=False, frozen=True):
@@ -89,7 +96,13 @@ def read_bytes(path: Path) -> bytes:
     try:
         if path.suffix == ".gz":
             with gzip.open(path, "rb") as f:
-                return f.read()
+                data = f.read(MAX_WHOLE_GZ_BYTES + 1)
+            if len(data) > MAX_WHOLE_GZ_BYTES:
+                raise ProfileError(path, f"expands to more than {_size(MAX_WHOLE_GZ_BYTES)} and its traceEvents "
+                                         f"array does not start in the first {_size(_HEAD_LIMIT)} (such a file is "
+                                         "read whole); expected a Kineto trace with traceEvents near the top, or the "
+                                         "trace uncompressed")
+            return data
         with open(path, "rb", buffering=0) as f:
             return f.read()
     except FileNotFoundError:
@@ -454,8 +467,10 @@ def _array_chunks(path: Path, on_bytes: ByteProgress | None = None,
                 while src.hi - src.lo <= reach and src.more():
                     pass
             else:  # Kineto: the array has ended; the rest of the object is read whole
-                while src.more():
+                while src.hi - last <= MAX_EVENT_BYTES and src.more():
                     pass
+                if src.hi - last > MAX_EVENT_BYTES:
+                    raise _too_long(path, src.position() + last - src.lo, "the object after its traceEvents array does not end")
             lo = src.lo
             if src.eof and (last is not None or src.hi - lo <= reach + (reach >> 2)):  # the last slice
                 buf[lo] = 0x5B
@@ -503,6 +518,8 @@ def _array_chunks(path: Path, on_bytes: ByteProgress | None = None,
                 if last is None:  # no usable cut in this stretch: take a longer one
                     scan_from = max(scan_from, target - _CUT_SPAN)
                     reach += CHUNK_BYTES
+                    if reach > MAX_EVENT_BYTES:
+                        raise _too_long(path, src.position(), "no event boundary")
                 continue  # else the Kineto array's end was found in it: the rest is its last slice
             reach = CHUNK_BYTES
             n_done += len(decoded)
@@ -514,6 +531,17 @@ def _array_chunks(path: Path, on_bytes: ByteProgress | None = None,
                 on_bytes(src.position(), src.total, path.name)
     finally:
         src.close()
+
+
+def _size(n: int) -> str:
+    return f"{n >> 20} MiB" if n >= 1 << 20 else f"{n >> 10} KiB"
+
+
+def _too_long(path: Path, at: int, what: str) -> ProfileError:
+    where = f"byte {at} of the decompressed text" if path.suffix == ".gz" else f"byte {at}"
+    cap = _size(MAX_EVENT_BYTES)
+    return ProfileError(path, f"{what} within {cap} after {where}; expected a Chrome trace whose events (and the "
+                              f"blanks between them) are each under {cap}")
 
 
 def _kineto_array_end(path: Path, data: bytes | memoryview, base: int, first: int) -> int:
