@@ -309,8 +309,10 @@ def section_analyzer(out: Path, record: dict[str, Any], figures: Path) -> list[s
         if "hta" in k:
             rows.append([f"HTA {k['hta']['version']} get_comm_comp_overlap", f"{k['hta']['wall_s']:.1f} s, overlap "
                          f"{k['hta']['comp_comm_overlap_pctg']} (agrees to 0.01: {'yes' if k['figures_agree'] else 'NO'})"])
+            memory = (f"; memory ratio {k['memory_ratio']:.1f}x (HTA's peak RSS / ours)"
+                      if k.get("memory_ratio") is not None else "")
             rows.append(["speed ratio (HTA / ours)", f"{k['speed_ratio']:.1f}x (target >= 20x: "
-                         f"{'met' if k['meets_speed_target'] else 'NOT met'})"])
+                         f"{'met' if k['meets_speed_target'] else 'NOT met'}){memory}"])
     lines += _table(["", "figure"], rows) + [""]
     lines += [f"![analyzer time and memory](figures/{figure_analyzer(pa, figures / 'analyzer_vs_msprof.png').name})", ""]
     return lines

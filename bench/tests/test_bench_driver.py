@@ -213,6 +213,23 @@ def test_report_has_every_table_and_real_pngs(tmp_path: Path, report: ModuleType
     assert not (out / "figures" / "analyzer_vs_msprof.png").exists()
 
 
+def test_the_hta_row_gives_the_memory_ratio_beside_the_time_ratio(tmp_path: Path, report: ModuleType) -> None:
+    pa = {"input": {"ranks": 8, "trace_view_bytes": 1e9, "events": 10_000_000, "largest_file_bytes": 1.3e8},
+          "ours": {"jobs": 2, "wall_s": 10.0, "events_per_s": 1_000_000, "tree_peak_rss_bytes": 2e8,
+                   "peak_memory_vs_largest_file": 1.5, "matches_ground_truth": True},
+          "meets_memory_target": True,
+          "kineto": {"input": {"bytes": 5e8, "events": 3_000_000, "repeats": 40, "source": "nccl_data.json.gz"},
+                     "ours": {"wall_s": 2.0, "whole_trace_overlap_pct": 12.5},
+                     "hta": {"version": "0.5.0", "wall_s": 62.0, "comp_comm_overlap_pctg": 12.5},
+                     "figures_agree": True, "speed_ratio": 31.0, "meets_speed_target": True, "memory_ratio": 6.25}}
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "profile_analyzer.json").write_text(json.dumps(pa))
+    (tmp_path / "figures").mkdir()
+    text = "\n".join(report.section_analyzer(out, {}, tmp_path / "figures"))
+    assert "| speed ratio (HTA / ours) | 31.0x (target >= 20x: met); memory ratio 6.2x (HTA's peak RSS / ours) |" in text
+
+
 def test_policy_verdicts_against_the_faster_arm_and_the_spread(report: ModuleType) -> None:
     summary = _serving_summary()
     v = report.policy_verdicts(summary, _policy_table("split"))

@@ -499,6 +499,9 @@ def run_hta_comparison(cache: Path, work: Path, timeout_s: float, log=print, tar
     out["figures_agree"] = (hta_pct is not None and ours_pct is not None and abs(hta_pct - ours_pct) <= 0.01)
     out["speed_ratio"] = round(run.wall_s / ours["wall_s"], 2)
     out["meets_speed_target"] = out["speed_ratio"] >= SPEED_TARGET
+    # HTA's peak RSS over ours (our process tree's peak RSS, the same measure on both sides)
+    if ours.get("tree_peak_rss_bytes"):
+        out["memory_ratio"] = round(run.tree_peak_rss_bytes / ours["tree_peak_rss_bytes"], 2)
     return out
 
 
