@@ -5,8 +5,13 @@
 # ///
 """Serving-benchmark harness: start `vllm serve`, wait for /health, run `vllm bench serve`, collect its JSON.
 
-    python serve_bench.py run MATRIX.yaml --out DIR [--python PY] [--dry-run] [--resume]
-    python serve_bench.py table DIR [--baseline VARIANT] [--format text|md|json]
+    python scripts/serve_bench.py run MATRIX.yaml --out DIR [--python PY] [--dry-run] [--resume]
+    python scripts/serve_bench.py table DIR [--baseline VARIANT] [--format text|md|json]
+
+Examples (from the skill's folder; elsewhere prefix scripts/ and assets/ with that folder):
+  python scripts/serve_bench.py run assets/ablation-910b.yaml --out bench-out --dry-run
+(the dry run prints every server and client command and starts nothing; a real run, without --dry-run,
+occupies the devices; `python scripts/serve_bench.py table bench-out` prints its table afterwards)
 
 A matrix file names server *variants* (each one server start: e.g. DBO off, DBO on with a threshold)
 and a client *sweep* (a cartesian product of `vllm bench serve` options, e.g. max-concurrency), run

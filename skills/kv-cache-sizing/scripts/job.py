@@ -24,6 +24,13 @@ SIGKILL after --grace seconds.
 
 Exit codes of status/wait: 0 done with exit code 0; 1 done with another exit code (or the process
 vanished without writing one); 3 still running; 2 bad input (unknown job, a name already in use).
+
+Examples (from the skill's folder; elsewhere prefix scripts/ with that folder; each exits 0):
+  python scripts/job.py start nap -- sleep 2
+  python scripts/job.py wait nap --timeout 60
+  python scripts/job.py status nap
+  python scripts/job.py stop nap
+(`stop` of a job that has ended only prints its state; `wait` again while it says "running".)
 Standard library only; this file's source is skills/job.py, copied into each skill by `make skills-sync`.
 """
 

@@ -18,6 +18,13 @@ another. TEMPLATE is a file under the skill's assets/ with or without its `.j2` 
 Dotted keys (`server.port=8000`) build nested mappings. Relative paths are read from the current
 folder, and the output is written there, never into the skill.
 
+Overrides: `--set KEY=VALUE` replaces one variable (`--set tensor_parallel_size=2`); a dotted KEY sets one
+entry of a mapping variable and keeps the others (`--set extra_args.max-num-seqs=24` adds the server
+flag `--max-num-seqs 24`; `--set-str extra_env.ASCEND_RT_VISIBLE_DEVICES=0,1` sets one environment
+variable). `--list` names the variables; a flag that is not a variable goes into the mapping that holds
+flags (`extra_args` in the launch templates). Templates check values that must agree (for example
+tensor x data parallel size against the visible devices) and stop with one line saying what to change.
+
 Every variable the template references must be given: a forgotten value is an error, not an empty
 string in a launch script. The rendered text is checked by its kind (bash -n for shell, compile() for
 Python, YAML/JSON parsing) before anything is written, and it is written through a temporary file, so
@@ -37,6 +44,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import textwrap
 from pathlib import Path
 from typing import Any
 
@@ -47,6 +55,14 @@ TEMPLATE_FOLDER = "assets"
 
 class RenderError(Exception):
     """A user error: bad skill, template, value or output; the message is one line."""
+
+
+class TemplateCheckFailed(Exception):
+    """Raised by `fail(message)` inside a template: values that contradict each other."""
+
+
+def _fail(message: str) -> str:
+    raise TemplateCheckFailed(" ".join(str(message).split()))
 
 
 def _require_libraries() -> tuple[Any, Any]:
@@ -139,6 +155,7 @@ def make_environment(skill_dir: Path) -> Any:
     env.filters["cli_args"] = _cli_args
     env.filters["pyrepr"] = repr
     env.filters["fmt"] = lambda value, spec="": format(value, spec) if value is not None else "n/a"
+    env.globals["fail"] = _fail
     return env
 
 
@@ -274,6 +291,8 @@ def render(skill_dir: Path, template: str, values: dict[str, Any]) -> str:
     env = make_environment(skill_dir)
     try:
         text = env.get_template(str(path.relative_to(Path(skill_dir) / TEMPLATE_FOLDER))).render(**values)
+    except TemplateCheckFailed as exc:
+        raise RenderError(f"{label}: {exc}") from None
     except jinja2.UndefinedError as exc:
         raise RenderError(f"template {label}: a value has the wrong shape ({exc.message})") from None
     except jinja2.TemplateError as exc:
@@ -306,17 +325,78 @@ class _OneLineParser(argparse.ArgumentParser):
         self.exit(2, f"{self.prog}: {message}\n")
 
 
-def build_parser() -> argparse.ArgumentParser:
+def _example_override(values: dict[str, Any]) -> list[str]:
+    """`--set`/`--set-str` options that show the override syntax with this template's own example values."""
+    options = []
+    scalar = next(((k, v) for k, v in values.items() if isinstance(v, (int, float)) and not isinstance(v, bool)), None)
+    if scalar:
+        options.append(f"--set {scalar[0]}={scalar[1]}")
+    nested = next(((k, v) for k, v in values.items() if isinstance(v, dict) and v), None)
+    if nested:
+        key, value = next(iter(nested[1].items()))
+        option = "--set-str" if isinstance(value, str) else "--set"
+        text = json.dumps(value) if isinstance(value, (bool, list, dict)) or value is None else str(value)
+        options.append(f"{option} {nested[0]}.{key}={shlex.quote(text)}")
+    return options
+
+
+HELP_EXAMPLE_PREFIX = "# help-example:"
+
+
+def _declared_examples(values_path: Path) -> list[str]:
+    """Options given on `# help-example: OPTIONS` lines of a values file (what --help shows for it)."""
+    if not values_path.is_file():
+        return []
+    return [line[len(HELP_EXAMPLE_PREFIX):].strip() for line in values_path.read_text(encoding="utf-8").splitlines()
+            if line.startswith(HELP_EXAMPLE_PREFIX)]
+
+
+def help_examples(skill_dir: Path | None = None) -> str:
+    """The Examples section of --help: commands that run as they are in this skill (a test executes them).
+
+    Per template: rendering its example values; then the `# help-example:` lines of its values file, or
+    else one override built from its own example values (a number with --set, a mapping entry with a dotted key).
+    """
+    lines = ["Examples (from the skill's folder; elsewhere prefix scripts/ with that folder):",
+             "  python scripts/render.py --list"]
+    try:
+        root = skill_root(skill_dir)
+        names = template_names(root)
+    except RenderError:
+        return "\n".join(lines)
+    _, yaml = _require_libraries()
+    for name in names:
+        stem, output = name.split(".", 1)[0], Path(name).name
+        lines.append(f"  python scripts/render.py {stem} --example -o {output}")
+        values_path = example_values_path(root, name)
+        declared = _declared_examples(values_path)
+        if not declared and values_path.is_file():
+            values = yaml.safe_load(values_path.read_text(encoding="utf-8")) or {}
+            options = _example_override(values) if isinstance(values, dict) else []
+            declared = [" ".join(options)] if options else []
+        lines += [f"  python scripts/render.py {stem} --example {options} -o {output}" for options in declared]
+    return "\n".join(lines)
+
+
+def build_parser(skill_dir: Path | None = None) -> argparse.ArgumentParser:
+    try:
+        epilog = help_examples(skill_dir)
+    except RenderError:
+        epilog = ""
     parser = _OneLineParser(
         prog="render.py",
         description="Render a template of this agent skill (jinja2; every variable must be given).",
-        epilog="Example: python scripts/render.py launch_server --example --set dbo=false -o launch_off.sh",
+        epilog=epilog + "\n\n" + textwrap.fill(
+            "Overrides: " + " ".join((__doc__ or "").split("Overrides: ", 1)[-1].split("\n\n", 1)[0].split()), 100),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("template", nargs="?", help="template under the skill's assets/ (.j2 optional, or its stem)")
     parser.add_argument("--example", action="store_true", help="start from the template's example values")
     parser.add_argument("--values", action="append", default=[], metavar="FILE", help="YAML/JSON file of values (repeatable)")
-    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="a value, parsed as YAML")
-    parser.add_argument("--set-str", action="append", default=[], metavar="KEY=VALUE", help="a value, kept as text")
+    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                        help="a value, parsed as YAML; a dotted KEY sets one entry of a mapping (extra_args.max-num-seqs=24)")
+    parser.add_argument("--set-str", action="append", default=[], metavar="KEY=VALUE",
+                        help="a value, kept as text (extra_env.ASCEND_RT_VISIBLE_DEVICES=0,1)")
     parser.add_argument("--set-file", action="append", default=[], metavar="KEY=FILE", help="a value loaded from a JSON/YAML file")
     parser.add_argument("--output", "-o", metavar="FILE", help="write here (default: stdout)")
     parser.add_argument("--list", action="store_true", help="list the templates and their variables")
