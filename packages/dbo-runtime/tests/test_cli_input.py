@@ -258,6 +258,64 @@ def test_doctor_source_that_is_a_fifo(tmp_path, name):
     assert code == 2 and len(lines) == 1 and "/dev/zero" in lines[0], lines
 
 
+def _deflated(data: bytes) -> bytes:
+    import zlib
+
+    packer = zlib.compressobj(9, zlib.DEFLATED, 31)
+    return packer.compress(data) + packer.flush()
+
+
+def _tar_gz_bomb(path: Path, member: str, mib: int) -> Path:
+    """A .tar.gz of one ``mib`` MiB file of blanks, about 1 KiB per MiB, written in milliseconds: the tar stream is
+    gzip members joined (the header, then one deflated MiB repeated, then the end blocks)."""
+    import tarfile
+
+    info = tarfile.TarInfo(member)
+    info.size = mib << 20
+    block = _deflated(b" " * (1 << 20))
+    with open(path, "wb") as handle:
+        handle.write(_deflated(info.tobuf(format=tarfile.GNU_FORMAT)))
+        for _ in range(mib):
+            handle.write(block)
+        handle.write(_deflated(b"\0" * 1024))
+    return path
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="ru_maxrss units and os.wait4 as on Linux")
+@pytest.mark.parametrize("member,mib,needle", [
+    ("vllm-ascend-0.1/vllm_ascend/__init__.py", 1024, "more than the 16 MiB"),  # was read whole: 2.1 GB peak
+    ("vllm-ascend-0.1/PKG-INFO", 1024, "more than the 16 MiB"),
+    ("vllm-ascend-0.1/docs/blank.bin", 2100, "expands past 2 GiB"),  # skipped, but walked through
+])
+def test_doctor_sdist_that_expands_to_gigabytes(tmp_path, member, mib, needle):
+    import os
+    import time
+
+    bomb = _tar_gz_bomb(tmp_path / "vllm-ascend.tar.gz", member, mib)
+    begin = time.monotonic()
+    proc = subprocess.Popen([sys.executable, "-m", "dbo_runtime.cli", "doctor", "--vllm-ascend", str(bomb)],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL, text=True)
+    err = proc.stderr.read()  # type: ignore[union-attr]
+    _, status, usage = os.wait4(proc.pid, 0)
+    proc.returncode = os.waitstatus_to_exitcode(status)
+    lines = [line for line in err.splitlines() if line.strip()]
+    assert proc.returncode == 2 and len(lines) == 1 and needle in lines[0], err
+    assert usage.ru_maxrss * 1024 < 512 << 20 and time.monotonic() - begin < 20
+
+
+def test_doctor_wheel_with_a_module_that_expands_past_the_cap(tmp_path):
+    import zipfile
+
+    wheel = tmp_path / "vllm_ascend-0.1-py3-none-any.whl"
+    with zipfile.ZipFile(wheel, "w", zipfile.ZIP_DEFLATED) as zf:
+        zf.writestr("vllm_ascend/__init__.py", "")
+        with zf.open("vllm_ascend/big.py", "w") as handle:
+            for _ in range(20):
+                handle.write(b"#" * (1 << 20))
+    code, lines = _cli_in_a_subprocess(["doctor", "--vllm-ascend", str(wheel)])
+    assert code == 2 and len(lines) == 1 and "vllm_ascend/big.py expands to 20 MiB" in lines[0], lines
+
+
 @pytest.mark.parametrize("link", ["20,1e-300", "20,1e-30", "1e15,1", "20,1e300", "1e400,1", "20,-inf", "inf,1",
                                   "20,0.0009", "10001,1"])
 def test_reference_link_outside_a_physical_range(capsys, tmp_path, link):

@@ -21,6 +21,12 @@ __all__ = ["PackageSource", "open_source", "installed_source", "runtime_source",
            "REFERENCE_VLLM_ASCEND_VERSION", "REFERENCE_VLLM_VERSION", "normalize_name", "parse_requirement"]
 
 _ARCHIVE_SUFFIXES = (".tar.gz", ".tgz", ".whl", ".zip")
+# An archive is read into memory file by file; these bound what a small archive that expands to gigabytes (a gzip
+# or zip bomb) can make it hold or walk. A vllm-ascend sdist holds about 10 MiB of Python (its largest file 252 KiB),
+# a vLLM wheel about 25 MiB (326 KiB).
+_MEMBER_MAX_BYTES = 16 << 20  # one file read (a module or a requirements file)
+_READ_MAX_BYTES = 256 << 20  # all the files read, together
+_TAR_WALK_MAX_BYTES = 2 << 30  # how far into the expanded .tar the walk goes
 
 
 def _is_meta_file(name: str) -> bool:
@@ -148,20 +154,41 @@ def _bad_input(path: Path, package: str, why: str) -> DBOConfigError:
     )
 
 
+class _ReadBudget:
+    """Refuses an archive's file larger than ``_MEMBER_MAX_BYTES`` before it is read, and files read past
+    ``_READ_MAX_BYTES`` in all (sizes from the archive's headers; the readers stop at them)."""
+
+    def __init__(self, path: Path, package: str) -> None:
+        self.path, self.package, self.total = path, package, 0
+
+    def take(self, name: str, size: int) -> None:
+        self.total += size
+        if size > _MEMBER_MAX_BYTES:
+            raise _bad_input(self.path, self.package, f"{name} expands to {size >> 20} MiB, more than the "
+                                                      f"{_MEMBER_MAX_BYTES >> 20} MiB read of one file")
+        if self.total > _READ_MAX_BYTES:
+            raise _bad_input(self.path, self.package, f"its source files expand to more than "
+                                                      f"{_READ_MAX_BYTES >> 20} MiB in all")
+
+
 def _from_tar(path: Path, package: str) -> PackageSource:
     # One sequential pass: a .tar.gz cannot seek backwards cheaply, so every .py of the package is read now.
     texts: dict[str, str] = {}
     meta: dict[str, str] = {}
     version = None
+    budget = _ReadBudget(path, package)
     try:
         with tarfile.open(path, "r:*") as tar:
             for member in tar:
+                if member.offset_data + member.size > _TAR_WALK_MAX_BYTES:
+                    raise _bad_input(path, package, f"expands past {_TAR_WALK_MAX_BYTES >> 30} GiB (at {member.name})")
                 if not member.isfile():
                     continue
                 parts = member.name.split("/")
                 if len(parts) == 2 and _is_meta_file(parts[1]):
                     handle = tar.extractfile(member)
                     if handle is not None:
+                        budget.take(member.name, member.size)
                         meta[parts[1]] = handle.read().decode("utf-8", errors="replace")
                         if parts[1] == "PKG-INFO":
                             version = _version_from_metadata_text(meta[parts[1]])
@@ -173,6 +200,7 @@ def _from_tar(path: Path, package: str) -> PackageSource:
                         if rel.endswith(".py") and rel not in texts:
                             handle = tar.extractfile(member)
                             if handle is not None:
+                                budget.take(member.name, member.size)
                                 texts[rel] = handle.read().decode("utf-8", errors="replace")
                         break
     except (tarfile.TarError, OSError, EOFError) as exc:
@@ -192,6 +220,15 @@ def _from_zip(path: Path, package: str) -> PackageSource:
     if f"{package}/__init__.py" not in files:
         zf.close()
         raise _bad_input(path, package, f"archive has no {package}/__init__.py")
+    budget = _ReadBudget(path, package)
+    try:
+        for info in zf.infolist():  # the modules are read later, on demand: their sizes are checked now
+            if info.filename in files or (info.filename.endswith(".dist-info/METADATA")
+                                          and info.filename.count("/") == 1):
+                budget.take(info.filename, info.file_size)
+    except DBOConfigError:
+        zf.close()
+        raise
     version = None
     meta: dict[str, str] = {}
     for name in names:
