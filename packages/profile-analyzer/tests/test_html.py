@@ -150,3 +150,65 @@ def test_page_renders_in_headless_chromium(page: str, report_dict: dict, tmp_pat
     assert console == [], console
     assert _png_size(shot) == (1400, 2000)
     assert shot.stat().st_size > 50_000  # a rendered page with charts, not a blank canvas
+
+
+# ---------------------------------------------------------------------------------------------------
+# idle gaps (host-bound): drawn also when the profile has no communication
+
+
+def _gap_svgs(html: str) -> tuple[str, str]:
+    line = html.split('<svg class="gapline"')[1].split("</svg>")[0]
+    bars = html.split('<svg class="gapbars"')[1].split("</svg>")[0]
+    return line, bars
+
+
+def test_single_card_host_bound_gaps_are_drawn(msprof_sample: Path) -> None:
+    """The real single-card sample: no communication, 275 gaps, 99% host-bound. Each of the report's largest
+    gaps is drawn on the step's time axis and as a ranked bar, split into its host-bound part and the rest."""
+    from profile_analyzer.report.html import MAX_GAP_BARS, _gap_parts
+
+    d = analyze(load(msprof_sample / "single_card_ascend_pt")).to_dict()
+    largest = d["idle_gaps"][0]["largest"]
+    assert len(largest) >= 10 and d["summary"]["communication_us"] == 0
+    html = render_html(d)
+    line, bars = _gap_svgs(html)
+    pieces = [piece for g in largest for piece in _gap_parts(g)]
+    assert line.count('<rect class="gap ') == len(pieces)
+    assert line.count('<rect class="gap k-host"') == sum(1 for g in largest if (g["host_bound_us"] or 0) > 0)
+    assert bars.count('<g class="gap-bar">') == min(len(largest), MAX_GAP_BARS)
+    # the longest gap's bar, labelled with its duration and the kernels around it
+    top = largest[0]
+    assert f"{top['dur_us'] / 1e3:,.2f} ms" in bars or f"{top['dur_us']:,.1f} µs" in bars
+    assert (top["before"] or "(start)")[:10] in bars
+    assert "of 275 idle gaps" in html and "99% host-bound" in html
+    # the empty communication tables say why they are empty
+    assert html.count("the profile has no communication operators") >= 4
+    assert "Nothing to show.</p>" not in html
+
+
+def test_gap_parts_split_host_bound_first() -> None:
+    from profile_analyzer.report.html import _gap_parts
+
+    gap = {"start_us": 10.0, "end_us": 20.0, "dur_us": 10.0}
+    assert [(a, b, c) for a, b, c, _ in _gap_parts({**gap, "host_bound_us": 4.0})] == [
+        (10.0, 14.0, "k-host"), (14.0, 20.0, "k-wait")]
+    assert [c for *_, c, _ in _gap_parts({**gap, "host_bound_us": 10.0})] == ["k-host"]
+    assert [c for *_, c, _ in _gap_parts({**gap, "host_bound_us": 0.0})] == ["k-wait"]
+    assert [c for *_, c, _ in _gap_parts({**gap, "host_bound_us": None})] == ["k-other"]
+    assert _gap_parts({**gap, "host_bound_us": 25.0})[0][1] == 20.0  # clipped to the gap
+
+
+def test_gap_geometry_follows_the_step_axis(report_dict: dict) -> None:
+    """Synthetic DBO profile: gaps are placed by their start on the rank's step axis, inside the plot."""
+    from profile_analyzer.report.html import LABEL_W, PLOT_W, idle_gap_models
+
+    models = idle_gap_models(report_dict)
+    assert models, "the synthetic profile has idle gaps on its compute streams"
+    for model in models:
+        xs = [r["x"] for lane in model["lanes"] for r in lane["rects"]]
+        assert xs and all(LABEL_W - 0.01 <= x <= LABEL_W + PLOT_W + 0.01 for x in xs)
+    rank0 = next(m for m in models if m["rank"] == 0)
+    gaps = next(e for e in report_dict["idle_gaps"] if e["rank"] == 0)["largest"]
+    first, last = min(gaps, key=lambda g: g["start_us"]), max(gaps, key=lambda g: g["start_us"])
+    rect_xs = sorted(r["x"] for lane in rank0["lanes"] for r in lane["rects"])
+    assert rect_xs[0] < rect_xs[-1] and first["start_us"] < last["start_us"]

@@ -3,7 +3,9 @@
 The page carries a Content-Security-Policy that forbids every external load, so a browser that opens
 it fetches nothing. Content: the verdict and summary figures, a per-rank bar of where the time went,
 an SVG timeline of each of the worst exposed-communication windows (one lane per stream, the exposed
-intervals shaded), and the same tables as the text and Markdown reports (``report.tables``).
+intervals shaded), the largest idle gaps on the compute streams (where they fall in the step, and the
+longest ones ranked, each split into its host-bound part and the rest), and the same tables as the text
+and Markdown reports (``report.tables``).
 """
 
 from __future__ import annotations
@@ -29,6 +31,9 @@ AXIS_H = 28
 LANE_H = 20
 LANE_GAP = 6
 MAX_WINDOWS = 8
+GAP_BAR_H = 16
+GAP_BAR_GAP = 4
+MAX_GAP_BARS = 12
 
 _NUMERIC = re.compile(r"^-?[\d,]+(\.\d+)?%?$")
 
@@ -109,6 +114,92 @@ def timeline_svg_model(window: dict[str, Any]) -> dict[str, Any]:
             "span": span, "start": start, "end": end}
 
 
+def _gap_parts(gap: dict[str, Any]) -> list[tuple[float, float, str, str]]:
+    """(start, end, css class, label) pieces of one idle gap: host-bound first (the device waited for the
+    next launch), then the rest (launched, waiting on something else); one piece when the cause is unknown."""
+    s, e = float(gap["start_us"]), float(gap["end_us"])
+    host = gap.get("host_bound_us")
+    if host is None:
+        return [(s, e, "k-other", "cause unknown (no launch time)")]
+    cut = s + min(max(float(host), 0.0), e - s)
+    parts = []
+    if cut > s:
+        parts.append((s, cut, "k-host", "host-bound: the next kernel was not launched yet"))
+    if e > cut:
+        parts.append((cut, e, "k-wait", "launched, the stream waited on something else"))
+    return parts
+
+
+def idle_gap_models(d: dict[str, Any]) -> list[dict[str, Any]]:
+    """Per rank with idle gaps on its compute streams: an overview SVG (the step on the x axis, one lane per
+    stream, each of the largest gaps drawn where it happened) and a ranked bar SVG of the longest gaps."""
+    step_span: dict[Any, tuple[float, float]] = {}
+    for row in d.get("breakdown", []):
+        lo, hi = step_span.get(row["rank"], (math.inf, -math.inf))
+        step_span[row["rank"]] = (min(lo, float(row["start_us"])), max(hi, float(row["end_us"])))
+    models = []
+    for entry in d.get("idle_gaps", []):
+        gaps = [g for g in entry.get("largest", []) if float(g["end_us"]) > float(g["start_us"])]
+        if not gaps:
+            continue
+        rank = entry.get("rank")
+        lo, hi = step_span.get(rank, (math.inf, -math.inf))
+        start = min(lo, min(float(g["start_us"]) for g in gaps))
+        end = max(hi, max(float(g["end_us"]) for g in gaps))
+        span = max(end - start, 1e-3)
+
+        def x(t: float, start: float = start, span: float = span) -> float:
+            return LABEL_W + (t - start) / span * PLOT_W
+
+        streams = list(dict.fromkeys(str(g["stream"]) for g in gaps))
+        lanes = []
+        for i, stream in enumerate(streams):
+            y = AXIS_H + i * (LANE_H + LANE_GAP)
+            rects = []
+            for g in (g for g in gaps if str(g["stream"]) == stream):
+                for s0, e0, cls, label in _gap_parts(g):
+                    rects.append({"x": round(x(s0), 2), "w": round(max(x(e0) - x(s0), 0.8), 2), "cls": cls,
+                                  "title": f"{_fmt_us(float(g['dur_us']))} idle at {float(g['start_us']):,.1f} µs, "
+                                           f"{g.get('before') or '(start)'} → {g.get('after')}; this part "
+                                           f"{_fmt_us(e0 - s0)}: {label}"})
+            short = stream if len(stream) <= 34 else stream[:15] + "…" + stream[-18:]
+            lanes.append({"y": y, "label": short, "full_label": stream, "rects": rects})
+        height = AXIS_H + max(len(lanes), 1) * (LANE_H + LANE_GAP) + 8
+        step = _nice_step(span)
+        ticks = []
+        t = (math.floor(start / step) + 1) * step
+        while t < end and len(ticks) < 12:
+            ticks.append({"x": round(x(t), 2), "label": f"{t:,.0f}" if step >= 1 else f"{t:,.2f}"})
+            t += step
+
+        longest = max(float(g["dur_us"]) for g in gaps)
+        bars = []
+        for i, g in enumerate(gaps[:MAX_GAP_BARS]):
+            y = 4 + i * (GAP_BAR_H + GAP_BAR_GAP)
+            pieces = []
+            offset = 0.0
+            for s0, e0, cls, label in _gap_parts(g):
+                w = (e0 - s0) / longest * (PLOT_W - 150)
+                pieces.append({"x": round(LABEL_W + offset, 2), "w": round(max(w, 0.8), 2), "cls": cls,
+                               "title": f"{_fmt_us(e0 - s0)}: {label}"})
+                offset += w
+            name = f"{g.get('before') or '(start)'} → {g.get('after')}"
+            bars.append({"y": y, "pieces": pieces, "label": name if len(name) <= 36 else name[:16] + "…" + name[-19:],
+                         "full_label": f"{name} on {g['stream']} at {float(g['start_us']):,.1f} µs",
+                         "value": _fmt_us(float(g["dur_us"])), "value_x": round(LABEL_W + offset + 6, 2)})
+        idle = sum(float(s["idle_us"]) for s in entry.get("per_stream", []))
+        host = sum(float(s["host_bound_us"]) for s in entry.get("per_stream", []))
+        total_gaps = sum(int(s["gaps"]) for s in entry.get("per_stream", []))
+        models.append({
+            "rank": rank, "height": height, "lanes": lanes, "ticks": ticks,
+            "bars": bars, "bars_height": 8 + len(bars) * (GAP_BAR_H + GAP_BAR_GAP),
+            "title": f"rank {rank}: the {len(gaps)} largest of {total_gaps:,} idle gaps on compute streams "
+                     f"({_fmt_us(idle)} idle, {100 * host / idle if idle else 0:.0f}% host-bound)",
+            "host_share": (host / idle) if idle else 0.0,
+        })
+    return models
+
+
 def _rank_bars(d: dict[str, Any]) -> list[dict[str, Any]]:
     """Per rank: Computing, exposed communication and Free as shares of their sum (the device span)."""
     per: dict[Any, dict[str, float]] = {}
@@ -153,12 +244,20 @@ def _summary_cards(d: dict[str, Any]) -> list[dict[str, str]]:
     return [{"note": "", "alert": False, **c} for c in cards]
 
 
-def _table_models(d: dict[str, Any]) -> list[dict[str, Any]]:
+COMMUNICATION_TABLES = ("Exposed communication", "Worst exposed intervals", "Dual-batch overlap")
+
+
+def _table_models(d: dict[str, Any], no_communication: bool = False) -> list[dict[str, Any]]:
     out = []
     for i, (title, headers, rows) in enumerate(tables(d)):
         cols_numeric = [all(_NUMERIC.match(str(r[j])) or str(r[j]) == "-" for r in rows) if rows else False
                         for j in range(len(headers))]
-        out.append({"id": f"t{i}", "title": title, "headers": headers, "rows": rows, "numeric": cols_numeric})
+        empty = "Nothing to show."
+        if no_communication and title.startswith(COMMUNICATION_TABLES):
+            empty = ("Nothing to show: the profile has no communication operators (a single card, or a trace "
+                     "without HCCL/NCCL tasks), so nothing can be exposed or overlapped.")
+        out.append({"id": f"t{i}", "title": title, "headers": headers, "rows": rows, "numeric": cols_numeric,
+                    "empty": empty})
     return out
 
 
@@ -167,6 +266,12 @@ def render_html(report_dict: dict[str, Any]) -> str:
     d = report_dict
     windows = [timeline_svg_model(w) for w in d.get("timeline", [])[:MAX_WINDOWS]]
     used = sorted({r["cls"] for w in windows for lane in w["lanes"] for r in lane["rects"]})
+    gap_views = idle_gap_models(d)
+    gap_legend = {"k-host": "host-bound (next kernel not launched yet)",
+                  "k-wait": "launched, waiting on something else", "k-other": "cause unknown (no launch time)"}
+    gap_used = [c for c in gap_legend
+                if any(r["cls"] == c for g in gap_views for lane in g["lanes"] for r in lane["rects"])]
+    no_communication = not (d.get("summary", {}).get("communication_us") or 0)
     template = _env.get_template("report.html.j2")
     return template.render(
         d=d,
@@ -177,7 +282,11 @@ def render_html(report_dict: dict[str, Any]) -> str:
         bars=_rank_bars(d),
         windows=windows,
         legend=[{"cls": c, "label": KIND_LABEL[c]} for c in used],
-        tables=_table_models(d),
+        gap_views=gap_views,
+        gap_legend=[{"cls": c, "label": gap_legend[c]} for c in gap_used],
+        gap_bar_h=GAP_BAR_H,
+        no_communication=no_communication,
+        tables=_table_models(d, no_communication),
         svg_w=SVG_W, label_w=LABEL_W, plot_w=PLOT_W, axis_h=AXIS_H, lane_h=LANE_H, lane_gap=LANE_GAP,
         n_timeline=len(d.get("timeline", [])),
         max_windows=MAX_WINDOWS,
