@@ -19,7 +19,7 @@ from typing import Any
 import click
 from rich.console import Console
 from rich.table import Table
-from toolkit_cli import ByteSize, PositiveInt, format_option, output_option, write_output
+from toolkit_cli import ByteSize, NumberType, PositiveInt, format_option, output_option, write_output
 
 from kv_capacity.check import fix_hint, max_model_len_error, max_model_len_hint
 from kv_capacity.errors import KVCapacityInputError
@@ -67,10 +67,14 @@ class KVCacheDtype(click.ParamType):
                   param, ctx)
 
 
-class Seconds(click.ParamType):
+class Seconds(NumberType):
     name = "seconds"
 
-    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> float:
+    @property
+    def expected(self) -> str:
+        return "a positive number of seconds (below 10,000,000)"
+
+    def convert_number(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> float:
         try:
             number = float(value)
         except (TypeError, ValueError):

@@ -13,7 +13,7 @@ import re
 from typing import Any
 
 import click
-from toolkit_cli import has_non_ascii_digits, shorten
+from toolkit_cli import NumberType, shorten
 
 # decimal or scientific notation, ASCII digits, underscores between digits (as BoundedInt takes `40_960`)
 _DECIMAL = re.compile(r"[+-]?(?:[0-9](?:_?[0-9])*(?:\.(?:[0-9](?:_?[0-9])*)?)?|\.[0-9](?:_?[0-9])*)"
@@ -24,7 +24,7 @@ def _bound(x: float) -> str:
     return f"{x:,.0f}" if float(x).is_integer() else f"{x:g}"
 
 
-class FiniteFloat(click.ParamType):
+class FiniteFloat(NumberType):
     """A finite number in [minimum, maximum] (``min_open``: above minimum); NaN and infinities are refused."""
 
     name = "float"
@@ -43,14 +43,11 @@ class FiniteFloat(click.ParamType):
         text = f"a finite number {low} up to {_bound(self.maximum)}"
         return text + (f" ({self.what})" if self.what else "")
 
-    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> float:
+    def convert_number(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> float:
         if isinstance(value, int | float) and not isinstance(value, bool):
             number = float(value)
         else:
             text = str(value).strip()
-            if has_non_ascii_digits(text):
-                self.fail(f"{shorten(value)} holds non-ASCII digits; expected {self.expected} in ASCII digits 0-9",
-                          param, ctx)
             if len(text) > 400 or not _DECIMAL.fullmatch(text):
                 self.fail(f"{shorten(value)} is not a finite number; expected {self.expected}", param, ctx)
             number = float(text.replace("_", ""))
@@ -65,4 +62,28 @@ class FiniteFloat(click.ParamType):
         return f"FiniteFloat({self.minimum}, {self.maximum}, min_open={self.min_open})"
 
 
-__all__ = ["FiniteFloat"]
+class LayerList(NumberType):
+    """Comma-separated layer indices (``3,7``; empty: none), each from 0 to ``maximum``."""
+
+    name = "layers"
+
+    def __init__(self, maximum: int = 100_000) -> None:
+        self.maximum = maximum
+
+    @property
+    def expected(self) -> str:
+        return f"comma-separated layer indices from 0 to {self.maximum:,} like 3,7"
+
+    def convert_number(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> tuple[int, ...]:
+        if isinstance(value, tuple):
+            return value
+        parts = [x.strip() for x in str(value).split(",") if x.strip()]
+        if not all(re.fullmatch(r"[0-9]{1,7}", x, re.ASCII) for x in parts):
+            self.fail(f"{shorten(value)} is not a list of layer indices; expected {self.expected}", param, ctx)
+        layers = tuple(int(x) for x in parts)
+        if any(layer > self.maximum for layer in layers):
+            self.fail(f"{shorten(value)} is out of range; expected {self.expected}", param, ctx)
+        return layers
+
+
+__all__ = ["FiniteFloat", "LayerList"]

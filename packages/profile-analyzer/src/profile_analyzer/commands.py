@@ -23,7 +23,7 @@ from toolkit_cli import (
     write_output,
 )
 
-from profile_analyzer._params import FiniteFloat
+from profile_analyzer._params import FiniteFloat, LayerList
 from profile_analyzer.errors import ProfileError
 from profile_analyzer.report.compare import compare_dicts, render_compare
 from profile_analyzer.report.render import render
@@ -284,16 +284,6 @@ def whatif_command(path: str | None, profiling_path: str | None, ubatches: int, 
     return 0
 
 
-def _layers_list(text: str) -> tuple[int, ...]:
-    try:
-        layers = tuple(int(x) for x in text.split(",") if x.strip())
-    except ValueError:
-        raise click.BadParameter(f"expected comma-separated layer indices like 3,7, got {text[:40]!r}") from None
-    if any(layer < 0 or layer > 100_000 for layer in layers):
-        raise click.BadParameter(f"layer indices run from 0 to 100,000, got {text[:40]!r}")
-    return layers
-
-
 @click.command("synth", help="Write a synthetic N-rank torch_npu profile (a stand-in for an NPU run) and "
                "ground_truth.json.", short_help="write a synthetic multi-rank torch_npu profile with a known ground truth")
 @click.argument("out_dir", metavar="OUT_DIR")
@@ -305,7 +295,7 @@ def _layers_list(text: str) -> tuple[int, ...]:
 @click.option("--dbo", is_flag=True, help="two micro-batches ping-pong (dual batch overlap)")
 @click.option("--comm-fraction", type=FiniteFloat(0, 1000), default=0.3, show_default=True,
               help="collective transfer time of a layer relative to its compute time")
-@click.option("--exposed-layers", default="", help="DBO: comma-separated layers whose collectives are too long to hide")
+@click.option("--exposed-layers", type=LayerList(), default="", help="DBO: comma-separated layers whose collectives are too long to hide")
 @click.option("--exposed-factor", type=FiniteFloat(0, 1000), default=6.0, show_default=True)
 @click.option("--seed", type=NonNegativeInt(), default=0, show_default=True)
 @click.option("--pp-receive-us", type=FiniteFloat(0, 1e9, what="µs"), default=0.0,
@@ -322,16 +312,15 @@ def _layers_list(text: str) -> tuple[int, ...]:
               help="torch_npu's export_type: json = trace_view.json and the CSV/JSON summaries, db = "
                    "ascend_pytorch_profiler_{rank}.db and analysis.db, both = the two side by side")
 def synth_command(out_dir: str, ranks: int, steps: int, layers: int, pattern: str, dbo: bool, comm_fraction: float,
-                  exposed_layers: str, exposed_factor: float, seed: int, pp_receive_us: float, cann: str,
+                  exposed_layers: tuple[int, ...], exposed_factor: float, seed: int, pp_receive_us: float, cann: str,
                   comm_process_name: str | None, stream_id_key: str | None, numeric_ts: bool, large_pids: bool,
                   no_host_tracks: bool, workers: int | None, export: str = "json") -> int:
     from profile_analyzer.synth import write_profile
 
-    layer_list = _layers_list(exposed_layers)
     try:
         truth = write_profile(
             out_dir, ranks=ranks, steps=steps, layers=layers, pattern=pattern, dbo=dbo, comm_fraction=comm_fraction,
-            seed=seed, workers=workers, exposed_layers=layer_list, exposed_factor=exposed_factor, cann=cann,
+            seed=seed, workers=workers, exposed_layers=exposed_layers, exposed_factor=exposed_factor, cann=cann,
             comm_process_name=comm_process_name, stream_id_key=stream_id_key, ts_as_string=not numeric_ts,
             large_pids=large_pids, host_tracks=not no_host_tracks, pp_receive_us=pp_receive_us, export=export)
     except ValueError as exc:

@@ -31,6 +31,9 @@ Parameter types (a bad value is a usage error saying what would be accepted)
         digits is refused without being converted or echoed whole. Numbers take ASCII digits only
         (Arabic-Indic, full-width ... digits are refused by name; ByteSize too, before its parser).
     ByteSize(parse, errors=(ValueError,), metavar="SIZE"): the tool's own size parser as a click type.
+    NumberType: the base of every type that reads numbers (the ones above and each tool's own): text with a
+        digit other than ASCII 0-9 is refused before its `convert_number` runs; subclasses may not override
+        `convert`.
     shorten(value, limit=40) -> str: a value quoted for a message, cut when long.
 
 Output
@@ -52,6 +55,11 @@ Formats
     format_option(*choices, default=None, help=None): `--format`, choices a subset of FORMATS (the
         first is the default); the command gets `format`.
 
+Introspection
+    walk_commands(group) -> iterator of (path, click.Command): every leaf subcommand, nested groups walked and
+        lazy subcommands loaded; `path` is the tuple of names after the tool's (("compare", "diff")). For
+        checks that must cover every option of a tool (the number rule's property test).
+
 Readers of argparse parsers
     argparse_mirror(group, prog=None) -> argparse.ArgumentParser: the same subcommands and option strings
         as argparse objects (a description only: nothing converts or runs), for checks written against
@@ -64,7 +72,7 @@ Example
         return cli.run(argv)
 """
 
-from toolkit_cli._group import CLIError, LazyGroup, ToolGroup, one_line
+from toolkit_cli._group import CLIError, LazyGroup, ToolGroup, one_line, walk_commands
 from toolkit_cli._mirror import argparse_mirror
 from toolkit_cli._output import (
     OutputError,
@@ -82,6 +90,7 @@ from toolkit_cli._types import (
     BoundedInt,
     ByteSize,
     NonNegativeInt,
+    NumberType,
     PositiveInt,
     format_option,
     has_non_ascii_digits,
@@ -98,6 +107,7 @@ __all__ = [
     "CLIError",
     "LazyGroup",
     "NonNegativeInt",
+    "NumberType",
     "OutputError",
     "OutputPath",
     "PositiveInt",
@@ -109,6 +119,7 @@ __all__ = [
     "one_line",
     "output_option",
     "shorten",
+    "walk_commands",
     "write_output",
     "write_probe",
 ]

@@ -6,7 +6,7 @@ import importlib
 import os
 import signal
 import sys
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import Any, NoReturn
 
 import click
@@ -100,6 +100,17 @@ class LazyGroup(click.Group):
         if command.name != cmd_name:
             raise ValueError(f"lazy subcommand {cmd_name!r}: {target} is named {command.name!r}")
         return command
+
+
+def walk_commands(group: click.Group, _path: tuple[str, ...] = ()) -> Iterator[tuple[tuple[str, ...], click.Command]]:
+    """Every leaf subcommand of `group` with its path of names (nested groups walked, lazy subcommands loaded)."""
+    ctx = click.Context(group, info_name=group.name)
+    for name in group.list_commands(ctx):
+        command = group.get_command(ctx, name)
+        if isinstance(command, click.Group):
+            yield from walk_commands(command, (*_path, name))
+        elif command is not None:
+            yield (*_path, name), command
 
 
 class ToolGroup(LazyGroup):

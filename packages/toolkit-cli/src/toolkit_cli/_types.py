@@ -34,7 +34,36 @@ def shorten(value: object, limit: int = 40) -> str:
     return f"{text[: limit - 10]!r}... ({len(text):,} characters)"
 
 
-class BoundedInt(click.ParamType):
+class NumberType(click.ParamType):
+    """The base of every parameter type that reads a number (or several) from text, in all the toolkit's tools.
+
+    Its `convert` applies the one rule for numbers first: a text value holding a digit other than ASCII 0-9 is
+    refused in one line, whatever the subclass would make of it. A subclass implements `convert_number` and
+    `expected` (what is accepted, for messages); defining `convert` is refused when the class is made, so no
+    number type can skip the rule."""
+
+    name = "number"
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        if "convert" in cls.__dict__:
+            raise TypeError(f"{cls.__name__}: a NumberType implements convert_number, not convert")
+
+    @property
+    def expected(self) -> str:
+        return "a number"
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
+        if isinstance(value, str) and has_non_ascii_digits(value):
+            self.fail(f"{shorten(value)} holds non-ASCII digits; expected {self.expected} in ASCII digits 0-9",
+                      param, ctx)
+        return self.convert_number(value, param, ctx)
+
+    def convert_number(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
+        raise NotImplementedError
+
+
+class BoundedInt(NumberType):
     """An integer in [minimum, maximum]; underscores between digits are accepted (`40_960`)."""
 
     name = "integer"
@@ -53,14 +82,11 @@ class BoundedInt(click.ParamType):
             kind += f" up to {self.maximum:,}"
         return kind + (f" ({self.what})" if self.what else "")
 
-    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> int:
+    def convert_number(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> int:
         if isinstance(value, int) and not isinstance(value, bool):
             number = value
         else:
             text = str(value).strip().replace("_", "")
-            if has_non_ascii_digits(text):
-                self.fail(f"{shorten(value)} holds non-ASCII digits; expected {self.expected} in ASCII "
-                          "digits 0-9", param, ctx)
             if not _INTEGER.fullmatch(text):
                 self.fail(f"{shorten(value)} is not an integer; expected {self.expected}", param, ctx)
             digits = text.lstrip("+-").lstrip("0")
@@ -94,7 +120,7 @@ POSITIVE_INT = PositiveInt()
 NON_NEGATIVE_INT = NonNegativeInt()
 
 
-class ByteSize(click.ParamType):
+class ByteSize(NumberType):
     """A byte size parsed by the tool's own parser (the syntax differs per tool, the error path not).
 
     A value with a digit other than ASCII 0-9 is refused before the parser sees it (one rule for numbers).
@@ -119,11 +145,13 @@ class ByteSize(click.ParamType):
     def get_metavar(self, param: click.Parameter, ctx: click.Context | None = None) -> str:
         return self.metavar
 
-    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> int:
+    @property
+    def expected(self) -> str:
+        return "a size"
+
+    def convert_number(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> int:
         if isinstance(value, int) and not isinstance(value, bool):
             return value
-        if has_non_ascii_digits(str(value)):
-            self.fail(f"{shorten(value)} holds non-ASCII digits; expected a size in ASCII digits 0-9", param, ctx)
         try:
             return self.parse(str(value))
         except self.errors as exc:

@@ -9,12 +9,12 @@ from pathlib import Path
 from typing import Any
 
 import click
-from toolkit_cli import shorten, write_probe
+from toolkit_cli import NumberType, shorten, write_probe
 
 __all__ = ["BoundedFloat", "Seconds", "WritableDir", "dir_problem", "SECONDS"]
 
 
-class BoundedFloat(click.ParamType):
+class BoundedFloat(NumberType):
     """A number in [minimum, maximum] (either end may be open: `above` instead of `minimum`); NaN never,
     infinity only when `allow_inf` (and then only +inf)."""
 
@@ -38,7 +38,7 @@ class BoundedFloat(click.ParamType):
             text += " (or inf)"
         return text + (f" ({self.what})" if self.what else "")
 
-    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> float:
+    def convert_number(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> float:
         if isinstance(value, float | int) and not isinstance(value, bool):
             number = float(value)
         else:

@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import click
-from toolkit_cli import BoundedInt, PositiveInt, format_option, output_option, write_output
+from toolkit_cli import BoundedInt, NumberType, PositiveInt, format_option, output_option, write_output
 
 from dbo_runtime.commands._params import SECONDS, WritableDir
 from dbo_runtime.errors import DBOConfigError
@@ -42,7 +42,7 @@ LINK_GBPS_RANGE = (1e-3, 1e4)
 SCHEDULER_CHOICES = ("thread", "greenlet")  # dbo_runtime.workers.SCHEDULERS (kept here so --help does not load torch)
 
 
-class LinkParam(click.ParamType):
+class LinkParam(NumberType):
     """``LAT_US,GBPS``, ``none`` or ``auto``; normalised to the text the ranks parse back."""
 
     name = "link"
@@ -50,7 +50,11 @@ class LinkParam(click.ParamType):
     def get_metavar(self, param: click.Parameter, ctx: click.Context | None = None) -> str:
         return "LAT_US,GBPS|none|auto"
 
-    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> str:
+    @property
+    def expected(self) -> str:
+        return "LAT_US,GBPS, 'none' or 'auto'"
+
+    def convert_number(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> str:
         from dbo_runtime.reference.comm import LinkModel
 
         text = str(value)
