@@ -79,6 +79,11 @@ def job_mod() -> ModuleType:
 
 
 @pytest.fixture(scope="session")
+def device_fit_mod() -> ModuleType:
+    return load_script("kv-cache-sizing/scripts/device_fit.py", "skills_device_fit")
+
+
+@pytest.fixture(scope="session")
 def serve_bench() -> ModuleType:
     return load_script("vllm-serve-bench/scripts/serve_bench.py", "skills_serve_bench")
 

@@ -47,7 +47,7 @@ def shell_commands(text: str) -> list[list[str]]:
     return found
 
 
-SCRIPTS = ("render.py", "job.py", "serve_bench.py")
+SCRIPTS = ("render.py", "job.py", "serve_bench.py", "device_fit.py")
 
 
 def _invocation(tokens: list[str]) -> list[tuple[str, str, list[str]]]:
@@ -118,11 +118,12 @@ def test_the_skills_name_the_package_clis() -> None:
 
 
 @pytest.mark.parametrize("document", DOCUMENTS, ids=lambda p: str(p.relative_to(REPO)))
-def test_commands_match_the_real_parsers(document: Path, render_mod, serve_bench, job_mod) -> None:
+def test_commands_match_the_real_parsers(document: Path, render_mod, serve_bench, job_mod, device_fit_mod) -> None:
     parsers = {tool: importlib.import_module(module).build_parser for tool, module in PACKAGE_CLIS.items()}
     parsers["render.py"] = render_mod.build_parser
     parsers["serve_bench.py"] = serve_bench.build_parser
     parsers["job.py"] = job_mod.build_parser
+    parsers["device_fit.py"] = device_fit_mod.build_parser
     skill = _skill_of(document)
     problems = []
     for tool, path, args in _located_invocations(document):

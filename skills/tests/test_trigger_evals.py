@@ -86,3 +86,15 @@ def test_every_skill_is_expected_by_another_skills_negative_prompt() -> None:
 )
 def test_the_format_check_rejects(items: object, expected: str) -> None:
     assert any(expected in p for p in eval_problems("a", items, ["a", "b"]))
+
+
+@pytest.mark.parametrize(("skill", "words"), [
+    ("kv-cache-sizing", ("910B", "fit")),                     # a budget that does not fit the device (issue 31)
+    ("profile-overlap-analysis", ("no HCCL", "host")),        # a profile with no communication at all (issue 31)
+])
+def test_the_situations_a_newcomer_met_are_evals(skill: str, words: tuple[str, ...]) -> None:
+    items = json.loads((SKILLS / skill / "evals" / "trigger_evals.json").read_text(encoding="utf-8"))
+    english = [i for i in items if i["should_trigger"] and all(w in i["query"] for w in words)]
+    chinese = [i for i in items if i["should_trigger"] and CJK.search(i["query"])
+               and any(w in i["query"] for w in ("放得下", "没有任何通信"))]
+    assert english and chinese
