@@ -186,3 +186,70 @@ def _cmdline(pid: str) -> str:
             return handle.read().decode(errors="replace")
     except OSError:
         return ""
+
+
+def _spawned_children(pid: int) -> list[int]:
+    """The rank processes of ``pid`` (spawned interpreters; not its resource tracker)."""
+    import os
+
+    found = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as handle:
+                ppid = int(handle.read().rsplit(")", 1)[1].split()[1])
+            with open(f"/proc/{entry}/cmdline", "rb") as handle:
+                cmdline = handle.read()
+        except (OSError, ValueError, IndexError):
+            continue
+        if ppid == pid and b"spawn_main" in cmdline:
+            found.append(int(entry))
+    return found
+
+
+def _gone(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as handle:
+            return handle.read().rsplit(")", 1)[1].split()[0] in ("Z", "X")
+    except OSError:
+        return True
+
+
+@pytest.mark.skipif(not __import__("os").path.exists("/proc/self/stat"), reason="reads /proc")
+@pytest.mark.parametrize("how", ["SIGKILL", "SIGTERM"])
+def test_reference_ranks_do_not_outlive_the_parent(tmp_path, how):
+    # before: after a SIGKILL of the parent the ranks lived on (measured: still there 10 s later); torch's own
+    # parent-death SIGINT only reaches Python between collectives
+    import signal
+    import subprocess
+    import sys
+
+    proc = subprocess.Popen([sys.executable, "-m", "dbo_runtime.cli", "reference", "--steps", "100000",
+                             "--timeout", "600", "-o", str(tmp_path / "ref.txt")],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    ranks: list[int] = []
+    try:
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and len(ranks) < 2 and proc.poll() is None:
+            ranks = _spawned_children(proc.pid)
+            time.sleep(0.05)
+        assert len(ranks) == 2, "the ranks did not start"
+        time.sleep(1.0)  # into the run: the ranks have their process group
+        proc.send_signal(getattr(signal, how))
+        proc.wait(timeout=30)
+        parent_gone = time.monotonic()
+        while time.monotonic() < parent_gone + 10 and not all(_gone(r) for r in ranks):
+            time.sleep(0.01)
+        lag = time.monotonic() - parent_gone
+        assert all(_gone(r) for r in ranks) and lag < 0.5, f"rank processes {ranks} outlived the parent ({how})"
+        err = proc.stderr.read()  # type: ignore[union-attr]
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        for rank in ranks:
+            if not _gone(rank):
+                __import__("os").kill(rank, signal.SIGKILL)
+    if how == "SIGTERM":
+        assert proc.returncode == 143 and err.strip() == "dbo-runtime: terminated", err
+    assert not (tmp_path / "ref.txt").exists()

@@ -2,7 +2,9 @@
 
 Nothing here waits without a bound: the process group has a timeout, the parent joins the ranks until a
 deadline and then kills what is left, and each rank reports its own error, so a failure on one rank is a clear
-error for every rank rather than a hang.
+error for every rank rather than a hang. No rank outlives the parent: an exception in the parent (Ctrl-C, SIGTERM)
+kills them before it propagates, and a parent that dies without running any code (SIGKILL, OOM killer) takes them
+with it (Linux: the kernel's parent-death signal; elsewhere: a thread in each rank that watches the parent).
 """
 
 from __future__ import annotations
@@ -12,8 +14,11 @@ import datetime
 import importlib
 import os
 import pickle
+import signal
 import socket
+import sys
 import tempfile
+import threading
 import time
 import traceback
 from collections.abc import Callable
@@ -67,10 +72,36 @@ def _atomic_pickle(obj: Any, path: Path) -> None:
     os.replace(tmp, path)
 
 
+_PR_SET_PDEATHSIG = 1  # linux/prctl.h
+
+
+def _die_with_parent(parent: int) -> None:
+    """Make this process end when ``parent`` does, however the parent ends."""
+    if sys.platform.startswith("linux"):
+        import ctypes
+
+        with contextlib.suppress(OSError, AttributeError):
+            libc = ctypes.CDLL(None, use_errno=True)
+            if libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0) == 0:
+                if os.getppid() != parent:  # it died before the signal was asked for
+                    os._exit(1)
+                return
+
+    def watch() -> None:
+        while os.getppid() == parent:
+            time.sleep(0.5)
+        os._exit(1)
+
+    threading.Thread(target=watch, name="dbo-parent-watch", daemon=True).start()
+
+
 def _rank_entry(
-    rank: int, task: str, world_size: int, port: int, payload: Any, out_dir: str, pg_timeout_s: float, threads: int
+    rank: int, task: str, world_size: int, port: int, payload: Any, out_dir: str, pg_timeout_s: float, threads: int,
+    parent: int | None = None,
 ) -> None:
     """Child process: one gloo rank. Never raises: the outcome goes to ``out_dir/rank<R>.pkl``."""
+    if parent is not None:
+        _die_with_parent(parent)
     out = Path(out_dir) / f"rank{rank}.pkl"
     try:
         import torch
@@ -119,7 +150,7 @@ def run_ranks(
         port = free_port()
         context = mp.start_processes(
             _rank_entry,
-            args=(task, world_size, port, payload, out_dir, pg_timeout_s, threads),
+            args=(task, world_size, port, payload, out_dir, pg_timeout_s, threads, os.getpid()),
             nprocs=world_size,
             join=False,
             start_method="spawn",
