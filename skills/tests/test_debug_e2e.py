@@ -83,7 +83,7 @@ def test_debug_and_sizing_scripts_on_a_real_server(tmp_path: Path, vllm_python: 
     launch = tmp_path / "launch.sh"
     sizing_render.write_atomically(launch, sizing_render.render(sizing, "launch_with_budget.sh", {
         "model": str(model), "planner_model": str(model), "kv_cache_memory_bytes": "64M", "max_model_len": 256,
-        "block_size": 128, "tensor_parallel_size": 1, "kv_cache_dtype": "auto",
+        "block_size": 128, "tensor_parallel_size": 1, "data_parallel_size": 1, "kv_cache_dtype": "auto",
         "serve_cmd": f"{vllm_python} -m vllm.entrypoints.openai.api_server --model",
         "kv_capacity_cmd": f"{sys.executable} -m kv_capacity", "host": "127.0.0.1", "port": port,
         "startup_timeout_s": 360, "log_file": str(log_file),

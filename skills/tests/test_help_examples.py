@@ -104,3 +104,20 @@ def test_render_help_examples_name_only_this_skills_templates() -> None:
         own = {p.name.split(".", 1)[0] for p in (SKILLS / skill / "assets").glob("*.j2")}
         assert names == own, skill
         assert "extra_args.max-num-seqs=24" in text  # the override syntax is in every skill's help
+
+
+def test_uv_run_reads_the_pep723_header(tmp_path: Path) -> None:
+    """The other interpreter the skills name: `uv run scripts/render.py` installs jinja2 and pyyaml from the
+    script's PEP 723 header (offline here: from uv's cache; skipped where uv or its cache lacks them)."""
+    uv = shutil.which("uv")
+    if uv is None:
+        pytest.skip("uv is not installed")
+    folder = tmp_path / "kv-cache-sizing"
+    shutil.copytree(SKILLS / "kv-cache-sizing", folder, ignore=shutil.ignore_patterns("__pycache__"))
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("VIRTUAL_ENV", "UV_PROJECT"))}
+    proc = subprocess.run([uv, "run", "--offline", "--no-project", "--quiet", str(folder / "scripts" / "render.py"),
+                           "launch_with_budget", "--example", "--set", "tensor_parallel_size=2"],
+                          capture_output=True, text=True, timeout=120, cwd=tmp_path, env=env)
+    if "jinja2" in proc.stderr and ("offline" in proc.stderr.lower() or "not found in the cache" in proc.stderr):
+        pytest.skip("uv's cache has no jinja2/pyyaml and the network is off")
+    assert proc.returncode == 2 and "needs 2" in proc.stderr, proc.stderr  # the renderer ran, and checked the values
