@@ -344,3 +344,57 @@ def test_a_gzip_bomb_is_refused_in_seconds_at_a_bounded_peak(tmp_path, head, fil
     assert "MiB" in err and "trace.json.gz" in err, err
     assert peak < 512 << 20, f"peak RSS {peak >> 20} MiB"
     assert seconds < 20, seconds
+
+
+@pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="reads /proc")
+@pytest.mark.parametrize("workers", [2, 1])
+def test_sigterm_during_synth_leaves_nothing(tmp_path, workers):
+    # before: exit 143 with a traceback line per pool worker ("Process ForkPoolWorker-2:" ...) and an empty OUT_DIR
+    out = tmp_path / "synth"
+    proc = subprocess.Popen([sys.executable, "-m", "profile_analyzer", "synth", str(out), "--ranks", "4", "--steps",
+                             "20", "--layers", "48", "--dbo", "--workers", str(workers)],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and proc.poll() is None and not any(tmp_path.rglob("*_ascend_pt")):
+            time.sleep(0.01)  # until the first rank folder is being written
+        if workers > 1:
+            while time.monotonic() < deadline and proc.poll() is None and not _children(proc.pid):
+                time.sleep(0.01)
+        time.sleep(0.2)
+        if proc.poll() is not None:
+            pytest.skip("synth finished before the signal")
+        workers_seen = [c for c in _children(proc.pid) if _alive(c)]
+        proc.send_signal(signal.SIGTERM)
+        err = proc.communicate(timeout=30)[1]
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 143 and err.strip() == "profile-analyzer: terminated", err
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline and any(_alive(w) for w in workers_seen):
+        time.sleep(0.05)
+    assert not any(_alive(w) for w in workers_seen)
+    assert list(tmp_path.iterdir()) == []  # no OUT_DIR, no temporary folder beside it
+
+
+def test_synth_into_a_folder_that_holds_something_is_refused_unless_overwrite(capsys, tmp_path):
+    # before: a second synth into the same OUT_DIR replaced the first profile's rank folders without a word
+    out = tmp_path / "prof"
+    args = ["synth", str(out), "--ranks", "1", "--steps", "1", "--layers", "2"]
+    assert run(capsys, *args)[0] == 0
+    truth = (out / "ground_truth.json").read_bytes()
+    before = sorted(p.relative_to(out) for p in out.rglob("*"))
+    line = one_line_error(capsys, *args, "--seed", "5")
+    assert "not empty" in line and "--overwrite" in line
+    assert (out / "ground_truth.json").read_bytes() == truth and sorted(p.relative_to(out) for p in out.rglob("*")) == before
+    (tmp_path / "file").write_text("x")
+    assert "not a folder" in one_line_error(capsys, "synth", str(tmp_path / "file"))
+    assert (tmp_path / "file").read_text() == "x"
+    (out / "notes.txt").write_text("kept")
+    assert run(capsys, *args, "--seed", "5", "--overwrite")[0] == 0
+    assert (out / "ground_truth.json").read_bytes() != truth and (out / "notes.txt").read_text() == "kept"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["file", "prof"]  # no temporary folder left
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    assert run(capsys, "synth", str(empty), "--ranks", "1", "--steps", "1", "--layers", "2")[0] == 0

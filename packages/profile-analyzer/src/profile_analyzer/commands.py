@@ -311,10 +311,13 @@ def whatif_command(path: str | None, profiling_path: str | None, ubatches: int, 
 @click.option("--export", "export", type=click.Choice(["json", "db", "both"]), default="json", show_default=True,
               help="torch_npu's export_type: json = trace_view.json and the CSV/JSON summaries, db = "
                    "ascend_pytorch_profiler_{rank}.db and analysis.db, both = the two side by side")
+@click.option("--overwrite", "--force", "overwrite", is_flag=True,
+              help="write into an OUT_DIR that is not empty, replacing its rank folders and ground_truth.json of the "
+                   "same names (without it such an OUT_DIR is refused)")
 def synth_command(out_dir: str, ranks: int, steps: int, layers: int, pattern: str, dbo: bool, comm_fraction: float,
                   exposed_layers: tuple[int, ...], exposed_factor: float, seed: int, pp_receive_us: float, cann: str,
                   comm_process_name: str | None, stream_id_key: str | None, numeric_ts: bool, large_pids: bool,
-                  no_host_tracks: bool, workers: int | None, export: str = "json") -> int:
+                  no_host_tracks: bool, workers: int | None, export: str = "json", overwrite: bool = False) -> int:
     from profile_analyzer.synth import write_profile
 
     try:
@@ -322,7 +325,8 @@ def synth_command(out_dir: str, ranks: int, steps: int, layers: int, pattern: st
             out_dir, ranks=ranks, steps=steps, layers=layers, pattern=pattern, dbo=dbo, comm_fraction=comm_fraction,
             seed=seed, workers=workers, exposed_layers=exposed_layers, exposed_factor=exposed_factor, cann=cann,
             comm_process_name=comm_process_name, stream_id_key=stream_id_key, ts_as_string=not numeric_ts,
-            large_pids=large_pids, host_tracks=not no_host_tracks, pp_receive_us=pp_receive_us, export=export)
+            large_pids=large_pids, host_tracks=not no_host_tracks, pp_receive_us=pp_receive_us, export=export,
+            overwrite=overwrite)
     except ValueError as exc:
         raise ProfileError(out_dir, str(exc)) from None
     except OSError as exc:

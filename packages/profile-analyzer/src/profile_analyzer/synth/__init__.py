@@ -127,7 +127,7 @@ def _rank_job(args: tuple[SynthParams, int, str, str]) -> dict:
 
 def write_profile(out_dir: str | Path, *, ranks: int = 2, steps: int = 2, layers: int = 4, pattern: str = "a2",
                   dbo: bool = False, comm_fraction: float = 0.3, seed: int = 0, workers: int | None = None,
-                  export: str = "json", **options: object) -> GroundTruth:
+                  export: str = "json", overwrite: bool = False, **options: object) -> GroundTruth:
     """Write an N-rank torch_npu-format profile under ``out_dir`` and return its ground truth.
 
     ``options`` are the other :class:`SynthParams` fields: ``exposed_layers`` (DBO layers whose collectives
@@ -137,8 +137,10 @@ def write_profile(out_dir: str | Path, *, ranks: int = 2, steps: int = 2, layers
     ``layer_compute_us``, ``shared_expert_cover``, ``pp_receive_us`` (each step starts with an
     ``hcom_receive`` of about that length: the Bubble column). ``workers`` > 1 writes ranks in parallel.
 
-    Nothing partial is left behind: ranks are written into a temporary folder inside ``out_dir`` and moved
-    into place at the end (existing rank folders of the same name are replaced).
+    ``out_dir`` must be new or an empty directory; with ``overwrite`` it may hold files, and the rank folders and
+    ground truth of the same names are replaced (anything else in it is kept). Otherwise ValueError, before
+    anything is written. Nothing partial is left behind: the profile is written into a temporary folder beside
+    ``out_dir`` and renamed to it (or moved into it) at the end; an error or a signal removes the temporary folder.
     """
     if export not in EXPORTS:
         raise ValueError(f"export must be one of {', '.join(EXPORTS)}, not {export!r}")
@@ -153,37 +155,64 @@ def write_profile(out_dir: str | Path, *, ranks: int = 2, steps: int = 2, layers
     p.validate()
     p = p.resolved()
     out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=".synth-", dir=out))
+    _check_destination(out, overwrite)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.synth-", dir=out.parent))
     try:
         if workers is None:
             work = ranks * steps * layers * (2 if dbo else 1)
             workers = min(ranks, os.cpu_count() or 1) if work > 2000 else 1
         jobs = [(p, r, str(tmp), export) for r in range(ranks)]
         if workers > 1:
-            import multiprocessing as mp
+            from profile_analyzer._pool import map_in_processes
 
-            ctx = mp.get_context("fork") if "fork" in mp.get_all_start_methods() else mp.get_context()
-            with ctx.Pool(workers) as pool:
-                results = pool.map(_rank_job, jobs, chunksize=1)
+            # the loader's pool: workers die with the parent, and a SIGTERM or an error stops them without a
+            # traceback of theirs
+            results: list[dict] = [{} for _ in jobs]
+            map_in_processes(_rank_job, [(j,) for j in jobs], workers, results.__setitem__)
         else:
             results = [_rank_job(j) for j in jobs]
         params = {f.name: getattr(p, f.name) for f in fields(SynthParams)}
         params["exposed_layers"] = list(p.exposed_layers)
         params["export"] = export
         truth = GroundTruth(params, {res["rank"]: res for res in results}, out)
+        (tmp / GROUND_TRUTH_FILE).write_text(json.dumps(truth.to_dict(), indent=1))
+        names = [res["profile_dir"] for res in results] + [GROUND_TRUTH_FILE]
+        if out.exists():  # an empty folder, or overwrite: the new entries replace those of the same names
+            for name in names:
+                dst = out / name
+                if dst.is_dir() and not dst.is_symlink():
+                    shutil.rmtree(dst)
+                elif dst.exists() or dst.is_symlink():
+                    dst.unlink()
+                os.replace(tmp / name, dst)
+        else:
+            os.rename(tmp, out)
         for res in results:
-            dst = out / res["profile_dir"]
-            if dst.exists():
-                shutil.rmtree(dst)
-            os.replace(tmp / res["profile_dir"], dst)
-            truth.profile_dirs[res["rank"]] = dst
-        gt_tmp = tmp / GROUND_TRUTH_FILE
-        gt_tmp.write_text(json.dumps(truth.to_dict(), indent=1))
-        os.replace(gt_tmp, truth.path)
+            truth.profile_dirs[res["rank"]] = out / res["profile_dir"]
         return truth
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _check_destination(out: Path, overwrite: bool) -> None:
+    """ValueError when ``out`` cannot take a new profile: an existing file, or a folder with something in it
+    (without ``overwrite``)."""
+    if out.is_symlink() and not out.exists():
+        raise ValueError("a dangling symbolic link; expected a new or empty folder")
+    if not out.exists():
+        return
+    if not out.is_dir():
+        raise ValueError("exists and is not a folder; expected a new or empty folder")
+    if overwrite:
+        return
+    try:
+        has_entries = next(out.iterdir(), None) is not None
+    except OSError as exc:
+        raise ValueError(f"cannot be listed ({exc.strerror or exc}); expected a new or empty folder") from None
+    if has_entries:
+        raise ValueError("exists and is not empty (a profile is not written over another); expected a new or "
+                         "empty folder, or --overwrite to replace its rank folders and ground_truth.json")
 
 
 # --------------------------------------------------------------------------------------------------
