@@ -60,6 +60,10 @@ class _ToolContext(click.Context):
 def _checked(command: click.Command) -> click.Command:
     if command.context_class is click.Context:
         command.context_class = _ToolContext
+    if isinstance(command, click.Group) and not isinstance(command, LazyGroup):
+        # a plain nested group (`dbo-runtime compare diff`): its commands get their contexts from themselves
+        for sub in command.commands.values():
+            _checked(sub)
     return command
 
 
