@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import os
+import stat
 from pathlib import Path
 
 import click
@@ -11,6 +13,30 @@ from toolkit_cli import BoundedInt, format_option, output_option, write_output
 from dbo_runtime.commands._params import WritableDir
 
 __all__ = ["policy_table", "policy_sweep"]
+
+TABLE_MAX_BYTES = 64 << 20  # a table has one row per shape class: kilobytes
+
+
+def _refuse_what_cannot_be_a_table(path: str) -> None:
+    """Every file policy-table would open is a regular file of a sane size: a FIFO would block the reader for a
+    writer that never comes, a device (/dev/zero) would never end."""
+    from dbo_runtime.errors import DBOConfigError
+
+    accepted = "accepted: a policy table (dbo-policy-rank<R>.json) or the folder holding them"
+    if os.path.isdir(path):
+        files = [os.path.join(path, n) for n in sorted(os.listdir(path))
+                 if n.startswith("dbo-policy-rank") and n.endswith(".json")]
+    else:
+        files = [path]
+    for file in files:
+        try:
+            info = os.stat(file)
+        except OSError as exc:
+            raise DBOConfigError(f"{file[:200]!r} cannot be read ({exc.strerror}); {accepted}") from None
+        if not stat.S_ISREG(info.st_mode):
+            raise DBOConfigError(f"{file[:200]!r} is not a regular file; {accepted}")
+        if info.st_size > TABLE_MAX_BYTES:
+            raise DBOConfigError(f"{file[:200]!r} is larger than {TABLE_MAX_BYTES >> 20} MiB; {accepted}")
 
 
 @click.command(
@@ -28,6 +54,7 @@ __all__ = ["policy_table", "policy_sweep"]
 def policy_table(path: str, format: str, output: Path | None) -> int:
     from dbo_runtime.policy import agreed_part, format_table, read_tables
 
+    _refuse_what_cannot_be_a_table(path)
     tables = read_tables(path)
     first = tables[0]
     differ = [t.get("rank") for t in tables[1:] if agreed_part(t) != agreed_part(first)]
