@@ -10,7 +10,12 @@ import json
 
 import pytest
 from dbo_runtime.cli import main
-from dbo_runtime.reference.policy_sweep import PolicySweepPlan, format_sweep_markdown, run_policy_sweep, summarize_sweep
+from dbo_runtime.reference.policy_sweep import (
+    PolicySweepPlan,
+    format_sweep_markdown,
+    run_policy_sweep,
+    summarize_sweep,
+)
 
 
 def _ranks(plan: PolicySweepPlan, off: dict[int, float], on: dict[int, float], auto_splits: dict[int, bool],

@@ -28,9 +28,14 @@ Decision (:func:`choose_arm`, pure; the same on every rank given the agreed tabl
     * afterwards the class runs its *base* arm: the agreed verdict, or before there is one the prior's (split where
       the predicted speed-up is at least ``1 / (1 - margin)``), or without a prior unsplit, so that DBO never costs
       more than the exploration;
-    * every ``explore_every``-th step of a class (its counter ``c`` with ``c % explore_every == explore_every - 1``)
-      runs the other arm: 1/25 = 4% of a decided class's steps with the defaults (<= 5%). A class with a prior
-      skips the initial alternation: its prior's arm is verified by this slow exploration alone, a verdict within
+    * every ``N``-th step of a class (its counter ``c`` with ``c % N == N - 1``) runs the other arm. ``N`` is
+      ``explore_every`` (25: 4% of a decided class's steps, <= 5%) while the explored arm is at most
+      ``explore_every x explore_cost`` = 50% slower than the base arm, else doubled until exploring costs at most
+      ``explore_cost`` (2%) of the class's time, up to ``explore_max_every`` (400)
+      (:meth:`PolicyConfig.explore_period`, from the agreed table, so the same on every rank). A count of steps
+      is not a bound on time: in the serving benchmark a split decode step took 4.3x an unsplit one, and
+      exploring it every 25th step cost ~13% of the time; every 200th costs 1.7%. A class with a prior skips the
+      initial alternation: its prior's arm is verified by this slow exploration alone, a verdict within
       ``(warmup_per_arm + min_samples) x N + K`` = 116 of its steps;
     * verdict (:func:`verdict_of`): once both arms have ``min_samples`` samples, split iff splitting is at least
       ``margin`` (3%) faster. *Faster* is read from side-by-side pairs: a sample and the other arm's last one when
@@ -59,13 +64,16 @@ Agreement (every rank of the world group, TP x DP, takes the same decision on ev
     makes the others raise :class:`DBOTimeoutError` after ``timeout_s``: never a hang.
     Without a process group (one process) the agreement is local.
 
-How fast it notices a change of load (steps of the class; K = ``sync_every``, N = ``explore_every``, with the
-defaults W = 5, N = 25, K = 16)
+How fast it notices a change of load (steps of the class; K = ``sync_every``, N the exploration period above, with
+the defaults W = 5, K = 16, N = 25 to 400)
     * a change of either arm (the one it runs or the one it explores) moves the median of W pairs after
       ``W // 2 + 1`` = 3 new pairs; a decided class makes two pairs per exploration, so they come within
-      ``ceil(3 / 2) x N + 1`` = 51 class steps, and the verdict flips at the next agreement: within
-      ``51 + K`` = 67 steps when the class runs alone (K counts every step, of any class). (Comparing the arms'
-      own medians noticed a change of the arm it runs within 20 steps, but a drifting machine flipped it too.)
+      ``ceil(3 / 2) x N + 1`` class steps, and the verdict flips at the next agreement: within ``2N + 1 + K`` steps
+      when the class runs alone (K counts every step, of any class): 67 steps while the explored arm is at most
+      50% slower, 817 at the longest period (:meth:`PolicyConfig.notice_steps_for`; each class's bound is in the
+      table). The slower the arm it explores, the later it sees that arm get faster: the price of a time bound.
+      (Comparing the arms' own medians noticed a change of the arm it runs within 20 steps, but a drifting machine
+      flipped it too.)
 
 The table is logged at shutdown and written (JSON, :meth:`SplitPolicy.table`) to
 ``$DBO_RUNTIME_STATS_DIR/dbo-policy-rank<R>.json`` at every agreement and at shutdown; ``dbo-runtime policy-table``
@@ -175,6 +183,8 @@ class PolicyConfig:
 
     sync_every: int = 16
     explore_every: int = 25
+    explore_cost: float = 0.02
+    explore_max_every: int = 400
     warmup_per_arm: int = 1
     min_samples: int = 3
     window: int = 5
@@ -184,37 +194,62 @@ class PolicyConfig:
     min_tokens: int = 2
 
     def __post_init__(self) -> None:
-        ints = {"sync_every": 1, "explore_every": 2, "warmup_per_arm": 0, "min_samples": 1, "window": 1,
-                "min_tokens": 2}
+        ints = {"sync_every": 1, "explore_every": 2, "explore_max_every": 2, "warmup_per_arm": 0, "min_samples": 1,
+                "window": 1, "min_tokens": 2}
         for name, minimum in ints.items():
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
                 raise DBOConfigError(f"policy {name}={value!r} is invalid; accepted: an integer >= {minimum}")
+        if self.explore_max_every < self.explore_every:
+            raise DBOConfigError(f"policy explore_max_every={self.explore_max_every} is below explore_every="
+                                 f"{self.explore_every}; accepted: explore_max_every >= explore_every")
         if self.window < self.min_samples:
             raise DBOConfigError(f"policy window={self.window} is below min_samples={self.min_samples}; accepted: "
                                  "window >= min_samples")
-        for name, lo, hi in (("margin", 0.0, 0.5), ("timeout_s", 0.0, math.inf), ("max_step_s", 0.0, math.inf)):
+        for name, lo, hi in (("margin", 0.0, 0.5), ("explore_cost", 0.0, 1.0), ("timeout_s", 0.0, math.inf),
+                             ("max_step_s", 0.0, math.inf)):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int | float) or not lo <= value < hi \
                     or (name != "margin" and value <= 0):
-                raise DBOConfigError(f"policy {name}={value!r} is invalid; accepted: a number in "
-                                     f"{'[0, 0.5)' if name == 'margin' else '(0, inf)'}")
+                span = "[0, 0.5)" if name == "margin" else ("(0, 1)" if name == "explore_cost" else "(0, inf)")
+                raise DBOConfigError(f"policy {name}={value!r} is invalid; accepted: a number in {span}")
 
     @property
     def initial_steps(self) -> int:
         """Steps of an undecided class that alternate the arms before it runs its base arm."""
         return 2 * (self.warmup_per_arm + self.min_samples)
 
-    @property
-    def notice_steps(self) -> tuple[int, int]:
-        """Class steps within which a change is agreed: of the arm it runs, of the arm it only explores.
+    def explore_period(self, penalty: float | None) -> int:
+        """Steps of a class per exploration step, given ``penalty``: how much longer a step of the explored arm
+        takes than one of the base arm (0.5: 50% longer; None or <= 0: unknown or not slower).
+
+        ``explore_every`` while exploring costs at most ``explore_cost`` of the class's time, else the fewest
+        doublings of it that keep the cost there (``penalty / period <= explore_cost``), at most the largest such
+        period <= ``explore_max_every``: with the defaults an arm 4x slower (penalty 3) is explored every 200th
+        step, 1.5% of the time instead of 12% at every 25th. Doublings nest (a step ``c`` with
+        ``c % 2p == 2p - 1`` also has ``c % p == p - 1``), so a period that changes with the measured penalty never
+        adds an exploration step."""
+        period = self.explore_every
+        if penalty is None or not penalty > 0:
+            return period
+        while penalty > self.explore_cost * period and 2 * period <= self.explore_max_every:
+            period *= 2
+        return period
+
+    def notice_steps_for(self, penalty: float | None = None) -> int:
+        """Class steps within which a change of either arm is agreed, for a class explored with ``penalty``.
 
         Once decided, the verdict rests on side-by-side pairs, made at each exploration step (the explored sample
-        and the base one before it) and at the base step after it: two per ``explore_every`` steps. A change of
-        either arm moves the median of ``window`` pairs after ``window // 2 + 1`` new pairs."""
+        and the base one before it) and at the base step after it: two per exploration period. A change of either
+        arm moves the median of ``window`` pairs after ``window // 2 + 1`` new pairs."""
         needed = self.window // 2 + 1
-        steps = math.ceil(needed / 2) * self.explore_every + 1 + self.sync_every
-        return steps, steps
+        return math.ceil(needed / 2) * self.explore_period(penalty) + 1 + self.sync_every
+
+    @property
+    def notice_steps(self) -> tuple[int, int]:
+        """The bound of :meth:`notice_steps_for` at its fastest (the explored arm at most
+        ``explore_every x explore_cost`` = 50% slower with the defaults) and its slowest (``explore_max_every``)."""
+        return self.notice_steps_for(None), self.notice_steps_for(math.inf)
 
 
 def _resolve(value: Any) -> str:
@@ -334,14 +369,17 @@ def verdict_of(split_s: float | None, unsplit_s: float | None, split_n: int, uns
     return split_s <= unsplit_s * (1.0 - config.margin)
 
 
-def choose_arm(step: int, verdict: bool | None, prior_split: bool | None, config: PolicyConfig) -> tuple[bool, str]:
+def choose_arm(step: int, verdict: bool | None, prior_split: bool | None, config: PolicyConfig,
+               period: int | None = None) -> tuple[bool, str]:
     """The arm of the ``step``-th step (from 0) of a class: ``(split, reason)``, reason one of ``initial``,
     ``explore``, ``verdict``, ``prior``. ``prior_split``: the prior's arm, None without a prior for the class.
+    ``period``: steps per exploration step (:meth:`PolicyConfig.explore_period`; default ``explore_every``).
     Pure: the same inputs give the same arm on every rank."""
     if verdict is None and prior_split is None and step < config.initial_steps:
         return step % 2 == 1, "initial"
     base = bool(prior_split) if verdict is None else verdict
-    if step % config.explore_every == config.explore_every - 1:
+    period = config.explore_every if period is None else period
+    if step % period == period - 1:
         return not base, "explore"
     return base, "verdict" if verdict is not None else "prior"
 
@@ -386,6 +424,21 @@ class _Agreed:
     verdict: bool | None = None
     ratio: float | None = None  # median split / unsplit ratio of side-by-side pairs (the slowest rank's: MAX)
     pairs: int = 0
+
+    def split_ratio(self, config: PolicyConfig) -> float | None:
+        """Split / unsplit step time as the verdict reads it: the pairs' median, else the two arms' medians."""
+        if self.ratio is not None and self.pairs >= config.min_samples:
+            return self.ratio
+        if self.split_s is not None and self.unsplit_s and min(self.split_n, self.unsplit_n) >= config.min_samples:
+            return self.split_s / self.unsplit_s
+        return None
+
+    def penalty(self, base_split: bool, config: PolicyConfig) -> float | None:
+        """How much longer the explored arm's steps take than the base arm's (None: not measured yet)."""
+        r = self.split_ratio(config)
+        if r is None or r <= 0:
+            return None
+        return (1.0 / r if base_split else r) - 1.0
 
 
 Reducer = Callable[[list[float]], list[float]]
@@ -441,8 +494,9 @@ class SplitPolicy:
         state = self._state(cls)
         agreed = self._agreed.get(cls, _Agreed())
         prior_split = _prior_arm(self.prior.get(cls), self.config.margin)
-        split, reason = choose_arm(state.steps, agreed.verdict, prior_split, self.config)
         base = bool(prior_split) if agreed.verdict is None else agreed.verdict
+        period = self.config.explore_period(agreed.penalty(base, self.config))
+        split, reason = choose_arm(state.steps, agreed.verdict, prior_split, self.config, period)
         state.steps += 1
         state.initial_steps += reason == "initial"
         state.explore_steps += reason == "explore"
@@ -565,13 +619,9 @@ class SplitPolicy:
                 initial += state.initial_steps
                 decided += state.decided_steps
                 decided_explore += state.decided_explore_steps
-            if agreed.ratio is not None and agreed.pairs >= self.config.min_samples:
-                speedup = 1.0 / agreed.ratio  # what the verdict rests on: the side-by-side pairs
-            elif agreed.split_s and agreed.unsplit_s is not None and \
-                    min(agreed.split_n, agreed.unsplit_n) >= self.config.min_samples:
-                speedup = agreed.unsplit_s / agreed.split_s
-            else:
-                speedup = None
+            ratio = agreed.split_ratio(self.config)  # what the verdict rests on: the side-by-side pairs first
+            speedup = 1.0 / ratio if ratio else None
+            penalty = agreed.penalty(self.base_arm(cls), self.config)
             lo, hi = cls.tokens
             rows.append({
                 "class": cls.label, "phase": cls.phase, "tokens_min": lo, "tokens_max": hi,
@@ -580,7 +630,9 @@ class SplitPolicy:
                 "prior_speedup": self.prior.get(cls),
                 "agreed": {"split_ms": _ms(agreed.split_s), "unsplit_ms": _ms(agreed.unsplit_s),
                            "samples_split": agreed.split_n, "samples_unsplit": agreed.unsplit_n,
-                           "pair_ratio": agreed.ratio, "pairs": agreed.pairs, "speedup": speedup},
+                           "pair_ratio": agreed.ratio, "pairs": agreed.pairs, "speedup": speedup,
+                           "explore_every": self.config.explore_period(penalty),
+                           "notice_steps": self.config.notice_steps_for(penalty)},
                 "local": local,
             })
         return {
@@ -588,7 +640,7 @@ class SplitPolicy:
             "calls": self.calls, "steps": steps, "agreements": self.agreements,
             "explore_fraction": (explore + initial) / steps if steps else 0.0,
             "explore_fraction_decided": decided_explore / decided if decided else 0.0,
-            "notice_steps": {"own_arm": self.config.notice_steps[0], "explored_arm": self.config.notice_steps[1]},
+            "notice_steps": {"fastest": self.config.notice_steps[0], "slowest": self.config.notice_steps[1]},
             "config": asdict(self.config), "classes": rows,
         }
 
@@ -729,7 +781,7 @@ def format_table(table: Mapping[str, Any], fmt: str = "text") -> str:
             f"{100 * table.get('explore_fraction', 0.0):.1f}% exploring "
             f"({100 * table.get('explore_fraction_decided', 0.0):.1f}% once decided)")
     cols = ["class", "verdict", "runs", "split ms", "unsplit ms", "speed-up", "samples s/u", "steps", "split",
-            "explored", "prior"]
+            "explored", "explore every", "prior"]
     rows = []
     for r in table["classes"]:
         a, loc = r["agreed"], r.get("local") or {}
@@ -737,7 +789,8 @@ def format_table(table: Mapping[str, Any], fmt: str = "text") -> str:
                      _fmt(a.get("unsplit_ms")), _fmt(a.get("speedup")),
                      f"{a.get('samples_split', 0)}/{a.get('samples_unsplit', 0)}", str(loc.get("steps", 0)),
                      str(loc.get("split_steps", 0)),
-                     str(loc.get("initial_steps", 0) + loc.get("explore_steps", 0)), _fmt(r.get("prior_speedup"))])
+                     str(loc.get("initial_steps", 0) + loc.get("explore_steps", 0)), str(a.get("explore_every", "-")),
+                     _fmt(r.get("prior_speedup"))])
     if fmt == "md":
         lines = [head, "", "| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
         lines += ["| " + " | ".join(row) + " |" for row in rows]
