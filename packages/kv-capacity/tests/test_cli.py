@@ -61,6 +61,19 @@ def test_plan_text_is_a_table_and_default_block_is_128():
     assert "KV cache size: 276,096 tokens" in out.stdout
 
 
+@pytest.mark.parametrize("device", ["npu", "CPU"])
+def test_plan_quotes_the_log_line_as_the_named_device_prints_it(device):
+    # vLLM-Ascend's start-up line says "NPU KV cache size", the CPU backend "CPU": a user grepping the server log
+    # for the quoted line must find it.
+    args = ("plan", "--model", "qwen3-8b", "--kv-cache-memory-bytes", "16G", "--max-model-len", "32768",
+            "--log-device", device)
+    text, js = run(*args), run(*args, "--format", "json")
+    assert text.returncode == 0 and js.returncode == 0, text.stderr + js.stderr
+    line = f"{device.upper()} KV cache size: 116,480 tokens"
+    assert f"vLLM logs: {line}" in text.stdout and "GPU KV cache" not in text.stdout
+    assert json.loads(js.stdout)["vllm_log"].startswith(line)
+
+
 def test_plan_that_does_not_fit_prints_vllms_failure_and_exits_1():
     out = run(
         "plan",

@@ -228,15 +228,17 @@ def _plan_table(spec: ModelSpec, result: CapacityPlan) -> Table:
     return table
 
 
-def _plan_text(spec: ModelSpec, result: CapacityPlan, fmt: str, output: Any) -> None:
+def _plan_text(spec: ModelSpec, result: CapacityPlan, fmt: str, output: Any, device: str = "GPU") -> None:
     if fmt == "json":
-        write_output(output, json.dumps(result.to_dict(), indent=2) + "\n")
+        data = result.to_dict()
+        data["vllm_log"] = result.log_line(device)
+        write_output(output, json.dumps(data, indent=2) + "\n")
         return
 
     def render(console: Console) -> None:
         console.print(_plan_table(spec, result))
         if result.fits:
-            console.print(f"vLLM logs: {result.vllm_log_line}")
+            console.print(f"vLLM logs: {result.log_line(device)}")
         console.print(f"start-up check: {result.check_rule}", style="dim")
         for note in result.notes:
             console.print(f"note: {note}", style="dim")
@@ -251,9 +253,13 @@ def _print_failure(message: str, hint: str) -> None:
 
 @click.command("plan", help="KV cache blocks, tokens and concurrency for a budget")
 @sizing_options(budget=True)
+@click.option("--log-device", type=click.Choice(["GPU", "NPU", "CPU"], case_sensitive=False), default="GPU",
+              show_default=True, help="how the quoted vLLM log line names the device: GPU on CUDA, NPU on vLLM-Ascend, "
+              "CPU on the CPU backend")
 def plan_command(**options: Any) -> int:
+    device = str(options.pop("log_device")).upper()
     spec, result = _plan(options)
-    _plan_text(spec, result, options["format"], options["output"])
+    _plan_text(spec, result, options["format"], options["output"], device)
     if not result.fits:
         _print_failure(result.vllm_error_message or "", fix_hint(result))
         return 1
