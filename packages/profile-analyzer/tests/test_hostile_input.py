@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 from profile_analyzer.cli import main
 from profile_analyzer.loaders import _columns, _slicer, _timestamps
+from toolkit_cli.testing import run_module_measured
 
 BASE = 1_704_161_511_000_000  # µs
 DEVICE = {"matmul": -3, "add": -2, "allreduce": -1}  # index from the end of trace()
@@ -314,20 +315,15 @@ def gzip_bomb(path: Path, head: bytes, filler: bytes, mib: int, tail: bytes) -> 
 
 
 def run_measured(*args: str) -> tuple[int, str, float, int]:
-    """(exit status, stderr, seconds, peak RSS in bytes) of ``python -m profile_analyzer ARGS``."""
-    begin = time.monotonic()
-    proc = subprocess.Popen([sys.executable, "-m", "profile_analyzer", *args], stdout=subprocess.DEVNULL,
-                            stderr=subprocess.PIPE)
-    err = proc.stderr.read().decode()  # type: ignore[union-attr]
-    _, status, usage = os.wait4(proc.pid, 0)
-    proc.returncode = os.waitstatus_to_exitcode(status)
-    return proc.returncode, err, time.monotonic() - begin, usage.ru_maxrss * 1024  # ru_maxrss: KiB on Linux
+    """(exit status, stderr, seconds, peak RSS in bytes) of ``python -m profile_analyzer ARGS``, the peak as the
+    child measured it (``ru_maxrss`` of a child carries the pytest process's own peak)."""
+    return run_module_measured("profile_analyzer", *args)
 
 
 EVENT_TAIL = b'", "pid": 1, "tid": 1, "ts": 1, "dur": 1}]'
 
 
-@pytest.mark.skipif(sys.platform != "linux", reason="ru_maxrss units and os.wait4 as on Linux")
+@pytest.mark.skipif(sys.platform != "linux", reason="/proc/self/status VmHWM as on Linux")
 @pytest.mark.parametrize("head,filler,mib,tail", [
     (b"[", b" ", 2048, b"]"),  # 2 MB of gzip, 2 GiB of blanks inside the array
     (b'[{"ph": "X", "name": "', b"a", 1024, EVENT_TAIL),  # 1 MB of gzip, one event with a 1 GiB name
