@@ -103,10 +103,75 @@ def test_verdict_needs_samples_on_both_arms_and_the_margin():
     assert verdict_of(None, 1.0, 0, 3, config) is None
 
 
+def test_a_clear_loss_decides_unsplit_from_one_pair_but_a_gain_needs_every_sample():
+    config = PolicyConfig()
+    assert verdict_of(3.0, 1.0, 1, 1, config, ratio=3.0, pairs=1) is False  # split 3x slower: decided at once
+    assert verdict_of(1.4, 1.0, 1, 1, config, ratio=1.4, pairs=1) is None  # 1.4x: not clear, wait for samples
+    assert verdict_of(0.3, 1.0, 1, 1, config, ratio=0.3, pairs=1) is None  # a gain is never taken early
+    assert verdict_of(3.0, 1.0, 1, 1, PolicyConfig(clear_loss=float("inf")), ratio=3.0, pairs=1) is None
+
+
+def test_a_rare_class_that_loses_clearly_stops_splitting_after_one_pair():
+    # The serving benchmark's prefill classes: a few steps each in a whole run, a split step 2-3x an unsplit one.
+    # Alternating 8 steps (4 split) before a verdict was most of what auto lost there.
+    replay = Replay(seed=31)
+    rare_split = []
+    for i in range(400):
+        if i % 10 == 9:  # one step in 10 is the rare class
+            choice, ran = replay.step(300, False, 30.0, 10.0)
+            rare_split.append(ran)
+        else:
+            replay.step(6, True, 26.0, 3.6)
+    assert replay.policy.verdict(MIXED_300) is False
+    config = replay.policy.config
+    # the dropped warm-up split, the one that makes the first pair, and at most one more before the agreement
+    assert sum(rare_split[:config.initial_steps]) <= config.warmup_per_arm + 2 < config.initial_steps // 2
+    row = next(r for r in replay.policy.table()["classes"] if r["class"] == MIXED_300.label)
+    assert row["agreed"]["explore_every"] >= 100  # explored as rarely as a 3x slower arm allows
+
+
+def test_a_new_class_starts_from_a_decided_neighbour_in_the_order_thresholds_assume():
+    replay = Replay(seed=32)
+    policy = replay.policy
+    for _ in range(64):
+        replay.step(6, True, 26.0, 3.6)  # decode:5-8 loses clearly: unsplit
+    assert policy.verdict(DECODE_6) is False
+    # a smaller decode class starts unsplit, skips the alternation, and explores as rarely as its neighbour
+    choices = [replay.step(3, True, 20.0, 3.0)[0] for _ in range(40)]
+    assert not any(c.reason == "initial" for c in choices)
+    assert [c.split for c in choices].count(True) <= 1
+    assert policy.table()["classes"][0]["prior_from"] == DECODE_6.label
+    # a larger class is not implied by an unsplit verdict below it: it alternates
+    assert replay.step(40, True, 8.0, 10.0)[0].reason == "initial"
+    # a split verdict implies the classes above it, not below
+    for _ in range(64):
+        replay.step(40, True, 8.0, 10.0)
+    assert policy.verdict(DECODE_40) is True
+    assert replay.step(100, True, 20.0, 25.0)[0].reason == "prior"  # decode:65-128 above it: split
+    big = ShapeClass.of(100, decode_only=True)
+    assert policy.base_arm(big) is True and policy.table()["classes"][-1]["prior_from"] == DECODE_40.label
+    # decode:9-16 lies between an unsplit class below and a split one above: implied by neither, it alternates
+    assert replay.step(12, True, 9.0, 10.0)[0].reason == "initial"
+    # mixed classes are another phase: nothing implied
+    assert replay.step(300, False, 9.0, 10.0)[0].reason == "initial"
+
+
+def test_decided_neighbours_out_of_order_imply_nothing():
+    replay = Replay(seed=33)
+    policy = replay.policy
+    for _ in range(64):
+        replay.step(6, True, 8.0, 10.0)  # decode:5-8 splits
+    for _ in range(64):
+        replay.step(40, True, 30.0, 10.0)  # decode:33-64 does not: not the order thresholds assume
+    assert policy.verdict(DECODE_6) is True and policy.verdict(DECODE_40) is False
+    assert replay.step(12, True, 9.0, 10.0)[0].reason == "initial"
+
+
 @pytest.mark.parametrize("kwargs, fragment", [
     ({"explore_every": 1}, "explore_every=1"), ({"margin": 0.6}, "margin=0.6"),
     ({"window": 2, "min_samples": 3}, "window=2"), ({"timeout_s": 0}, "timeout_s=0"),
-    ({"sync_every": True}, "sync_every=True"),
+    ({"sync_every": True}, "sync_every=True"), ({"clear_loss": 1.0}, "clear_loss=1.0"),
+    ({"clear_loss": "x"}, "clear_loss='x'"),
 ])
 def test_bad_policy_numbers_are_refused(kwargs, fragment):
     with pytest.raises(DBOConfigError, match=fragment):

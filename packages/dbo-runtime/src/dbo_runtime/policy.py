@@ -28,6 +28,13 @@ Decision (:func:`choose_arm`, pure; the same on every rank given the agreed tabl
     * afterwards the class runs its *base* arm: the agreed verdict, or before there is one the prior's (split where
       the predicted speed-up is at least ``1 / (1 - margin)``), or without a prior unsplit, so that DBO never costs
       more than the exploration;
+    * a class without a prior of its own takes one from a decided neighbour of its phase, read in the order every
+      static threshold assumes (splitting pays more the more tokens a step has): a class above a decided "split"
+      class starts split, one below a decided "unsplit" class starts unsplit, unless the decided classes break that
+      order (:meth:`SplitPolicy._prior_of`). It skips the initial alternation, explores as often as that
+      neighbour's penalty allows until its own is measured, and is verified like any prior. In the serving
+      benchmark, where a split step took 2-7x an unsplit one, the rare prefill classes' alternation (4 split steps
+      each, 25-39 ms where 10-20 ms would do) was most of what auto lost;
     * every ``N``-th step of a class (its counter ``c`` with ``c % N == N - 1``) runs the other arm. ``N`` is
       ``explore_every`` (25: 4% of a decided class's steps, <= 5%) while the explored arm is at most
       ``explore_every x explore_cost`` = 50% slower than the base arm, else doubled until exploring costs at most
@@ -41,7 +48,10 @@ Decision (:func:`choose_arm`, pure; the same on every rank given the agreed tabl
       ``margin`` (3%) faster. *Faster* is read from side-by-side pairs: a sample and the other arm's last one when
       it came at most ``PAIR_GAP`` (2) steps of the class before (the initial alternation makes a pair at every
       step; each exploration step makes one with the base step before it and one with the base step after it);
-      split iff the median split / unsplit ratio of the last ``window`` (5) pairs is <= 1 - margin. On a shared
+      split iff the median split / unsplit ratio of the last ``window`` (5) pairs is <= 1 - margin. A *clear loss*
+      decides sooner: from the first pair, a median ratio >= ``clear_loss`` (1.5) is "unsplit", so a class whose
+      split step takes 1.5x its unsplit one stops splitting at the next agreement (2 split steps, the warm-up one
+      included, instead of 4). Only that way: an early "unsplit" costs at most what DBO off costs. On a shared
       machine whose speed drifts, the two arms' own medians compare samples up to 100 steps apart (the explored
       arm's window spans ``window x explore_every`` steps, the base arm's the last 5): under CI load that flipped
       the verdict of a class that split 1.4x faster on more than half its steps. Before there are
@@ -189,6 +199,7 @@ class PolicyConfig:
     min_samples: int = 3
     window: int = 5
     margin: float = 0.03
+    clear_loss: float = 1.5
     timeout_s: float = 60.0
     max_step_s: float = 10.0
     min_tokens: int = 2
@@ -213,6 +224,10 @@ class PolicyConfig:
                     or (name != "margin" and value <= 0):
                 span = "[0, 0.5)" if name == "margin" else ("(0, 1)" if name == "explore_cost" else "(0, inf)")
                 raise DBOConfigError(f"policy {name}={value!r} is invalid; accepted: a number in {span}")
+        c = self.clear_loss
+        if isinstance(c, bool) or not isinstance(c, int | float) or not c > 1.0 / (1.0 - self.margin):
+            raise DBOConfigError(f"policy clear_loss={c!r} is invalid; accepted: a number above "
+                                 f"1 / (1 - margin) = {1.0 / (1.0 - self.margin):.3f}, or inf (never decide early)")
 
     @property
     def initial_steps(self) -> int:
@@ -361,7 +376,12 @@ def verdict_of(split_s: float | None, unsplit_s: float | None, split_n: int, uns
     """Split (True), do not (False), or undecided (None: an arm has fewer than ``min_samples`` samples).
 
     With at least ``min_samples`` side-by-side pairs, the median of their split / unsplit ratios decides (robust
-    to the machine's speed drifting between one arm's samples and the other's); else the two arms' medians."""
+    to the machine's speed drifting between one arm's samples and the other's); else the two arms' medians.
+    A *clear loss* decides early: from the first pair on, a median pair ratio of at least ``clear_loss`` (split
+    1.5x the unsplit step) is "do not split". Only toward not splitting, the side DBO off is on: a wrong early
+    "unsplit" costs what DBO off costs, until the slow exploration has the samples that overturn it."""
+    if ratio is not None and pairs >= 1 and ratio >= config.clear_loss:
+        return False
     if split_s is None or unsplit_s is None or min(split_n, unsplit_n) < config.min_samples:
         return None
     if ratio is not None and pairs >= config.min_samples:
@@ -426,8 +446,10 @@ class _Agreed:
     pairs: int = 0
 
     def split_ratio(self, config: PolicyConfig) -> float | None:
-        """Split / unsplit step time as the verdict reads it: the pairs' median, else the two arms' medians."""
-        if self.ratio is not None and self.pairs >= config.min_samples:
+        """Split / unsplit step time as the verdict reads it: the pairs' median, else the two arms' medians (a
+        class decided early, by a clear loss, has fewer than ``min_samples`` pairs: their median)."""
+        if self.ratio is not None and (self.pairs >= config.min_samples
+                                       or (self.pairs >= 1 and self.ratio >= config.clear_loss)):
             return self.ratio
         if self.split_s is not None and self.unsplit_s and min(self.split_n, self.unsplit_n) >= config.min_samples:
             return self.split_s / self.unsplit_s
@@ -493,9 +515,12 @@ class SplitPolicy:
         cls = ShapeClass.of(num_tokens, decode_only=decode_only)
         state = self._state(cls)
         agreed = self._agreed.get(cls, _Agreed())
-        prior_split = _prior_arm(self.prior.get(cls), self.config.margin)
+        prior_split, source = self._prior_of(cls)
         base = bool(prior_split) if agreed.verdict is None else agreed.verdict
-        period = self.config.explore_period(agreed.penalty(base, self.config))
+        penalty = agreed.penalty(base, self.config)
+        if penalty is None and source is not None:  # not measured yet: explore as often as its neighbour is
+            penalty = self._agreed[source].penalty(base, self.config)
+        period = self.config.explore_period(penalty)
         split, reason = choose_arm(state.steps, agreed.verdict, prior_split, self.config, period)
         state.steps += 1
         state.initial_steps += reason == "initial"
@@ -594,7 +619,32 @@ class SplitPolicy:
     def base_arm(self, cls: ShapeClass) -> bool:
         """The arm ``cls`` runs outside exploration: its verdict, else the prior's, else unsplit."""
         verdict = self.verdict(cls)
-        return bool(_prior_arm(self.prior.get(cls), self.config.margin)) if verdict is None else verdict
+        return bool(self._prior_of(cls)[0]) if verdict is None else verdict
+
+    def _prior_of(self, cls: ShapeClass) -> tuple[bool | None, ShapeClass | None]:
+        """``(arm, neighbour)``: the prior's arm for ``cls`` (None: no prior) and, where it was inferred from a
+        decided neighbour, that neighbour. An explicit prior comes first. Else, from the agreed verdicts of the
+        same phase (so the same on every rank), the one reading that splitting pays more the more tokens a step
+        has, the rule every static threshold encodes: a class *above* a decided "split" class starts split, one
+        *below* a decided "unsplit" class starts unsplit, unless the decided classes contradict that order. A
+        class so started skips its initial alternation (for a rare class, the 4 steps on the losing arm are
+        most of what DBO costs it) and is verified by the slow exploration like any prior."""
+        arm = _prior_arm(self.prior.get(cls), self.config.margin)
+        if arm is not None:
+            return arm, None
+        split_below = unsplit_above = None
+        for other, agreed in self._agreed.items():
+            if other.phase != cls.phase or agreed.verdict is None or other == cls:
+                continue
+            if agreed.verdict and other.bucket < cls.bucket:
+                if split_below is None or other.bucket > split_below.bucket:
+                    split_below = other
+            elif not agreed.verdict and other.bucket > cls.bucket:
+                if unsplit_above is None or other.bucket < unsplit_above.bucket:
+                    unsplit_above = other
+        if (split_below is None) == (unsplit_above is None):
+            return None, None  # nothing decided around it, or the decided classes are not in that order
+        return (True, split_below) if split_below is not None else (False, unsplit_above)
 
     def table(self) -> dict[str, Any]:
         """The policy's table as JSON-ready data: per class the agreed part (identical on every rank) and this
@@ -619,6 +669,7 @@ class SplitPolicy:
                 initial += state.initial_steps
                 decided += state.decided_steps
                 decided_explore += state.decided_explore_steps
+            inferred = self._prior_of(cls)[1]
             ratio = agreed.split_ratio(self.config)  # what the verdict rests on: the side-by-side pairs first
             speedup = 1.0 / ratio if ratio else None
             penalty = agreed.penalty(self.base_arm(cls), self.config)
@@ -628,6 +679,7 @@ class SplitPolicy:
                 "verdict": None if agreed.verdict is None else ("split" if agreed.verdict else "unsplit"),
                 "runs": "split" if self.base_arm(cls) else "unsplit",
                 "prior_speedup": self.prior.get(cls),
+                "prior_from": None if inferred is None else inferred.label,
                 "agreed": {"split_ms": _ms(agreed.split_s), "unsplit_ms": _ms(agreed.unsplit_s),
                            "samples_split": agreed.split_n, "samples_unsplit": agreed.unsplit_n,
                            "pair_ratio": agreed.ratio, "pairs": agreed.pairs, "speedup": speedup,
@@ -790,7 +842,8 @@ def format_table(table: Mapping[str, Any], fmt: str = "text") -> str:
                      f"{a.get('samples_split', 0)}/{a.get('samples_unsplit', 0)}", str(loc.get("steps", 0)),
                      str(loc.get("split_steps", 0)),
                      str(loc.get("initial_steps", 0) + loc.get("explore_steps", 0)), str(a.get("explore_every", "-")),
-                     _fmt(r.get("prior_speedup"))])
+                     _fmt(r.get("prior_speedup")) if r.get("prior_from") is None
+                     else f"as {r['prior_from']}"])
     if fmt == "md":
         lines = [head, "", "| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
         lines += ["| " + " | ".join(row) + " |" for row in rows]
