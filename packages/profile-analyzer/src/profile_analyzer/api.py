@@ -4,7 +4,7 @@ loaded it (the loader itself only loads)."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -19,7 +19,7 @@ from profile_analyzer.analyses.breakdown import (
 )
 from profile_analyzer.analyses.dual_batch import dual_batch
 from profile_analyzer.analyses.exposed import exposed_communication
-from profile_analyzer.analyses.ranks import rank_comparison
+from profile_analyzer.analyses.ranks import compare_ranks, op_instances, sync_wait_ns
 from profile_analyzer.analyses.streams import idle_gaps, stream_utilisation
 from profile_analyzer.errors import ProfileError
 from profile_analyzer.report.model import Report
@@ -31,10 +31,12 @@ from profile_analyzer.timeline import (
     Kind,
     RankTimeline,
     Timeline,
+    Warning_,
 )
 
 _TIME_KEYS = [k for k, _ in BREAKDOWN_ITEMS]
 MAX_LANE_TASKS = 400
+TIMELINE_WINDOWS = 3  # windows around the worst exposed gaps drawn in the HTML report
 
 
 def _us(row: dict[str, Any], t0: int) -> dict[str, Any]:
@@ -48,10 +50,12 @@ def _us(row: dict[str, Any], t0: int) -> dict[str, Any]:
 
 @dataclass
 class RankAnalysis:
-    """Everything :func:`analyze` works out from one rank alone (the cross-rank parts need every rank).
+    """Everything :func:`analyze` needs of one rank: its own analyses, and what the cross-rank parts (the rank
+    comparison, the timeline windows of the worst gaps) keep of its timeline, so that the timeline itself can be
+    dropped before the next rank is loaded (:func:`load_and_analyze` holds one rank's events at a time).
 
     Computed by :func:`analyze_rank`: in :func:`load_and_analyze`'s worker processes when they run (``--jobs N``),
-    else by :func:`analyze` itself. Small: it travels back from a worker pickled.
+    else in the process that loaded the rank. Small: it travels back from a worker pickled.
     """
 
     rank: int
@@ -65,10 +69,19 @@ class RankAnalysis:
     streams: list[dict[str, Any]]
     gaps: dict[str, Any]
     dual_batch: dict[str, Any]
-    comm_not_overlapped: tuple[np.ndarray, np.ndarray]
     fused_us: float = 0.0
     # HTA's get_comm_comp_overlap: over every task of the trace, not per step
     whole_trace: dict[str, Any] | None = None
+    # for the rank comparison: the durations of the collectives in the window per kind, and msprof's
+    # Synchronization time (analyses.ranks.op_instances / sync_wait_ns)
+    op_instances: dict[str, np.ndarray] = field(default_factory=dict)
+    sync_wait_ns: int = 0
+    # the SVG timeline windows around this rank's worst exposed gaps: (gap µs, window), the worst first
+    timeline_windows: list[tuple[float, dict[str, Any]]] = field(default_factory=list)
+    comm_rules: list[dict[str, Any]] = field(default_factory=list)
+    warnings: list[Warning_] = field(default_factory=list)
+    n_events: int = 0
+    source: str = ""
 
 
 def analyze_rank(rt: RankTimeline, step: int | None = None, top: int = 20) -> RankAnalysis:
@@ -97,8 +110,12 @@ def analyze_rank(rt: RankTimeline, step: int | None = None, top: int = 20) -> Ra
         agreement=[a for a in profiler_agreement(rt, all_rows) if step is None or a["step"] == step],
         totals={k: sum(x[k] for x in rows) / 1000.0 for k in _TIME_KEYS}, window=(lo, hi), exposed=ex,
         streams=stream_utilisation(rt, lo, hi), gaps=g, dual_batch=dual_batch(rt, lo, hi),
-        comm_not_overlapped=sets.comm_not_overlapped, fused_us=iv.total(fused) / 1000.0,
-        whole_trace=whole_trace_overlap(rt, sets))
+        fused_us=iv.total(fused) / 1000.0, whole_trace=whole_trace_overlap(rt, sets),
+        op_instances=op_instances(rt, lo, hi), sync_wait_ns=sync_wait_ns(rt, lo, hi),
+        timeline_windows=rank_timeline_windows(rt, ex["worst_gaps"], sets.comm_not_overlapped),
+        comm_rules=[{"rank": rt.rank, "rule": name, "kind": kind, "tasks": n}
+                    for name, (kind, n) in sorted(rt.comm_rules_applied.items())],
+        warnings=list(rt.warnings), n_events=len(rt), source=rt.source)
 
 
 def whole_trace_overlap(rt: RankTimeline, sets: Any = None) -> dict[str, Any]:
@@ -128,53 +145,119 @@ def whole_trace_overlap(rt: RankTimeline, sets: Any = None) -> dict[str, Any]:
 
 
 def _load_and_analyze_entry(entry: Any, fmt: str, rank: int, patterns: tuple[Any, ...], step: int | None,
-                            top: int, wanted: tuple[int, ...] | None,
-                            strict: bool = False) -> list[tuple[RankTimeline, RankAnalysis | None]] | Any:
+                            top: int, wanted: tuple[int, ...] | None, strict: bool = False, reduce: bool = False,
+                            on_bytes: Any = None) -> list[tuple[Any, RankAnalysis | None]] | Any:
     """A worker's job: load one rank of a directory of ranks and run its per-rank analyses while it is at hand (a
-    rank that cannot be read comes back as its UnreadableRank record unless ``strict``)."""
+    rank that cannot be read comes back as its UnreadableRank record unless ``strict``). Each rank comes back as
+    (its RankTimeline, its analysis), or with ``reduce`` as ((rank, source, events), its analysis): the analysis
+    holds all the report needs of the rank, so its events are dropped here."""
     from profile_analyzer.loaders import load_entry, load_entry_or_unreadable
 
-    got = (load_entry if strict else load_entry_or_unreadable)(entry, fmt, rank, comm_patterns=patterns)
+    got = (load_entry if strict else load_entry_or_unreadable)(entry, fmt, rank, comm_patterns=patterns,
+                                                               on_bytes=on_bytes)
     if not isinstance(got, list):
         return got
-    return [(rt, analyze_rank(rt, step, top) if wanted is None or rt.rank in wanted else None) for rt in got]
+    out = [(rt, analyze_rank(rt, step, top) if wanted is None or rt.rank in wanted else None) for rt in got]
+    if reduce:
+        out = [((rt.rank, rt.source, len(rt)), ra) for rt, ra in out]
+    return out
 
 
 def load_and_analyze(path: Any, *, rank: int | None = None, step: int | None = None, top: int = 20, jobs: int = 1,
-                     comm_patterns: Any = (), progress: Any = None, strict: bool = False) -> tuple[Timeline, Report]:
+                     comm_patterns: Any = (), progress: Any = None, strict: bool = False,
+                     keep_timeline: bool = True) -> tuple[Timeline | None, Report]:
     """Load a profile and analyse it. With ``jobs`` > 1 and a directory of ranks, each rank is loaded and its
     per-rank analyses run in one of ``jobs`` worker processes (the report is the same for any ``jobs``). A rank
-    that cannot be read is left out and reported (``unreadable``) unless ``strict``."""
+    that cannot be read is left out and reported (``unreadable``) unless ``strict``.
+
+    ``keep_timeline=False`` (what ``profile-analyzer report`` does): each rank of a directory of ranks is reduced
+    to its :class:`RankAnalysis` before the next rank's events are held (in the worker that loaded it with
+    ``jobs`` > 1), so peak memory is that of the largest rank, not of them all; the timeline returned is then
+    None. The report is the same either way."""
     from profile_analyzer.loaders import assemble, load, load_plan
     from profile_analyzer.loaders.comm_rules import compile_patterns
     from profile_analyzer.timeline import UnreadableRank
 
     ranks = [rank] if rank is not None else None
     plan = load_plan(path, ranks)
-    if not plan.multi_rank or jobs <= 1 or len(plan.jobs) <= 1:
+    if not plan.multi_rank or (keep_timeline and (jobs <= 1 or len(plan.jobs) <= 1)):
         tl = load(path, ranks=ranks, progress=progress, workers=1, comm_patterns=comm_patterns, strict=strict)
         return tl, analyze(tl, rank=rank, step=step, top=top)
     from profile_analyzer._pool import map_in_processes
 
     patterns = compile_patterns(comm_patterns)
-    loaded: list[list[RankTimeline]] = []
+    loaded: list[list[Any]] = []
     unreadable: list[UnreadableRank] = []
     done: dict[int, RankAnalysis] = {}
 
-    def got(i: int, pairs: list[tuple[RankTimeline, RankAnalysis | None]] | UnreadableRank) -> None:
+    def got(i: int, pairs: list[tuple[Any, RankAnalysis | None]] | UnreadableRank) -> None:
         if isinstance(pairs, UnreadableRank):
             unreadable.append(pairs)
             pairs = []
         loaded.append([rt for rt, _ in pairs])
-        done.update((rt.rank, ra) for rt, ra in pairs if ra is not None)
+        done.update((ra.rank, ra) for _, ra in pairs if ra is not None)
+        if not keep_timeline:
+            _keep_worst_windows(done.values())
         if progress:
             progress(i + 1, len(plan.jobs), plan.jobs[i][0].name)
 
     wanted = tuple(ranks) if ranks is not None else None
-    map_in_processes(_load_and_analyze_entry,
-                     [(e, f, r, patterns, step, top, wanted, strict) for e, f, r in plan.jobs], jobs, got)
-    tl = assemble(plan, loaded, ranks, unreadable)
-    return tl, analyze(tl, rank=rank, step=step, top=top, done=done)
+    args = [(e, f, r, patterns, step, top, wanted, strict, not keep_timeline) for e, f, r in plan.jobs]
+    if jobs <= 1 or len(plan.jobs) <= 1:  # one rank at a time in this process, its events dropped before the next
+        from profile_analyzer.loaders import release_memory
+
+        for i, job in enumerate(args):
+            got(i, _load_and_analyze_entry(*job, on_bytes=progress if len(args) == 1 else None))
+            release_memory()
+    else:
+        map_in_processes(_load_and_analyze_entry, args, jobs, got)
+    if keep_timeline:
+        tl = assemble(plan, loaded, ranks, unreadable)
+        return tl, analyze(tl, rank=rank, step=step, top=top, done=done)
+    return None, _analyze_reduced(plan, loaded, done, ranks, unreadable, rank, step, top)
+
+
+def _keep_worst_windows(analyses: Any, n: int = TIMELINE_WINDOWS) -> None:
+    """Drop the timeline windows that can no longer be among the report's ``n`` (the worst gaps of all ranks, ties
+    in rank order): what is held of them stays ``n`` windows, whatever the rank count."""
+    ranked = sorted(((-dur, ra.rank, j) for ra in analyses for j, (dur, _) in enumerate(ra.timeline_windows)))
+    keep = {(r, j) for _, r, j in ranked[:n]}
+    for ra in analyses:
+        if any((ra.rank, j) not in keep for j in range(len(ra.timeline_windows))):
+            ra.timeline_windows = [w for j, w in enumerate(ra.timeline_windows) if (ra.rank, j) in keep]
+
+
+def _analyze_reduced(plan: Any, loaded: list[list[tuple[int, str, int]]], done: dict[int, RankAnalysis],
+                     ranks: list[int] | None, unreadable: list[Any], rank: int | None, step: int | None,
+                     top: int) -> Report:
+    """:func:`analyze` of the Timeline that ``loaders.assemble`` would make of the plan, from each rank's
+    (rank, source, events) and analysis alone: the same checks and errors, the same report."""
+    from profile_analyzer.loaders import _all_ranks, no_rank_readable
+
+    if unreadable and not any(loaded):
+        raise no_rank_readable(plan, list(unreadable))
+    by_rank: dict[int, tuple[str, int]] = {}
+    for (entry, _, _), rts in zip(plan.jobs, loaded, strict=True):
+        for r, source, events in rts:
+            if r in by_rank:
+                raise ProfileError(entry, f"rank {r} appears twice (also {by_rank[r][0]}); expected one profile per "
+                                          "rank")
+            by_rank[r] = (source, events)
+    if ranks is not None:
+        by_rank = {k: v for k, v in by_rank.items() if k in ranks}
+        if not by_rank:
+            raise ProfileError(plan.path, f"none of ranks {ranks} found; ranks present: "
+                                          f"{sorted(_all_ranks(list(plan.entries)))}")
+    fmts = {f for _, f in plan.entries}
+    fmt = "multi_rank" if len(by_rank) > 1 else next(iter(fmts))
+    if rank is not None and rank not in by_rank:
+        raise ProfileError(str(plan.path), f"rank {rank} not in the profile; ranks present: {sorted(by_rank)}")
+    analyses = [done[r] for r in sorted(by_rank)]
+    for ra in analyses:
+        if (ra.step, ra.top) != (step, top):  # cannot happen: every rank was analysed with these
+            raise AssertionError(f"rank {ra.rank} analysed for step {ra.step}, top {ra.top}")
+    return _report(str(plan.path), fmt, sum(ev for _, ev in by_rank.values()), [],
+                   sorted(unreadable, key=lambda u: u.rank), analyses, rank, step)
 
 
 def analyze(timeline: Timeline, rank: int | None = None, step: int | None = None, top: int = 20,
@@ -187,6 +270,19 @@ def analyze(timeline: Timeline, rank: int | None = None, step: int | None = None
     if rank is not None and rank not in timeline.ranks:
         raise ProfileError(timeline.source, f"rank {rank} not in the profile; ranks present: {sorted(timeline.ranks)}")
     ranks = {rank: timeline.ranks[rank]} if rank is not None else timeline.ranks
+    analyses = []
+    for r, rt in ranks.items():
+        ra = (done or {}).get(r)
+        if ra is None or (ra.step, ra.top) != (step, top):
+            ra = analyze_rank(rt, step, top)
+        analyses.append(ra)
+    return _report(timeline.source, timeline.format, timeline.n_events, timeline.warnings, timeline.unreadable,
+                   analyses, rank, step)
+
+
+def _report(source: str, fmt: str, n_events: int, timeline_warnings: list[Warning_], unreadable_ranks: list[Any],
+            analyses: list[RankAnalysis], rank: int | None, step: int | None) -> Report:
+    """The report from each selected rank's analysis (in rank order): no rank's events are needed here."""
     breakdown: list[dict[str, Any]] = []
     agreement: list[dict[str, Any]] = []
     exposed: list[dict[str, Any]] = []
@@ -194,33 +290,26 @@ def analyze(timeline: Timeline, rank: int | None = None, step: int | None = None
     gaps: list[dict[str, Any]] = []
     dbo: list[dict[str, Any]] = []
     per_rank: dict[int, dict[str, float]] = {}
-    windows: dict[int, tuple[int, int]] = {}
-    cno_by_rank = {}
     fused_us = 0.0
     rules: list[dict[str, Any]] = []
     whole: list[dict[str, Any]] = []
-    for r, rt in ranks.items():
-        ra = (done or {}).get(r)
-        if ra is None or (ra.step, ra.top) != (step, top):
-            ra = analyze_rank(rt, step, top)
-        cno_by_rank[r] = ra.comm_not_overlapped
-        windows[r] = ra.window
+    for ra in analyses:
         breakdown.extend(ra.breakdown)
         agreement.extend(ra.agreement)
-        per_rank[r] = ra.totals
+        per_rank[ra.rank] = ra.totals
         exposed.append(ra.exposed)
         streams.extend(ra.streams)
         gaps.append(ra.gaps)
         dbo.append(ra.dual_batch)
         fused_us += ra.fused_us
-        whole.append(ra.whole_trace if ra.whole_trace is not None else whole_trace_overlap(rt))
-        rules.extend({"rank": r, "rule": name, "kind": kind, "tasks": n}
-                     for name, (kind, n) in sorted(rt.comm_rules_applied.items()))
-    rank_cmp = rank_comparison(ranks, per_rank, windows)
+        whole.append(ra.whole_trace)
+        rules.extend(ra.comm_rules)
+    rank_cmp = compare_ranks([ra.rank for ra in analyses], {ra.rank: ra.op_instances for ra in analyses}, per_rank,
+                             {ra.rank: ra.sync_wait_ns for ra in analyses})
     tot = {k: sum(p[k] for p in per_rank.values()) for k in _TIME_KEYS}
     wall = sum((x["end_us"] - x["start_us"]) for x in breakdown)
     summary = {
-        "ranks": len(ranks), "steps": len({x["step"] for x in breakdown}), "wall_us": wall,
+        "ranks": len(analyses), "steps": len({x["step"] for x in breakdown}), "wall_us": wall,
         "computing_us": tot["computing"], "communication_us": tot["communication"],
         "communication_not_overlapped_us": tot["communication_not_overlapped"], "overlapped_us": tot["overlapped"],
         "free_us": tot["free"],
@@ -238,31 +327,34 @@ def analyze(timeline: Timeline, rank: int | None = None, step: int | None = None
                                     if sum(w["communication_us"] for w in whole) else None),
     }
     warnings = [{"file": w.file, "missing": w.missing, "affects": w.affects, "message": w.message()}
-                for w in timeline.warnings + [w for rt in ranks.values() for w in rt.warnings]]
-    unreadable = [{"rank": u.rank, "path": u.path, "reason": u.reason} for u in timeline.unreadable]
+                for w in list(timeline_warnings) + [w for ra in analyses for w in ra.warnings]]
+    unreadable = [{"rank": u.rank, "path": u.path, "reason": u.reason} for u in unreadable_ranks]
     warnings += [{"file": u.path, "missing": f"rank {u.rank}", "affects": ["every cluster figure"],
-                  "message": u.message()} for u in timeline.unreadable]
+                  "message": u.message()} for u in unreadable_ranks]
     report = Report.from_parts(
-        source={"path": timeline.source, "format": timeline.format, "ranks": sorted(ranks), "events": timeline.n_events},
+        source={"path": source, "format": fmt, "ranks": sorted(per_rank), "events": n_events},
         selection={"rank": rank, "step": step}, warnings=warnings, verdict="", summary=summary, breakdown=breakdown,
         profiler_agreement=agreement, exposed_communication=exposed, streams=streams, idle_gaps=gaps, dual_batch=dbo,
-        ranks=rank_cmp, timeline=_timeline_windows(ranks, exposed, cno_by_rank), unreadable=unreadable)
+        ranks=rank_cmp, timeline=_timeline_windows(analyses), unreadable=unreadable)
     report.verdict = verdict(report)
     return report
 
 
-def _timeline_windows(ranks: dict[int, RankTimeline], exposed: list[dict[str, Any]],
-                      cno_by_rank: dict[int, tuple[np.ndarray, np.ndarray]],
-                      n: int = 3) -> list[dict[str, Any]]:
-    """Windows around the worst exposed gaps, with the device tasks of each stream (for the SVG timeline)."""
-    cands = []
-    for ex in exposed:
-        for g in ex["worst_gaps"]:
-            cands.append(g)
-    cands.sort(key=lambda g: -g["dur_us"])
+def _timeline_windows(analyses: list[RankAnalysis], n: int = TIMELINE_WINDOWS) -> list[dict[str, Any]]:
+    """The windows around the ``n`` worst exposed gaps of all ranks (ties: rank order, then each rank's own): each
+    rank's own ``n`` worst are all that can be among them."""
+    cands = [c for ra in analyses for c in ra.timeline_windows]
+    cands.sort(key=lambda c: -c[0])
+    return [w for _, w in cands[:n]]
+
+
+def rank_timeline_windows(rt: RankTimeline, worst_gaps: list[dict[str, Any]], cno: tuple[np.ndarray, np.ndarray],
+                          n: int = TIMELINE_WINDOWS) -> list[tuple[float, dict[str, Any]]]:
+    """Windows around the ``n`` worst of one rank's exposed gaps, with the device tasks of each stream (for the SVG
+    timeline), as (gap µs, window), the worst first."""
+    cands = sorted(worst_gaps, key=lambda g: -g["dur_us"])
     out = []
     for g in cands[:n]:
-        rt = ranks[g["rank"]]
         t0 = rt.t0_ns()
         pad = max(g["dur_us"], 20.0) * 1.5
         lo_us, hi_us = g["start_us"] - pad, g["end_us"] + pad
@@ -280,11 +372,12 @@ def _timeline_windows(ranks: dict[int, RankTimeline], exposed: list[dict[str, An
             lanes.append({"stream": s.label, "kind": s.kind, "tasks": [
                 {"start_us": (int(rt.start_ns[i]) - t0) / 1000.0, "end_us": (int(rt.end_ns[i]) - t0) / 1000.0,
                  "name": rt.names[int(rt.name_id[i])], "kind": KIND_NAMES[Kind(int(rt.kind[i]))]} for i in idx]})
-        ex_s, ex_e = iv.clip(cno_by_rank[g["rank"]], lo, hi)
-        out.append({"rank": g["rank"], "t0_ns": t0, "start_us": lo_us, "end_us": hi_us,
-                    "title": f"rank {g['rank']}: {g['dur_us']:.1f} µs exposed in {g['comm_op']}",
-                    "lanes": lanes,
-                    "exposed": [{"start_us": (int(a) - t0) / 1000.0, "end_us": (int(b) - t0) / 1000.0} for a, b in zip(ex_s, ex_e, strict=False)]})
+        ex_s, ex_e = iv.clip(cno, lo, hi)
+        out.append((g["dur_us"], {
+            "rank": g["rank"], "t0_ns": t0, "start_us": lo_us, "end_us": hi_us,
+            "title": f"rank {g['rank']}: {g['dur_us']:.1f} µs exposed in {g['comm_op']}", "lanes": lanes,
+            "exposed": [{"start_us": (int(a) - t0) / 1000.0, "end_us": (int(b) - t0) / 1000.0}
+                        for a, b in zip(ex_s, ex_e, strict=False)]}))
     return out
 
 

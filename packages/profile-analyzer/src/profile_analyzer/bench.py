@@ -142,12 +142,15 @@ def repo_root(start: Path | None = None) -> Path:
     return here
 
 
-def measure(cmd: list[str], timeout_s: float, log: Path, env: dict[str, str] | None = None) -> Run:
-    """Run ``cmd``; wall time and peak RSS of the child (and the children it waited for), bounded by timeout."""
+def measure(cmd: list[str], timeout_s: float, log: Path, env: dict[str, str] | None = None,
+            own_group: bool = False) -> Run:
+    """Run ``cmd``; wall time and peak RSS of the child (and the children it waited for), bounded by timeout.
+    ``own_group``: the child leads a process group of its own, and past the timeout the whole group is killed (its
+    worker processes too)."""
     log.parent.mkdir(parents=True, exist_ok=True)
     with open(log, "wb") as out:
         t0 = time.perf_counter()
-        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env)
+        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=own_group)
         deadline = t0 + timeout_s
         tree_peak = pss_peak = 0
         tick = 0
@@ -165,7 +168,13 @@ def measure(cmd: list[str], timeout_s: float, log: Path, env: dict[str, str] | N
             tree_peak = max(tree_peak, rss)
             tick += 1
             if time.perf_counter() > deadline:
-                proc.kill()
+                if own_group:
+                    try:
+                        os.killpg(proc.pid, 9)
+                    except OSError:
+                        proc.kill()
+                else:
+                    proc.kill()
                 pid, status, ru = os.wait4(proc.pid, 0)
                 proc.returncode = -9
                 raise TimeoutError(f"{' '.join(cmd[:4])} ... did not finish within {timeout_s:.0f} s (log: {log})")

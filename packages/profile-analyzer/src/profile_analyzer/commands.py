@@ -168,10 +168,11 @@ def report_command(path: str | None, profiling_path: str | None, format: str, ou
 
     source = _profile(path, profiling_path, "profile", "-d/--profiling_path")
     target = _destination(output, output_path, DEFAULT_NAMES, format)
-    # with worker processes, each rank's own analyses run in the worker that loaded it
+    # each rank is reduced to what the report needs before the next is held (in the worker that loaded it with
+    # --jobs N), so memory does not grow with the rank count
     with _progress(source) as cb:
         _, rep = load_and_analyze(source, rank=rank, step=step, top=top, jobs=jobs or default_jobs(),
-                                  comm_patterns=comm_patterns, progress=cb, strict=strict)
+                                  comm_patterns=comm_patterns, progress=cb, strict=strict, keep_timeline=False)
     d = rep.to_dict()
     text = render(d, format)
     for w in d["warnings"]:
@@ -215,7 +216,7 @@ def compare_command(base: str | None, new: str | None, profiling_path: str | Non
     for which in (base_path, new_path):
         with _progress(which) as cb:
             _, rep = load_and_analyze(which, rank=rank, step=step, jobs=jobs or default_jobs(),
-                                      comm_patterns=comm_patterns, progress=cb, strict=strict)
+                                      comm_patterns=comm_patterns, progress=cb, strict=strict, keep_timeline=False)
         dicts.append(rep.to_dict())
     base_d, new_d = dicts
     _warn([f"{side}: {u}" for side, d in (("base", base_d), ("new", new_d))

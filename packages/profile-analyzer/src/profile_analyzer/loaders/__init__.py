@@ -160,7 +160,7 @@ def _rank_of(entry: Path, fmt: str) -> int | None:
     return None
 
 
-def _release_memory() -> None:
+def release_memory() -> None:
     """Hand freed heap pages back to the OS between ranks (glibc keeps them otherwise, and the next rank's
     peak would stack on top). A no-op where malloc_trim does not exist."""
     try:
@@ -186,7 +186,7 @@ def _load_single(p: Path, fmt: str, rank: int, host_events: bool = False,
     except OSError as exc:  # no permission, a directory where a file belongs, a symlink loop ...
         raise _os_problem(p, exc) from None
     finally:
-        _release_memory()
+        release_memory()
 
 
 def _load_single_inner(p: Path, fmt: str, rank: int, host_events: bool = False,
@@ -226,18 +226,21 @@ def _trace_file(p: Path, rank: int, host_events: bool = False,
 
 
 def load_entry(p: Path, fmt: str, rank: int, host_events: bool = False,
-               comm_patterns: tuple[Any, ...] = ()) -> list[RankTimeline]:
+               comm_patterns: tuple[Any, ...] = (),
+               on_bytes: Callable[[int, int, str], None] | None = None) -> list[RankTimeline]:
     """One entry of a load plan (:func:`load_plan`) -> its ranks (a worker's job in ``load(workers=N)`` and in
-    ``profile_analyzer.api.load_and_analyze``)."""
-    return _load_single(p, fmt, rank, host_events, comm_patterns=comm_patterns)
+    ``profile_analyzer.api.load_and_analyze``). ``on_bytes(done, total, label)``: bytes read, as it goes."""
+    return _load_single(p, fmt, rank, host_events, on_bytes, comm_patterns=comm_patterns)
 
 
 def load_entry_or_unreadable(p: Path, fmt: str, rank: int, host_events: bool = False,
-                             comm_patterns: tuple[Any, ...] = ()) -> list[RankTimeline] | UnreadableRank:
+                             comm_patterns: tuple[Any, ...] = (),
+                             on_bytes: Callable[[int, int, str], None] | None = None
+                             ) -> list[RankTimeline] | UnreadableRank:
     """:func:`load_entry`, with a rank that cannot be read returned as :class:`UnreadableRank` (a worker's job when
     a directory of ranks is read leniently: one bad rank must not stop the others)."""
     try:
-        return _load_single(p, fmt, rank, host_events, comm_patterns=comm_patterns)
+        return _load_single(p, fmt, rank, host_events, on_bytes, comm_patterns=comm_patterns)
     except ProfileError as exc:
         return unreadable_rank(p, rank, exc)
 
