@@ -18,6 +18,8 @@ Steps (in this order; `--only`/`--skip` take these names):
 Opt-in steps (run only when named in --only / BENCH_STEPS):
 
   serving-large     the serving step on a Qwen3-MoE with 16x the tiny one's per-token compute (--load-format dummy)
+  fleet             profile-analyzer report on 8, 16, 32 and 64 ranks of a generated 8 GB DBO-on profile (peak memory,
+                    time) beside msprof-analyze cluster -m all on the same folders, 20 min limit per run (at most ~1.5 h)
 
 Each step runs in its own process group with its output in OUT/logs/STEP.log (and on this terminal); a line
 on stderr says when a step starts and ends, and every 30 s while it runs. A step that fails is reported and
@@ -235,6 +237,17 @@ def step_profile_analyzer(ctx: Context) -> None:
         raise StepFailed("python -m profile_analyzer.bench failed")
 
 
+def step_fleet(ctx: Context) -> None:
+    # 8/16/32/64 ranks of one generated 8 GB profile (cached under .cache/profile-analyzer-fleet), report beside
+    # msprof-analyze cluster -m all (20 min limit per run): up to about 1.5 h
+    rc = ctx.run([ctx.python, "-m", "profile_analyzer.fleet", "--out", str(ctx.out)], timeout_s=4 * 3600,
+                 label="python -m profile_analyzer.fleet")
+    if rc == 1 and (ctx.out / "profile_analyzer_fleet.json").is_file():
+        ctx.record.notes.append("the fleet memory target was not met; see the report")
+    elif rc != 0:
+        raise StepFailed(f"python -m profile_analyzer.fleet exited {rc}")
+
+
 def step_dbo_reference(ctx: Context) -> None:
     # 7 timed steps per row, not the sweep's default 15: make bench's time budget (docs/dbo-benchmark.md); the
     # what-if and estimate validation runs use `dbo-runtime bench` at its default (docs/dbo.md)
@@ -387,9 +400,10 @@ STEPS: dict[str, tuple[str, Callable[[Context], None]]] = {
                   step_precision),
     "ablation-dry-run": ("the seed's Ascend ablation matrix, dry run", step_ablation_dry_run),
     "serving-large": ("the serving step on a model with 16x the per-token compute (opt-in)", step_serving_large),
+    "fleet": ("profile-analyzer on 8-64 ranks of an 8 GB profile vs msprof-analyze cluster (opt-in)", step_fleet),
 }
 # Steps that run only when named (--only / BENCH_STEPS): too long for the default run's time budget.
-OPT_IN = {"serving-large"}
+OPT_IN = {"serving-large", "fleet"}
 
 
 # ------------------------------------------------------------------------------------------------ machine

@@ -3,7 +3,7 @@
     python bench/report.py [OUT]      # default bench-results; writes OUT/REPORT.md and OUT/figures/*.png
 
 Reads OUT/bench.json (machine, versions, step times), kv_capacity.json, kv_verify.json, profile_analyzer.json,
-dbo_runtime.json/.md, dbo_policy_sweep.json/.md, serving/ and serving-large/ (summary.json, dbo-stats/, estimate.json),
+profile_analyzer_fleet.json (the opt-in fleet step), dbo_runtime.json/.md, dbo_policy_sweep.json/.md, serving/ and serving-large/ (summary.json, dbo-stats/, estimate.json),
 precision/*.json and ablation-dry-run.txt. A part whose file is
 missing says so (its step was skipped or failed); the report is written anyway.
 """
@@ -318,6 +318,48 @@ def section_analyzer(out: Path, record: dict[str, Any], figures: Path) -> list[s
     return lines
 
 
+def section_fleet(out: Path, record: dict[str, Any]) -> list[str]:
+    """The opt-in fleet step (BENCH_STEPS=fleet): only when it ran or was selected."""
+    fleet = _load(out / "profile_analyzer_fleet.json")
+    steps = record.get("steps") or {}
+    if fleet is None and "fleet" not in steps:
+        return []
+    lines = ["## Profile analyzer at fleet scale (8-64 ranks) vs msprof-analyze cluster", ""]
+    if fleet is None:
+        return lines + _missing("fleet figures", "fleet", record)
+    g = fleet["profile"]
+    limit = fleet["msprof_limit_s"] / 60
+    lines += [f"One generated profile (`{g['command']}`): {g['ranks']} ranks x {g['steps']} steps, "
+              f"{g['trace_view_bytes'] / 1e9:.2f} GB of trace_view.json, {g['disk_bytes'] / 1e9:.2f} GB on disk, "
+              f"{g['events']:,} events, generated in {g['seconds']:.0f} s ({g['workers']} workers"
+              f"{'; reused from an earlier run' if g.get('reused') else ''}) under `.cache/profile-analyzer-fleet/`. "
+              f"Each rank count is the first N rank folders of it (hard links). Ours: `{fleet['ours_command']}` "
+              f"(peak RSS: the child's own high-water mark); msprof-analyze {fleet['msprof_analyze_version']}: "
+              f"`{fleet['msprof_command']}`, {limit:.0f} min limit per run.", ""]
+    rows = []
+    for r in fleet["rows"]:
+        o, m = r["ours"], r.get("msprof_analyze")
+        if m is None:
+            mtext = "not run"
+        elif m["finished"]:
+            mtext = f"{m['wall_s']:.1f} s, peak RSS {m['tree_peak_rss_bytes'] / 1e6:,.0f} MB (all processes)"
+        elif m.get("wall_s") is None:
+            mtext = f"did not finish in {limit:.0f} min"
+        else:
+            mtext = f"failed (exit {m.get('returncode')}) after {m['wall_s']:.1f} s"
+        rows.append([str(r["ranks"]), f"{r['trace_view_bytes'] / 1e9:.2f}", f"{o['wall_s']:.1f} s",
+                     f"{o['peak_rss_bytes'] / 1e6:,.0f} MB", mtext,
+                     f"{r['speed_ratio']:.1f}x" if "speed_ratio" in r else "-"])
+    lines += _table(["ranks", "GB", "profile-analyzer report --jobs 1", "peak RSS", "msprof-analyze cluster -m all",
+                     "time ratio"], rows) + [""]
+    if "meets_memory_target" in fleet:
+        t = fleet["targets"]
+        lines += [f"Memory target (peak < {t['peak_rss_max_bytes'] / 1e9:g} GB, and at the most ranks <= "
+                  f"{t['flat_factor_max']}x the fewest): {'met' if fleet['meets_memory_target'] else 'NOT met'} "
+                  f"(growth {fleet['peak_rss_growth']:.2f}x).", ""]
+    return lines
+
+
 def section_dbo(out: Path, record: dict[str, Any], figures: Path) -> list[str]:
     lines = ["## DBO runtime on the reference MoE model", ""]
     dbo = _load(out / "dbo_runtime.json")
@@ -625,6 +667,7 @@ def write_report(out: Path) -> Path:
     record = _load(out / "bench.json") or {}
     lines = section_header(record)
     for section in (lambda: section_kv(out, record), lambda: section_analyzer(out, record, figures),
+                    lambda: section_fleet(out, record),
                     lambda: section_dbo(out, record, figures), lambda: section_policy(out, record),
                     lambda: section_serving(out, record, figures),
                     lambda: section_precision(out, record, figures), lambda: section_ablation(out, record)):
