@@ -407,6 +407,193 @@ def test_all_gather_expert_parallel_ops_drop_other_ranks_experts() -> None:
     torch.testing.assert_close(out, want, rtol=1e-4, atol=1e-5)
 
 
+# -- MLA (DeepSeek) ------------------------------------------------------------------------------------------------
+def ref_interleave_rope_row(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """One D-vector: pairs (x[2i], x[2i+1]) become (q[i], q[i + D/2]), then q*cos + rotate_half(q)*sin elementwise."""
+    half = x.shape[0] // 2
+    q = torch.empty_like(x)
+    for i in range(half):
+        q[i], q[i + half] = x[2 * i], x[2 * i + 1]
+    out = torch.empty_like(x)
+    for i in range(half):
+        out[i] = q[i] * cos[i] - q[i + half] * sin[i]
+        out[i + half] = q[i + half] * cos[i + half] + q[i] * sin[i + half]
+    return out
+
+
+def rope_tables(positions: torch.Tensor, d: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos/sin ``[T, 1, 1, d]`` as vllm-ascend's MLA tables hold them: the d/2 frequencies repeated twice."""
+    freqs = positions.float().unsqueeze(1) / (10000 ** (torch.arange(d // 2).float() / (d // 2)))
+    emb = torch.cat((freqs, freqs), dim=-1)
+    return emb.cos().view(-1, 1, 1, d), emb.sin().view(-1, 1, 1, d)
+
+
+def test_interleave_rope_deinterleaves_then_rotates_half() -> None:
+    x = torch.randn(5, 3, 1, 16)
+    cos, sin = rope_tables(torch.tensor([0, 3, 7, 11, 200]), 16)
+    out = torch_npu.npu_interleave_rope(x, cos, sin)
+    for b in range(5):
+        for n in range(3):
+            torch.testing.assert_close(out[b, n, 0], ref_interleave_rope_row(x[b, n, 0], cos[b, 0, 0], sin[b, 0, 0]),
+                                       rtol=1e-6, atol=1e-6)
+    assert out.shape == x.shape and out.dtype == x.dtype
+
+
+@pytest.mark.parametrize("is_output_kv", [False, True])
+def test_kv_rmsnorm_rope_cache_writes_normed_latent_and_rotated_key(is_output_kv: bool) -> None:
+    rms, rope, bs = 32, 16, 8
+    kv = torch.randn(6, 1, 1, rms + rope)
+    gamma = torch.rand(rms) + 0.5
+    cos, sin = rope_tables(torch.tensor([4, 9, 0, 17, 30, 2]), rope)
+    slots = torch.tensor([3, 8, 15, 33, 20, 0])  # crosses blocks
+    k_cache, ckv_cache = torch.zeros(5, bs, 1, rope), torch.zeros(5, bs, 1, rms)
+    kc, ckv, k_rope, c_kv = torch_npu.npu_kv_rmsnorm_rope_cache(kv, gamma, cos, sin, slots, k_cache, ckv_cache,
+                                                                epsilon=1e-6, cache_mode="PA",
+                                                                is_output_kv=is_output_kv)
+    assert kc is k_cache and ckv is ckv_cache
+    want_k, want_c = torch.zeros_like(k_cache), torch.zeros_like(ckv_cache)
+    for t, slot in enumerate(slots.tolist()):
+        latent, r = kv[t, 0, 0, :rms], kv[t, 0, 0, rms:]
+        want_c[slot // bs, slot % bs, 0] = ref_rms(latent, gamma, 1e-6)
+        want_k[slot // bs, slot % bs, 0] = ref_interleave_rope_row(r, cos[t, 0, 0], sin[t, 0, 0])
+    torch.testing.assert_close(ckv_cache, want_c, rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(k_cache, want_k, rtol=1e-5, atol=1e-6)
+    assert k_rope.shape == (6, 1, 1, rope) and c_kv.shape == (6, 1, 1, rms)
+    if is_output_kv:
+        torch.testing.assert_close(c_kv[:, 0, 0], torch.stack([want_c[s // bs, s % bs, 0] for s in slots.tolist()]))
+        torch.testing.assert_close(k_rope[:, 0, 0], torch.stack([want_k[s // bs, s % bs, 0] for s in slots.tolist()]))
+
+
+def ref_mla_attention(q: torch.Tensor, q_rope: torch.Tensor, k: torch.Tensor, k_rope: torch.Tensor,
+                      v: torch.Tensor, scale: float, causal: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """q [q_len, N, D], q_rope [q_len, N, R], k [L, N_kv, D], k_rope [L, N_kv, R], v [L, N_kv, V]; score of a key:
+    scale * (q.k + q_rope.k_rope); bottom-right causal when ``causal``."""
+    q_len, n = q.shape[0], q.shape[1]
+    length, n_kv = k.shape[0], k.shape[1]
+    out, lse = torch.zeros(q_len, n, v.shape[-1]), torch.zeros(q_len, n)
+    for h in range(n):
+        g = h * n_kv // n
+        for i in range(q_len):
+            last = length - q_len + i if causal else length - 1
+            scores = torch.stack([(q[i, h] @ k[j, g] + q_rope[i, h] @ k_rope[j, g]) * scale for j in range(last + 1)])
+            out[i, h] = torch.softmax(scores, dim=0) @ v[:last + 1, g]
+            lse[i, h] = torch.logsumexp(scores, dim=0)
+    return out, lse
+
+
+@pytest.mark.parametrize("causal", [True, False])
+def test_fia_mla_tnd_with_query_rope_and_key_rope(causal: bool) -> None:
+    """_forward_prefill (sparse_mode 3, KV = this forward's tokens) and _compute_prefill_context (sparse_mode 0,
+    no mask, KV = a chunk of cached context) call forms."""
+    n, d, r, dv = 4, 16, 8, 12
+    q_lens, kv_lens = ([3, 1, 5], [3, 1, 5]) if causal else ([3, 1, 5], [7, 2, 4])
+    q, q_rope = torch.randn(sum(q_lens), n, d), torch.randn(sum(q_lens), n, r)
+    k, k_rope, v = torch.randn(sum(kv_lens), n, d), torch.randn(sum(kv_lens), n, r), torch.randn(sum(kv_lens), n, dv)
+    ends, kv_ends = torch.tensor(q_lens).cumsum(0).tolist(), torch.tensor(kv_lens).cumsum(0).tolist()
+    out, lse = torch_npu.npu_fused_infer_attention_score(
+        q, k, v, query_rope=q_rope, key_rope=k_rope, num_heads=n, num_key_value_heads=n, input_layout="TND",
+        atten_mask=CAUSAL_TEMPLATE if causal else None, sparse_mode=3 if causal else 0, scale=0.3,
+        antiquant_mode=0, antiquant_scale=None, softmax_lse_flag=True, actual_seq_lengths=ends,
+        actual_seq_lengths_kv=kv_ends)
+    qs = ks = 0
+    for qe, ke in zip(ends, kv_ends, strict=True):
+        want, want_lse = ref_mla_attention(q[qs:qe], q_rope[qs:qe], k[ks:ke], k_rope[ks:ke], v[ks:ke], 0.3, causal)
+        torch.testing.assert_close(out[qs:qe], want, rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(lse[qs:qe, :, 0], want_lse, rtol=1e-5, atol=1e-5)
+        qs, ks = qe, ke
+    assert out.shape == (sum(q_lens), n, dv)
+
+
+def test_fia_v2_mla_decode_over_the_paged_latent_cache() -> None:
+    """_forward_decode's call: BNSD_NBSD, key = value = the latent cache viewed [blocks, 1, block_size, D]."""
+    n, d, r, bs = 4, 32, 8, 16
+    spans = [(37, 1), (4, 1), (16, 1), (60, 1)]
+    table, lat, rope_c = paged_case(spans, bs, n_kv=1, d=d, dv=r)
+    kv_lens = [c + q for c, q in spans]
+    q, q_rope = torch.randn(len(spans), n, 1, d), torch.randn(len(spans), n, 1, r)
+    k_nope = lat.view(-1, 1, bs, d)  # the cache's memory viewed as mla_v1 does (N_kv = 1)
+    k_pe = rope_c.view(-1, 1, bs, r)
+    out, _ = torch_npu.npu_fused_infer_attention_score_v2(
+        q, k_nope, k_nope, query_rope=q_rope, key_rope=k_pe, num_query_heads=n, num_key_value_heads=1,
+        input_layout="BNSD_NBSD", atten_mask=None, sparse_mode=0, softmax_scale=0.2, block_table=table,
+        block_size=bs, actual_seq_qlen=None, actual_seq_kvlen=kv_lens)
+    assert out.shape == (n, len(spans), 1, d)
+    for b, kv_len in enumerate(kv_lens):
+        k, kr = ref_gather(lat, table[b], kv_len), ref_gather(rope_c, table[b], kv_len)
+        want, _ = ref_mla_attention(q[b, :, 0].unsqueeze(0), q_rope[b, :, 0].unsqueeze(0), k, kr, k, 0.2, False)
+        torch.testing.assert_close(out[:, b, 0], want[0], rtol=1e-5, atol=1e-5)
+
+
+def test_transpose_batchmatmul_is_a_batched_matmul_then_transpose() -> None:
+    x, w = torch.randn(4, 5, 8), torch.randn(4, 8, 6)  # (N, B, L) x (N, L, V) as _v_up_proj
+    y = torch_npu.npu_transpose_batchmatmul(x, w, perm_y=(1, 0, 2))
+    assert y.shape == (5, 4, 6)
+    for b in range(5):
+        for h in range(4):
+            torch.testing.assert_close(y[b, h], x[h, b] @ w[h], rtol=1e-5, atol=1e-5)
+
+
+def test_attention_update_merges_chunks_into_the_whole_attention() -> None:
+    """Attention over KV split in three chunks, merged by lse, equals attention over all of it."""
+    q, k, v = torch.randn(3, 2, 8), torch.randn(11, 2, 8), torch.randn(11, 2, 8)
+    parts = [ref_causal_attention(q, k[a:b], v[a:b], 0.35, causal=False) for a, b in ((0, 4), (4, 5), (5, 11))]
+    out, lse = torch_npu.npu_attention_update([p[1].reshape(-1) for p in parts],
+                                              [p[0].reshape(6, 8) for p in parts], 0)
+    want, want_lse = ref_causal_attention(q, k, v, 0.35, causal=False)
+    torch.testing.assert_close(out.view(3, 2, 8), want, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(lse.view(3, 2), want_lse, rtol=1e-5, atol=1e-5)
+
+
+def test_paged_cache_load_gathers_each_requests_tokens_from_its_start() -> None:
+    bs = 8
+    table, kc, vc = paged_case([(20, 1), (9, 1), (30, 1)], bs, n_kv=1, d=16, dv=4)
+    lens, starts = torch.tensor([16, 3, 8], dtype=torch.int32), torch.tensor([0, 8, 16], dtype=torch.int32)
+    key, value = torch.empty(27, 1, 16), torch.empty(27, 1, 4, dtype=torch.bfloat16)
+    k, v = torch_npu.atb.npu_paged_cache_load(kc, vc, table, lens, seq_starts=starts, key=key, value=value)
+    assert k is key and v is value
+    rows_k, rows_v = [], []
+    for b in range(3):
+        for p in range(int(starts[b]), int(starts[b]) + int(lens[b])):
+            rows_k.append(kc[int(table[b, p // bs]), p % bs])
+            rows_v.append(vc[int(table[b, p // bs]), p % bs])
+    assert torch.equal(key, torch.stack(rows_k)) and torch.equal(value, torch.stack(rows_v).to(torch.bfloat16))
+
+
+def test_format_cast_to_nd_is_the_tensor_itself() -> None:
+    w = torch.randn(4, 4)
+    assert torch_npu.npu_format_cast(w, 2) is w
+    with pytest.raises(torch_npu.NotEmulatedError, match="npu_format_cast.*acl_format=29"):
+        torch_npu.npu_format_cast(w, 29)
+
+
+def test_mla_operators_refuse_what_the_dbo_paths_do_not_pass() -> None:
+    z = torch.zeros
+    with pytest.raises(torch_npu.NotEmulatedError, match="npu_fused_infer_attention_score_v2.*input_layout"):
+        torch_npu.npu_fused_infer_attention_score_v2(z(1, 4, 8), z(1, 1, 8), z(1, 1, 8), query_rope=z(1, 4, 4),
+                                                     key_rope=z(1, 1, 4), input_layout="TND_NTD", sparse_mode=3)
+    with pytest.raises(torch_npu.NotEmulatedError, match="npu_fused_infer_attention_score_v2.*dequant_scale_query"):
+        torch_npu.npu_fused_infer_attention_score_v2(z(1, 4, 1, 8), z(1, 1, 16, 8), z(1, 1, 16, 8),
+                                                     dequant_scale_query=z(1), input_layout="BNSD_NBSD")
+    with pytest.raises(torch_npu.NotEmulatedError, match="npu_kv_rmsnorm_rope_cache.*cache_mode='PA_NZ'"):
+        torch_npu.npu_kv_rmsnorm_rope_cache(z(1, 1, 1, 12), z(8), z(1, 1, 1, 4), z(1, 1, 1, 4),
+                                            torch.tensor([0]), z(1, 16, 1, 4), z(1, 16, 1, 8), cache_mode="PA_NZ")
+    with pytest.raises(torch_npu.NotEmulatedError, match="npu_kv_rmsnorm_rope_cache.*c_kv_scale"):
+        torch_npu.npu_kv_rmsnorm_rope_cache(z(1, 1, 1, 12), z(8), z(1, 1, 1, 4), z(1, 1, 1, 4),
+                                            torch.tensor([0]), z(1, 16, 1, 4), z(1, 16, 1, 8), c_kv_scale=z(8),
+                                            cache_mode="PA")
+    with pytest.raises(torch_npu.NotEmulatedError, match="npu_fused_infer_attention_score.*block_table"):
+        torch_npu.npu_fused_infer_attention_score(z(1, 4, 8), z(1, 16, 8), z(1, 16, 8), query_rope=z(1, 4, 4),
+                                                  key_rope=z(1, 16, 4), block_table=z(1, 1, dtype=torch.int32),
+                                                  input_layout="TND", sparse_mode=0, num_heads=4,
+                                                  actual_seq_lengths=[1], actual_seq_lengths_kv=[1])
+    with pytest.raises(torch_npu.NotEmulatedError, match="npu_attention_update.*update_type=1"):
+        torch_npu.npu_attention_update([z(2)], [z(2, 4)], 1)
+    with pytest.raises(torch_npu.NotEmulatedError, match="npu_transpose_batchmatmul.*scale"):
+        torch_npu.npu_transpose_batchmatmul(z(2, 3, 4), z(2, 4, 5), scale=z(10))
+    with pytest.raises(torch_npu.NotEmulatedError, match="torch_npu.atb.npu_ring_mla"):
+        torch_npu.atb.npu_ring_mla(z(1))
+
+
 # -- not emulated -------------------------------------------------------------------------------------------------
 def test_an_operator_that_is_not_emulated_names_itself() -> None:
     with pytest.raises(torch_npu.NotEmulatedError, match="npu_moe_finalize_routing"):

@@ -112,6 +112,7 @@ torch.utils.generate_methods_for_privateuse1_backend(for_tensor=True, for_module
 
 from torch_npu import (  # noqa: E402,F401
     _C,
+    atb,
     distributed,
     ops,
     triton_kernels,  # noqa: E402

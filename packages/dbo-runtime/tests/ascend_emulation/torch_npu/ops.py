@@ -31,6 +31,12 @@ __all__ = [
     "npu_grouped_matmul",
     "npu_moe_token_permute",
     "npu_moe_token_unpermute",
+    "npu_fused_infer_attention_score_v2",
+    "npu_interleave_rope",
+    "npu_kv_rmsnorm_rope_cache",
+    "npu_transpose_batchmatmul",
+    "npu_attention_update",
+    "npu_format_cast",
 ]
 
 _INT_MAX = 2147483647
@@ -152,8 +158,16 @@ def npu_fused_infer_attention_score(
     pre_tokens/next_tokens are ignored under sparse_mode 3, as documented.
 
     Not emulated (NotEmulatedError): other layouts (BSH, BSND, BNSD, ...), sparse modes other than 3 (0 without
-    mask, 1, 2, 4, 9), pse_shift, every quantization / antiquant argument, left padding, shared prefix, MLA
-    query_rope/key_rope, the (blocknum, N_kv, blocksize, D) cache layout. A query row that sees no key (not possible
+    mask outside MLA, 1, 2, 4, 9), pse_shift, every quantization / antiquant argument, left padding, shared prefix,
+    MLA query_rope/key_rope with a block table, the (blocknum, N_kv, blocksize, D) cache layout.
+
+    MLA (``query_rope``/``key_rope``, doc: "query_rope和key_rope输入时即为MLA场景"): the scores are
+    ``scale * (q . k + q_rope . k_rope)`` (the rope parts are the query's and key's last D dimensions split off;
+    value has none), as vllm-ascend's ``AscendMLAImpl._forward_prefill`` (sparse_mode 3 with the template) and
+    ``_compute_prefill_context`` (sparse_mode 0, no mask: every row sees the whole context chunk, TND with
+    cumulative ``actual_seq_lengths_kv``) pass them. The output takes query's dtype. The kernel documents only
+    bf16 for TND with D != 512 and D = 128; the tiny models' D = 64 and float32 (and the float32 key beside a bf16
+    query that ``_compute_prefill_context`` passes in a float32 model) are computed here in float32, not refused. A query row that sees no key (not possible
     under sparse_mode 3 when q_len <= kv_len) returns 0. Query dtype float32 is accepted here although the kernel
     documents only fp16/bf16/int8.
     """
@@ -165,17 +179,36 @@ def npu_fused_infer_attention_score(
                   key_antiquant_scale=key_antiquant_scale, key_antiquant_offset=key_antiquant_offset,
                   value_antiquant_scale=value_antiquant_scale, value_antiquant_offset=value_antiquant_offset,
                   key_shared_prefix=key_shared_prefix, value_shared_prefix=value_shared_prefix,
-                  actual_shared_prefix_len=actual_shared_prefix_len, query_rope=query_rope, key_rope=key_rope,
+                  actual_shared_prefix_len=actual_shared_prefix_len,
                   key_rope_antiquant_scale=key_rope_antiquant_scale)
     if input_layout != "TND":
         _refuse(op, f"input_layout={input_layout!r} (only 'TND')")
-    if sparse_mode != 3:
-        _refuse(op, f"sparse_mode={sparse_mode} (only 3, rightDownCausal)")
     if antiquant_mode or key_antiquant_mode or value_antiquant_mode:
         _refuse(op, "antiquant modes")
     if query.dtype not in (torch.float32, torch.float16, torch.bfloat16):
         _refuse(op, f"query dtype {query.dtype}")
-    _check_causal_mask(op, atten_mask)
+    mla = query_rope is not None or key_rope is not None
+    if mla:
+        # MLA (doc: query_rope/key_rope "要求同时配置"): scores = q.k + q_rope.k_rope, value without rope.
+        # vllm-ascend's AscendMLAImpl._forward_prefill (sparse_mode 3, causal) and _compute_prefill_context
+        # (sparse_mode 0, no mask: a chunk of cached context every query row sees) pass them, TND, no block table.
+        if query_rope is None or key_rope is None:
+            raise RuntimeError(f"{op}: query_rope and key_rope must be given together")
+        if block_table is not None:
+            _refuse(op, "query_rope/key_rope with a block_table (MLA page attention with D=512; "
+                        "vllm-ascend's decode takes npu_fused_infer_attention_score_v2)")
+        if query_rope.shape[:2] != query.shape[:2] or key_rope.shape[:2] != key.shape[:2]:
+            raise RuntimeError(f"{op}: query_rope {tuple(query_rope.shape)} / key_rope {tuple(key_rope.shape)} must "
+                               f"match query {tuple(query.shape)} / key {tuple(key.shape)} but for D")
+        query = torch.cat((query.float(), query_rope.float()), dim=-1)
+        key = torch.cat((key.float(), key_rope.float()), dim=-1)
+    if sparse_mode == 3:
+        _check_causal_mask(op, atten_mask)
+    elif sparse_mode == 0 and mla and atten_mask is None:
+        pass  # no mask: every query row sees its request's whole KV (doc: sparse_mode 0 "atten_mask未传入则不做mask")
+    else:
+        _refuse(op, f"sparse_mode={sparse_mode}" + (" with an atten_mask" if atten_mask is not None else "")
+                + " (only 3, rightDownCausal; 0 without mask only for MLA query_rope/key_rope)")
     if actual_seq_lengths is None or actual_seq_lengths_kv is None:
         raise RuntimeError(f"{op}: TND layout needs actual_seq_lengths and actual_seq_lengths_kv")
     if query.dim() != 3 or query.shape[1] != num_heads:
@@ -183,6 +216,7 @@ def npu_fused_infer_attention_score(
     n_kv = num_key_value_heads or num_heads
     if num_heads % n_kv:
         raise RuntimeError(f"{op}: num_heads {num_heads} is not a multiple of num_key_value_heads {n_kv}")
+    out_dtype = query_rope.dtype if mla else query.dtype  # query was upcast above; the doc: rope dtype = query's
     q_ends = _ints(actual_seq_lengths)
     kv_arg = _ints(actual_seq_lengths_kv)
     batch = len(q_ends)
@@ -220,13 +254,15 @@ def npu_fused_infer_attention_score(
             else:
                 kv_start = kv_arg[b - 1] if b else 0
                 k, v = key[kv_start:kv_start + kv_len], value[kv_start:kv_start + kv_len]
-            rows = torch.arange(q_len).unsqueeze(1)
-            cols = torch.arange(kv_len).unsqueeze(0)
-            visible = cols <= kv_len - q_len + rows
+            visible = None
+            if sparse_mode == 3:
+                rows = torch.arange(q_len).unsqueeze(1)
+                cols = torch.arange(kv_len).unsqueeze(0)
+                visible = cols <= kv_len - q_len + rows
             o, s = _attend(query[q_start:q_end], k, v, scale, visible)
             out[q_start:q_end], lse[q_start:q_end] = o, s
         q_start = q_end
-    attn_out = out.to(query.dtype)
+    attn_out = out.to(out_dtype)
     if softmax_lse_flag:
         return attn_out, lse.unsqueeze(-1)
     return attn_out, torch.zeros(1, dtype=torch.float32, device=query.device)
@@ -474,6 +510,256 @@ def npu_moe_token_unpermute(permuted_tokens: torch.Tensor, sorted_indices: torch
         raise RuntimeError(f"{op}: {idx.numel()} indices for probs of shape {tuple(probs.shape)}")
     out = (gathered.reshape(-1, topk, gathered.shape[-1]) * probs.float().unsqueeze(-1)).sum(dim=1)
     return out.to(permuted_tokens.dtype)
+
+
+# -- MLA (DeepSeek) ----------------------------------------------------------------------------------------------
+# vllm-ascend's attention/mla_v1.py:AscendMLAImpl in eager mode with its custom kernels absent, enable_kv_nz off, no
+# quantization, no MLAPO, no speculative decoding, num_heads a power of 2 (no head padding).
+def _deinterleave_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """InterleaveRope in float32: ``q = x.reshape(..., D/2, 2).transpose(-1, -2).reshape(..., D)`` (pairs
+    (x0, x1), (x2, x3), ... become halves), then ``q * cos + RotateHalf(q) * sin`` with
+    ``RotateHalf(q) = cat(-q[D/2:], q[:D/2])``."""
+    d = x.shape[-1]
+    q = x.float().reshape(*x.shape[:-1], d // 2, 2).transpose(-1, -2).reshape(x.shape)
+    rotated = torch.cat((-q[..., d // 2:], q[..., :d // 2]), dim=-1)
+    return q * cos.float() + rotated * sin.float()
+
+
+def npu_interleave_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Rotary embedding of an interleaved (GPT-J ordered) ``x`` ``[B, N, S, D]``: de-interleave, then rotate-half
+    with ``cos``/``sin`` ``[B, 1, S or 1, D]``; the result is in the de-interleaved order, shaped and typed like x.
+
+    Follows: no docstring in the wheel (only the meta registration ``npu_interleave_rope_meta``: output like x); the
+    formula of the torch_npu API page (Ascend op-plugin ``docs/context/torch_npu-npu_interleave_rope.md`` and the
+    CANN InterleaveRope operator page: ``q = reshape(x, [B, N, S, D//2, 2]).transpose(-1, -2).reshape([B, N, S, D])``,
+    ``q_embed = q * cos + RotateHalf(q) * sin``). Reached from ``AscendMLAImpl.rope_single`` (decode and prefill
+    query rope). The kernel's D = 64 and fp16/bf16 constraints are not checked (float32 computed here).
+    Not emulated: cos/sin with N != 1 (the page requires N = 1).
+    """
+    op = "npu_interleave_rope"
+    if x.dim() != 4 or cos.dim() != 4 or sin.shape != cos.shape:
+        raise RuntimeError(f"{op}: x, cos, sin must be 4-D [B, N, S, D] (cos and sin alike), got "
+                           f"{tuple(x.shape)}, {tuple(cos.shape)}, {tuple(sin.shape)}")
+    if cos.shape[1] != 1:
+        _refuse(op, f"cos/sin with N={cos.shape[1]} (the operator takes N = 1)")
+    if x.shape[-1] % 2 or cos.shape[-1] != x.shape[-1]:
+        raise RuntimeError(f"{op}: D {x.shape[-1]} must be even and equal cos's {cos.shape[-1]}")
+    return _deinterleave_rope(x, cos, sin).to(x.dtype)
+
+
+def npu_kv_rmsnorm_rope_cache(kv: torch.Tensor, gamma: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+                              index: torch.Tensor, k_cache: torch.Tensor, ckv_cache: torch.Tensor, *,
+                              k_rope_scale: Any = None, c_kv_scale: Any = None, k_rope_offset: Any = None,
+                              c_kv_offset: Any = None, v: Any = None, epsilon: float = 1e-5,
+                              cache_mode: str = "Norm", is_output_kv: bool = False
+                              ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """MLA key path: ``kv`` ``[B, 1, S, rms_size + rope_size]`` splits into ``rms_in`` (first ``gamma.numel()``)
+    and ``rope_in`` (the rest); ``c_kv = RMSNorm(rms_in) * gamma``; ``k_rope = InterleaveRope(rope_in, cos, sin)``
+    (see :func:`npu_interleave_rope`); both are scattered IN PLACE into the paged caches at the global token offsets
+    ``index`` (``cache_mode`` "PA": ``k_cache`` ``[block_num, block_size, 1, rope_size]``, ``ckv_cache``
+    ``[block_num, block_size, 1, rms_size]``, ``slot = block * block_size + offset``). Returns ``(k_cache,
+    ckv_cache, k_rope, c_kv)``; the last two (``[B, 1, S, rope]`` / ``[B, 1, S, rms]``) only when ``is_output_kv``,
+    else empty tensors of those shapes (here zeros).
+
+    Follows: no docstring in the wheel (meta registration ``npu_kv_rmsnorm_rope_cache_meta``: outputs like k_cache,
+    like ckv_cache, then k_rope / c_kv shaped from kv, cos and gamma); the formula and the cache modes of the
+    torch_npu API page (Ascend op-plugin ``docs/context/torch_npu-npu_kv_rmsnorm_rope_cache.md``: split, RMSNorm
+    over the 512 rms elements with gamma and epsilon, the InterleaveRope reshape/transpose then RotateHalf; PA: index
+    ``[batch_size * seq_len]``, "index里的值表示全局的偏移"). Reached from ``AscendMLAImpl.exec_kv_decode`` (caches
+    returned) and ``exec_kv_prefill`` (``is_output_kv=True``).
+    Not emulated: quantization (k_rope_scale / c_kv_scale / offsets, int8 caches), the ``v`` input, cache modes
+    other than "PA"/"PA_BNSD" (Norm, PA_NZ, PA_BLK_*), negative or repeated indices (undefined on the device). The
+    kernel's 512/64 sizes are not checked; computed in float32.
+    """
+    op = "npu_kv_rmsnorm_rope_cache"
+    _require_none(op, k_rope_scale=k_rope_scale, c_kv_scale=c_kv_scale, k_rope_offset=k_rope_offset,
+                  c_kv_offset=c_kv_offset, v=v)
+    if cache_mode not in ("PA", "PA_BNSD"):
+        _refuse(op, f"cache_mode={cache_mode!r} (only 'PA' / 'PA_BNSD')")
+    if kv.dim() != 4 or kv.shape[1] != 1 or gamma.dim() != 1 or cos.dim() != 4 or sin.shape != cos.shape:
+        raise RuntimeError(f"{op}: kv must be [B, 1, S, H], gamma 1-D, cos/sin 4-D alike; got {tuple(kv.shape)}, "
+                           f"{tuple(gamma.shape)}, {tuple(cos.shape)}, {tuple(sin.shape)}")
+    rms_size, rope_size = gamma.shape[0], cos.shape[-1]
+    if kv.shape[-1] != rms_size + rope_size:
+        raise RuntimeError(f"{op}: kv's last dim {kv.shape[-1]} is not rms {rms_size} + rope {rope_size}")
+    if k_cache.dim() != 4 or ckv_cache.dim() != 4 or k_cache.shape[2] != 1 or ckv_cache.shape[2] != 1:
+        _refuse(op, f"caches of shape {tuple(k_cache.shape)} / {tuple(ckv_cache.shape)} (only ND "
+                    "[block_num, block_size, 1, D])")
+    slots = index.reshape(-1).to(torch.int64)
+    b, _, s, _ = kv.shape
+    if slots.numel() != b * s:
+        raise RuntimeError(f"{op}: {slots.numel()} indices for {b * s} tokens")
+    if slots.numel() and int(slots.min()) < 0:
+        _refuse(op, "a negative index (padding slots)")
+    if slots.unique().numel() != slots.numel():
+        _refuse(op, "repeated indices (undefined on the device)")
+    rms_in, rope_in = kv.float().split([rms_size, rope_size], dim=-1)
+    c_kv = (rms_in * torch.rsqrt(rms_in.pow(2).mean(dim=-1, keepdim=True) + epsilon) * gamma.float()).to(kv.dtype)
+    k_rope = _deinterleave_rope(rope_in, cos, sin).to(kv.dtype)
+    block_size = k_cache.shape[1]
+    blocks, offsets = slots // block_size, slots % block_size
+    k_cache[blocks, offsets] = k_rope.reshape(b * s, 1, rope_size).to(k_cache.dtype)
+    ckv_cache[blocks, offsets] = c_kv.reshape(b * s, 1, rms_size).to(ckv_cache.dtype)
+    if not is_output_kv:
+        k_rope, c_kv = torch.zeros_like(k_rope), torch.zeros_like(c_kv)
+    return k_cache, ckv_cache, k_rope, c_kv
+
+
+def npu_fused_infer_attention_score_v2(
+        query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, *, query_rope: torch.Tensor | None = None,
+        key_rope: torch.Tensor | None = None, pse_shift: Any = None, atten_mask: Any = None,
+        actual_seq_qlen: Sequence[int] | None = None, actual_seq_kvlen: Sequence[int] | None = None,
+        block_table: torch.Tensor | None = None, dequant_scale_query: Any = None, dequant_scale_key: Any = None,
+        dequant_offset_key: Any = None, dequant_scale_value: Any = None, dequant_offset_value: Any = None,
+        dequant_scale_key_rope: Any = None, quant_scale_out: Any = None, quant_offset_out: Any = None,
+        quant_scale_p: Any = None, learnable_sink: Any = None, num_query_heads: int = 1,
+        num_key_value_heads: int = 0, softmax_scale: float = 1.0, pre_tokens: int = _INT_MAX,
+        next_tokens: int = _INT_MAX, input_layout: str = "BSH", sparse_mode: int = 0, block_size: int = 0,
+        query_quant_mode: int = 0, key_quant_mode: int = 0, value_quant_mode: int = 0, inner_precise: int = 0,
+        return_softmax_lse: bool = False, query_dtype: Any = None, key_dtype: Any = None, value_dtype: Any = None,
+        query_rope_dtype: Any = None, key_rope_dtype: Any = None, key_shared_prefix_dtype: Any = None,
+        value_shared_prefix_dtype: Any = None, dequant_scale_query_dtype: Any = None,
+        dequant_scale_key_dtype: Any = None, dequant_scale_value_dtype: Any = None,
+        dequant_scale_key_rope_dtype: Any = None, out_dtype: Any = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """MLA decode attention over a paged latent cache, the one configuration ``AscendMLAImpl._forward_decode``
+    uses without speculative decoding, NZ caches or quantization: input_layout "BNSD_NBSD", query
+    ``[B, N, 1, D]`` with ``query_rope`` ``[B, N, 1, D_rope]``; key = value = the latent cache viewed as
+    ``[block_num, 1, block_size, D]`` with ``key_rope`` ``[block_num, 1, block_size, D_rope]`` (page attention,
+    KV_N = 1), ``block_table`` ``[B, max_blocks]``, ``actual_seq_kvlen`` per-request KV lengths (page attention),
+    sparse_mode 0 without mask. Row b, head n: ``softmax(softmax_scale * (q . K + q_rope . K_rope)) V`` over the
+    request's first ``actual_seq_kvlen[b]`` cached tokens. Output ``[N, B, 1, D]`` (NBSD), softmax_lse ``[1]`` zero
+    (``return_softmax_lse`` False).
+
+    Follows: torch_npu doc ``npu_fused_infer_attention_score_v2`` (formula; "BNSD_NBSD输入(B,Q_N,Q_S,D)输出
+    (Q_N,B,Q_S,D)仅支持Q_S为1~16"; MLA with D = 512: "Q_S等于1时只支持sparse=0且不传mask", page attention required,
+    key n = 1; cache layout (blocknum, KV_N, blocksize, D) for BNSD; "actual_seq_kvlen ... 在PA场景下, 其长度等于
+    key/value的Batch值, 代表每个Batch的实际长度"; key S = 0 gives zeros).
+    Not emulated: other layouts (TND/TND_NTD of speculative decoding, BSND_NBSD of NZ caches), Q_S > 1, sparse_mode
+    != 0 or a mask, no block table, pse_shift, learnable_sink, every quantization argument and quant mode,
+    return_softmax_lse, out_dtype, the ``.out`` overload (graph capture). The D = 512 / D_rope = 64 sizes are not
+    checked; computed in float32.
+    """
+    op = "npu_fused_infer_attention_score_v2"
+    _require_none(op, pse_shift=pse_shift, atten_mask=atten_mask, dequant_scale_query=dequant_scale_query,
+                  dequant_scale_key=dequant_scale_key, dequant_offset_key=dequant_offset_key,
+                  dequant_scale_value=dequant_scale_value, dequant_offset_value=dequant_offset_value,
+                  dequant_scale_key_rope=dequant_scale_key_rope, quant_scale_out=quant_scale_out,
+                  quant_offset_out=quant_offset_out, quant_scale_p=quant_scale_p, learnable_sink=learnable_sink,
+                  out_dtype=out_dtype)
+    if input_layout != "BNSD_NBSD":
+        _refuse(op, f"input_layout={input_layout!r} (only 'BNSD_NBSD')")
+    if sparse_mode != 0:
+        _refuse(op, f"sparse_mode={sparse_mode} (only 0 without mask)")
+    if query_quant_mode or key_quant_mode or value_quant_mode:
+        _refuse(op, "quant modes")
+    if return_softmax_lse:
+        _refuse(op, "return_softmax_lse=True")
+    if query_rope is None or key_rope is None:
+        _refuse(op, "attention without query_rope/key_rope (only the MLA form)")
+    if block_table is None:
+        _refuse(op, "no block_table (MLA requires page attention)")
+    if query.dim() != 4 or query.shape[2] != 1 or query.shape[1] != num_query_heads:
+        _refuse(op, f"query of shape {tuple(query.shape)} (only [B, N={num_query_heads}, Q_S=1, D])")
+    if key.dim() != 4 or key.shape[1] != 1 or key.shape[2] != block_size or not torch.equal(
+            torch.tensor(key.shape), torch.tensor(value.shape)):
+        _refuse(op, f"key {tuple(key.shape)} / value {tuple(value.shape)} (only equal [block_num, 1, "
+                    f"block_size={block_size}, D] caches)")
+    if num_key_value_heads not in (0, 1):
+        _refuse(op, f"num_key_value_heads={num_key_value_heads} (MLA: 1)")
+    if query_rope.shape[:3] != query.shape[:3] or key_rope.shape[:3] != key.shape[:3]:
+        raise RuntimeError(f"{op}: query_rope {tuple(query_rope.shape)} / key_rope {tuple(key_rope.shape)} must match "
+                           f"query / key but for D")
+    batch = query.shape[0]
+    kv_lens = _ints(actual_seq_kvlen) if actual_seq_kvlen is not None else None
+    if kv_lens is None or len(kv_lens) < batch:
+        raise RuntimeError(f"{op}: page attention needs actual_seq_kvlen with one length per request ({batch})")
+    if block_table.dim() != 2 or block_table.shape[0] < batch:
+        raise RuntimeError(f"{op}: block_table must be [B={batch}, max_blocks], got {tuple(block_table.shape)}")
+    # [block_num, 1, block_size, D] -> [block_num, block_size, 1, D] for the paged gather
+    k_c = torch.cat((key.float(), key_rope.float()), dim=-1).transpose(1, 2)
+    v_c = value.float().transpose(1, 2)
+    q = torch.cat((query.float(), query_rope.float()), dim=-1)  # [B, N, 1, D + D_rope]
+    out = torch.zeros(num_query_heads, batch, 1, value.shape[-1], dtype=torch.float32, device=query.device)
+    for b in range(batch):
+        if kv_lens[b] == 0:
+            continue
+        k = _gather_paged(k_c, block_table[b], kv_lens[b])
+        v = _gather_paged(v_c, block_table[b], kv_lens[b])
+        o, _ = _attend(q[b].transpose(0, 1), k, v, softmax_scale, None)  # [1, N, D]
+        out[:, b, 0] = o[0]
+    return out.to(query.dtype), torch.zeros(1, dtype=torch.float32, device=query.device)
+
+
+def npu_transpose_batchmatmul(input: torch.Tensor, weight: torch.Tensor, *, bias: Any = None,  # noqa: A002
+                              scale: Any = None, perm_x1: Sequence[int] | None = None,
+                              perm_x2: Sequence[int] | None = None, perm_y: Sequence[int] | None = None,
+                              batch_split_factor: int = 1) -> torch.Tensor:
+    """``y = permute(bmm(permute(input, perm_x1), permute(weight, perm_x2)), perm_y)``: input permuted to
+    ``[Batch, M, K]``, weight to ``[Batch, K, N]``, the product ``[Batch, M, N]`` permuted by perm_y.
+
+    Follows: torch_npu doc ``npu_transpose_batchmatmul`` (perm_x1 "将input在矩阵乘之前排列成[B, M, K]", perm_x2
+    "[B, K, N]", perm_y "将y在矩阵乘后重新排列") and its meta registration (defaults perm_x1 = perm_x2 = [0, 1, 2],
+    perm_y = [1, 0, 2]; perm_x1 in {[0,1,2], [1,0,2]}, perm_y only [1,0,2]; output (M, Batch, N); no bias).
+    Reached from ``AscendMLAImpl._v_up_proj`` (decode: ``[N, B, L] x [N, L, V] -> [B, N, V]``).
+    Not emulated: scale (int8 output quantization), batch_split_factor != 1, perm_x2 other than [0, 1, 2].
+    """
+    op = "npu_transpose_batchmatmul"
+    _require_none(op, scale=scale)
+    if bias is not None:
+        raise RuntimeError(f"{op}: the bias is not supported in TransposeBatchMatMul (meta registration)")
+    if batch_split_factor != 1:
+        _refuse(op, f"batch_split_factor={batch_split_factor}")
+    p1 = list(perm_x1 or (0, 1, 2))
+    p2 = list(perm_x2 or (0, 1, 2))
+    py = list(perm_y or (1, 0, 2))
+    if p1 not in ([0, 1, 2], [1, 0, 2]):
+        raise RuntimeError(f"{op}: perm_x1 should be [0, 1, 2] or [1, 0, 2], got {p1}")
+    if p2 != [0, 1, 2]:
+        _refuse(op, f"perm_x2={p2}")
+    if py != [1, 0, 2]:
+        raise RuntimeError(f"{op}: perm_y should be [1, 0, 2], got {py}")
+    if input.dim() != 3 or weight.dim() != 3:
+        raise RuntimeError(f"{op}: input and weight must be 3-D")
+    y = torch.bmm(input.float().permute(p1), weight.float().permute(p2))
+    return y.permute(py).contiguous().to(input.dtype)
+
+
+def npu_attention_update(lse: Sequence[torch.Tensor], local_out: Sequence[torch.Tensor], update_type: int
+                         ) -> tuple[torch.Tensor, torch.Tensor]:
+    """Merge partial attention results: ``lse_max = max_i lse_i``, ``lse_m = lse_max + log(sum_i exp(lse_i -
+    lse_max))``, ``O = sum_i O_i * exp(lse_i - lse_m)``; lse_i ``[T * N]``, O_i ``[T * N, D]``. Returns ``(O, lse_out)``,
+    O in local_out[0]'s dtype; lse_out (float32) is the merged lse (the doc: valid only for update_type 1).
+
+    Follows: torch_npu doc ``npu_attention_update`` (the formula; shapes from its meta registration). Reached from
+    ``AscendMLAImpl._compute_prefill_context`` (update_type 0: the prefix output merged with each context chunk's).
+    Not emulated: update_type other than 0. A row whose every lse is -inf gives 0.
+    """
+    op = "npu_attention_update"
+    if update_type != 0:
+        _refuse(op, f"update_type={update_type} (only 0)")
+    if len(lse) != len(local_out) or not lse:
+        raise RuntimeError(f"{op}: {len(lse)} lse tensors for {len(local_out)} outputs")
+    lses = torch.stack([x.reshape(-1).float() for x in lse])  # [sp, T*N]
+    outs = torch.stack([x.float() for x in local_out])  # [sp, T*N, D]
+    lse_max = lses.max(dim=0).values
+    finite_max = torch.where(torch.isfinite(lse_max), lse_max, torch.zeros_like(lse_max))
+    lse_m = finite_max + torch.log(torch.exp(lses - finite_max).sum(dim=0))
+    weights = torch.nan_to_num(torch.exp(lses - lse_m), nan=0.0)
+    merged = (outs * weights.unsqueeze(-1)).sum(dim=0)
+    return merged.to(local_out[0].dtype), lse_m
+
+
+def npu_format_cast(self: torch.Tensor, acl_format: int, *args: Any, **kwargs: Any) -> torch.Tensor:
+    """Change a tensor's NPU storage format. ND (2) is the only format here: the tensor is returned as it is.
+
+    Follows: torch_npu doc ``npu_format_cast`` ("修改NPU张量的格式"). Reached from
+    ``AscendMLAImpl.process_weights_after_loading`` (``kv_b_proj`` weight to ``ACL_FORMAT_FRACTAL_ND``) and
+    ``utils.py:maybe_trans_nz`` only where ``_should_trans_nz`` holds (not for float weights without enable_nz).
+    Not emulated: any other format (FRACTAL_NZ 29, NC1HWC0, ...), whose layout would change the data.
+    """
+    if int(acl_format) != 2:
+        _refuse("npu_format_cast", f"acl_format={acl_format} (only 2, ACL_FORMAT_FRACTAL_ND)")
+    return self
 
 
 from torch_npu import _c_ascend_ops  # noqa: E402,F401  (registers torch.ops._C_ascend.*)
