@@ -23,6 +23,7 @@ COMMANDS = {
     "estimate": "dbo_runtime.commands.estimate:estimate",
     "policy-table": "dbo_runtime.commands.policy:policy_table",
     "policy-sweep": "dbo_runtime.commands.policy:policy_sweep",
+    "step-profile": "dbo_runtime.commands.step_profile:step_profile",
 }
 
 cli = ToolGroup("dbo-runtime", lazy_subcommands=COMMANDS, domain_errors=(DBOError,),

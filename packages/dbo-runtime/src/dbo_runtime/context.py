@@ -352,7 +352,8 @@ class UBatchContext:
             raise _Aborted
         hook, self.recv_hook = self.recv_hook, None
         if hook is not None:
-            hook()
+            with scope("dbo::recv_wait"):
+                hook()
 
     def register_recv_hook_on_next(self, hook: Callable[[], None]) -> None:
         nxt = self._next_alive()

@@ -24,6 +24,10 @@ wraps exactly the methods a platform adapter names and returns the undo. What ea
 
 Every split step is counted (:class:`SplitStats`): a log line at the first split and at most every 30 s, and, when
 ``DBO_RUNTIME_STATS_DIR`` is set (tests and ``dbo-runtime compare``), a JSON file per rank updated each step.
+
+Opt-in, for ``dbo-runtime step-profile`` (:class:`StepProfiler`): with ``DBO_PROFILE_DIR`` set, each rank records
+engine steps ``DBO_PROFILE_STEPS`` (``FIRST-LAST``, default 20-60) with torch's profiler, every thread recorded,
+and writes one Kineto trace per rank there.
 """
 
 from __future__ import annotations
@@ -48,7 +52,8 @@ from dbo_runtime.scopes import scope
 from dbo_runtime.ubatch import SUPPORTED_NUM_UBATCHES, UBatchSlice
 from dbo_runtime.vllm.split import decide_split, pad_last_slice, split_common_attn_metadata
 
-__all__ = ["RunnerIntegration", "SplitStats", "STATS_DIR_ENV", "FAULT_ENV", "concat_outputs", "install_fault"]
+__all__ = ["RunnerIntegration", "SplitStats", "StepProfiler", "STATS_DIR_ENV", "FAULT_ENV", "PROFILE_DIR_ENV",
+           "PROFILE_STEPS_ENV", "concat_outputs", "install_fault"]
 
 logger = logging.getLogger("vllm.dbo_runtime")  # under vLLM's log handler and format
 
@@ -56,6 +61,8 @@ STATS_DIR_ENV = "DBO_RUNTIME_STATS_DIR"
 # Test-only: "SITE:UBATCH[:ARMFILE]" makes micro-batch UBATCH raise at hook site SITE (once ARMFILE exists).
 FAULT_ENV = "DBO_RUNTIME_TEST_FAULT"
 _LOG_EVERY_S = 30.0
+PROFILE_DIR_ENV = "DBO_PROFILE_DIR"
+PROFILE_STEPS_ENV = "DBO_PROFILE_STEPS"
 
 
 class InjectedFault(RuntimeError):
@@ -135,6 +142,96 @@ class SplitStats:
         os.replace(tmp, path)
 
 
+class StepProfiler:
+    """torch's profiler over engine steps ``first``..``last`` of this rank (counted from 1, dummy runs not
+    counted), every thread recorded: vLLM's own profiler (``TorchProfilerWrapper``) builds ``torch.profiler.profile``
+    without an ``experimental_config``, so it records only the thread that started it, and DBO's micro-batch threads
+    would be missing. Each profiled step leaves an empty range ``dbo::step split=S tokens=N decode=D`` at its split
+    decision (what ``dbo-runtime step-profile`` groups the steps by). The trace is written when step ``last`` has
+    run, or at interpreter exit: ``<dir>/dbo-steps-rank<r>.pt.trace.json``.
+
+    Beside it, unprofiled: every step's split decision and the time from one decision to the next (what the auto
+    policy times), in ``<dir>/dbo-steps-rank<r>.json``, written every 32 steps and at exit."""
+
+    WRITE_EVERY = 32
+
+    def __init__(self, directory: str, first: int, last: int) -> None:
+        self.directory, self.first, self.last = directory, first, last
+        self.count = 0
+        self.rank = 0
+        self.steps: list[tuple[int, int, int, int, float]] = []  # (step, split, tokens, decode, perf_counter)
+        self._prof: Any = None
+        self._profiled = False
+        self._exit_registered = False
+
+    @classmethod
+    def from_env(cls) -> StepProfiler | None:
+        directory = os.environ.get(PROFILE_DIR_ENV)
+        if not directory:
+            return None
+        spec = os.environ.get(PROFILE_STEPS_ENV) or "20-60"
+        try:
+            first, last = (int(x) for x in spec.split("-"))
+            if not 1 <= first <= last:
+                raise ValueError(spec)
+        except ValueError:
+            raise DBOConfigError(f"{PROFILE_STEPS_ENV}={spec!r} is invalid; accepted: FIRST-LAST, engine steps "
+                                 "counted from 1 (e.g. 20-60)") from None
+        return cls(directory, first, last)
+
+    def step(self, rank: int, split: bool, tokens: int, decode: bool) -> None:
+        self.count += 1
+        self.rank = rank
+        self.steps.append((self.count, int(split), int(tokens), int(decode), time.perf_counter()))
+        if not self._exit_registered:
+            import atexit
+
+            atexit.register(self.close)
+            self._exit_registered = True
+        if self.count == self.first and not self._profiled:
+            from torch._C._profiler import _ExperimentalConfig
+
+            self._prof = torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU],
+                                                experimental_config=_ExperimentalConfig(profile_all_threads=True))
+            self._prof.start()
+        if self._prof is not None:
+            if self.count > self.last:
+                self._stop_profile()
+            else:
+                with scope(f"dbo::step split={int(split)} tokens={int(tokens)} decode={int(decode)}"):
+                    pass
+        if self.count % self.WRITE_EVERY == 0 and self._prof is None:
+            self._write_steps()
+
+    def _stop_profile(self) -> None:
+        prof, self._prof = self._prof, None
+        if prof is None:
+            return
+        self._profiled = True
+        prof.stop()
+        os.makedirs(self.directory, exist_ok=True)
+        path = os.path.join(self.directory, f"dbo-steps-rank{self.rank}.pt.trace.json")
+        prof.export_chrome_trace(path)
+        logger.info("dbo_runtime: steps %d-%d of rank %d profiled, every thread recorded: %s", self.first,
+                    min(self.count, self.last), self.rank, path)
+
+    def _write_steps(self) -> None:
+        os.makedirs(self.directory, exist_ok=True)
+        rows = [{"step": c, "split": sp, "tokens": n, "decode": d,
+                 "period_us": round((self.steps[i + 1][4] - t) * 1e6, 1) if i + 1 < len(self.steps) else None,
+                 "profiled": self.first <= c <= self.last}
+                for i, (c, sp, n, d, t) in enumerate(self.steps)]
+        fd, tmp = tempfile.mkstemp(dir=self.directory, prefix=".dbo-steps-")
+        with os.fdopen(fd, "w") as f:
+            json.dump({"rank": self.rank, "profiled_steps": [self.first, self.last], "steps": rows}, f)
+        os.replace(tmp, os.path.join(self.directory, f"dbo-steps-rank{self.rank}.json"))
+
+    def close(self) -> None:
+        self._stop_profile()
+        if self.steps:
+            self._write_steps()
+
+
 def concat_outputs(outputs: Sequence[Any]) -> Any:
     """The micro-batches' model outputs joined along the token dimension: a tensor, a tuple such as
     ``(hidden_states, aux_hidden_states)`` (lists inside are joined element-wise), or ``IntermediateTensors``."""
@@ -205,6 +302,7 @@ class RunnerIntegration:
         self.guard = CompiledReentryGuard(f"{platform} model")
         self._in_dummy = threading.local()
         self._originals: dict[str, Any] = {}
+        self.profiler = StepProfiler.from_env()  # opt-in: DBO_PROFILE_DIR
 
     # -- installation ------------------------------------------------------------------------------------------
     def install(self, runner_cls: type, methods: Sequence[str],
@@ -296,6 +394,8 @@ class RunnerIntegration:
             self.stats.rank = _rank_of(runner)
         if choice is not None:
             policy.start_step(choice, decision.split)
+        if self.profiler is not None and not is_dummy:
+            self.profiler.step(self.stats.rank, decision.split, int(num_tokens), bool(uniform_decode))
         if not decision.split:
             if not is_dummy:
                 self.stats.record(False)

@@ -1,0 +1,169 @@
+"""dbo-runtime step-profile: the per-step table on a small generated Kineto trace (no engine).
+
+The generator below writes what DBO_PROFILE_DIR writes (one CPU-only Kineto trace per rank, every thread recorded,
+plus dbo-steps-rank<r>.json) for one unsplit and one split decode step whose parts are known by construction, so
+every line of the table is checked against the arithmetic in the comments.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from dbo_runtime.cli import main
+from dbo_runtime.commands import step_profile as sp
+
+MAIN, UB0, UB1, GLOO = 10, 11, 12, 13
+
+
+def _x(name: str, tid: int, ts: float, end: float, cat: str = "cpu_op") -> dict:
+    return {"ph": "X", "cat": cat, "name": name, "pid": 1, "tid": tid, "ts": ts, "dur": end - ts}
+
+
+def _ann(name: str, tid: int, ts: float, end: float) -> dict:
+    return _x(name, tid, ts, end, "user_annotation")
+
+
+def unsplit_events(t0: float = 0.0) -> list[dict]:
+    """A 700 us unsplit step: preprocess 100, forward 500 (linear 52 around its mm, MoE 60, shm all-reduce 40, add 10,
+    Python 338), after 100."""
+    t = t0
+    return [
+        _ann("gpu_model_runner: preprocess", MAIN, t + 0, t + 100),
+        _ann("dbo::step split=0 tokens=8 decode=1", MAIN, t + 50, t + 51),
+        _ann("gpu_model_runner: forward", MAIN, t + 100, t + 600),
+        _x("aten::linear", MAIN, t + 109, t + 161), _x("_C::onednn_mm", MAIN, t + 110, t + 160),
+        _x("_C::cpu_fused_moe", MAIN, t + 200, t + 260),
+        _x("_C::shm_allreduce", MAIN, t + 300, t + 340),
+        _x("aten::add", MAIN, t + 400, t + 410),
+        _ann("gpu_model_runner: sample", MAIN, t + 600, t + 700),
+    ]
+
+
+def split_events(t0: float = 0.0) -> list[dict]:
+    """A 1100 us split step: preprocess 150, forward 850 = launch + join 150 + the micro-batches' 700 (handoffs 40:
+    1280-1300, 1490-1500, 1800-1810; context switches 15; recv wait 40; async launches 30; GEMMs 90; Python 485),
+    after 100."""
+    t = t0
+    return [
+        _ann("gpu_model_runner: preprocess", MAIN, t + 1000, t + 1150),
+        _ann("dbo::step split=1 tokens=8 decode=1", MAIN, t + 1050, t + 1051),
+        _ann("gpu_model_runner: forward", MAIN, t + 1150, t + 2000),
+        _ann("dbo::split_forward", MAIN, t + 1160, t + 1990),
+        # micro-batch 0: runs 1200-1280, waits for the baton 1280-1500, runs 1500-1800
+        _ann("dbo::ubatch0_forward", UB0, t + 1200, t + 1800),
+        _x("_C::onednn_mm", UB0, t + 1210, t + 1240),
+        _x("c10d::allreduce_", UB0, t + 1250, t + 1270),
+        _ann("dbo::wait_turn", UB0, t + 1280, t + 1500),
+        _ann("dbo::context_switch", UB0, t + 1500, t + 1510),
+        _ann("dbo::recv_wait", UB0, t + 1520, t + 1560),
+        _x("_C::onednn_mm", UB0, t + 1570, t + 1600),
+        # micro-batch 1: waits 1290-1300, runs 1300-1490, waits 1490-1810, runs 1810-1900
+        _ann("dbo::ubatch1_forward", UB1, t + 1290, t + 1900),
+        _ann("dbo::wait_turn", UB1, t + 1290, t + 1300),
+        _x("_C::onednn_mm", UB1, t + 1310, t + 1340),
+        _x("c10d::allreduce_", UB1, t + 1350, t + 1360),
+        _ann("dbo::wait_turn", UB1, t + 1490, t + 1810),
+        _ann("dbo::context_switch", UB1, t + 1810, t + 1815),
+        _x("gloo:all_reduce", GLOO, t + 1260, t + 1400, "user_annotation"),
+        _ann("gpu_model_runner: sample", MAIN, t + 2000, t + 2100),
+    ]
+
+
+def write_variant(folder: Path, events: list[dict], variant: str, periods: list[tuple[int, float]]) -> Path:
+    """One variant's folder as DBO_PROFILE_DIR leaves it: rank 0's trace, its step periods, capture.json."""
+    folder.mkdir(parents=True)
+    names = {MAIN: "VLLM::Worker_TP", UB0: "VLLM::Worker_TP", UB1: "VLLM::Worker_TP", GLOO: "pt_gloo_runloop"}
+    meta = [{"ph": "M", "name": "thread_name", "pid": 1, "tid": tid, "args": {"name": n}} for tid, n in names.items()]
+    (folder / "dbo-steps-rank0.pt.trace.json").write_text(json.dumps({"traceEvents": meta + events}))
+    split = variant != "unsplit"
+    steps = [{"step": i + 1, "split": int(split), "tokens": 8, "decode": 1, "period_us": us, "profiled": prof}
+             for i, (prof, us) in enumerate(periods)]
+    (folder / "dbo-steps-rank0.json").write_text(json.dumps({"rank": 0, "steps": steps}))
+    (folder / "capture.json").write_text(json.dumps({"variant": variant}))
+    return folder
+
+
+@pytest.fixture
+def variants(tmp_path: Path) -> list[Path]:
+    # Each trace holds two steps of its kind (the second 5000 us later) and a third marker whose step has not ended.
+    un = unsplit_events(0) + unsplit_events(5000) + [_ann("gpu_model_runner: preprocess", MAIN, 9000, 9100),
+                                                    _ann("dbo::step split=0 tokens=8 decode=1", MAIN, 9050, 9051)]
+    sp_ = split_events(0) + split_events(5000)
+    return [write_variant(tmp_path / "unsplit", un, "unsplit", [(0, 800.0), (1, 1.0), (0, 1000.0), (0, 900.0)]),
+            write_variant(tmp_path / "split", sp_, "split", [(0, 2700.0), (0, 2600.0), (1, 5.0)])]
+
+
+def test_parts_of_each_step_add_up_to_it(variants: list[Path]) -> None:
+    un, split = (sp.collect(v) for v in variants)
+    assert [s.split for s in un["steps"]] == [False, False]  # the unfinished third step is left out
+    (a, _), (b, _) = un["steps"], split["steps"]
+    assert a.step_ns == 700_000 and sum(a.parts.values()) == a.step_ns
+    assert b.step_ns == 1_100_000 and sum(b.parts.values()) == b.step_ns
+    assert {k: v // 1000 for k, v in a.parts.items() if v} == {
+        "preprocess": 100, "gemm": 52, "moe": 60, "all_reduce": 40, "other_ops": 10, "python": 338, "after": 100}
+    assert {k: v // 1000 for k, v in b.parts.items() if v} == {
+        "preprocess": 150, "launch_join": 150, "handoffs": 40, "context_switch": 15, "recv_wait": 40,
+        "all_reduce": 30, "gemm": 90, "python": 485, "after": 100}
+    assert b.counts["handoffs"] == 3 and b.counts["all_reduce_calls"] == 2 and b.counts["gemm_calls"] == 3
+    assert b.gemm_call_ns == 30_000
+
+
+def test_table_extra_by_owner_and_unprofiled_ratio(variants: list[Path]) -> None:
+    summary = sp.summarize([sp.collect(v) for v in variants])
+    assert summary["tokens"] == 8 and summary["decode"]
+    base, split = summary["columns"]
+    assert (base["split"], split["split"]) == (False, True)
+    assert split["extra_step_us"] == pytest.approx(400.0) and split["ratio"] == pytest.approx(1100 / 700)
+    # the runtime's own: launch + join 150, handoffs 40, context switches 15; the rest is the machine's
+    assert split["extra_by_owner_us"]["runtime"] == pytest.approx(205.0)
+    assert split["extra_by_owner_us"]["machine"] == pytest.approx(400.0 - 205.0)
+    # unprofiled periods: medians 900 (unsplit) and 2650 (split)
+    assert base["unprofiled_period_us"] == 900.0 and split["unprofiled_period_us"] == 2650.0
+    assert split["unprofiled_ratio"] == pytest.approx(2650 / 900)
+
+
+def test_command_prints_the_table(variants: list[Path], capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["step-profile", *map(str, variants)]) == 0
+    out = capsys.readouterr().out
+    assert "decode steps of 8 tokens" in out
+    assert "handoffs (no micro-batch running)" in out and "extra that is the runtime's" in out
+    assert main(["step-profile", *map(str, variants), "--format", "json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert [c["variant"] for c in data["columns"]] == ["unsplit", "split"]
+
+
+def test_folder_without_trace_is_one_line_exit_2(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["step-profile", str(tmp_path)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "holds no trace" in err[0]
+
+
+def test_scope_is_recorded_on_every_thread_with_profile_all_threads() -> None:
+    """torch.autograd._profiler_enabled() is False on every thread under profile_all_threads; scope() must still
+    record (the scopes were silently missing from such traces before)."""
+    import threading
+
+    import torch
+    from dbo_runtime.scopes import scope
+    from torch._C._profiler import _ExperimentalConfig
+
+    prof = torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU],
+                                  experimental_config=_ExperimentalConfig(profile_all_threads=True))
+    prof.start()
+
+    def work() -> None:
+        with scope("dbo::wait_turn"):
+            torch.ones(2).add_(1)
+
+    th = threading.Thread(target=work)
+    th.start()
+    th.join()
+    with scope("dbo::split_forward"):
+        pass
+    prof.stop()
+    names = {e.name for e in prof.events()}
+    assert {"dbo::wait_turn", "dbo::split_forward"} <= names
+    assert not torch.autograd.profiler._is_profiler_enabled
+    assert scope("dbo::wait_turn").__class__.__name__ == "nullcontext"
