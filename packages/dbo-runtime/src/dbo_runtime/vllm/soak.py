@@ -370,10 +370,12 @@ SOAK_ENGINE_ARGS = ["--enforce-eager", "--dtype", "bfloat16", "--max-model-len",
 class SoakMix:
     """The request mix: prompt length classes (words), max_tokens range, shared prefixes, abort probability."""
 
-    lengths: tuple[tuple[int, int], ...] = ((8, 40), (60, 140), (200, 320))
+    # words; ~2.8 tokens a word with the tiny model's tokenizer: up to ~620 tokens, + a ~170-token prefix + 96
+    # generated stays under --max-model-len 1024; the long class is above --max-num-batched-tokens 256 (chunked)
+    lengths: tuple[tuple[int, int], ...] = ((8, 40), (60, 140), (150, 220))
     max_tokens: tuple[int, int] = (8, 96)
     prefixes: int = 8
-    prefix_words: int = 120
+    prefix_words: int = 60
     prefix_share: float = 0.4
     abort_share: float = 0.1
 
@@ -579,8 +581,15 @@ def _figure(path: Path, results: list[dict[str, Any]]) -> None:
     plt.close(fig)
 
 
+class _OneLineParser(argparse.ArgumentParser):
+    """Bad input: one line naming it and what is accepted, exit 2 (the project's convention), no usage dump."""
+
+    def error(self, message: str) -> Any:
+        self.exit(2, f"{self.prog}: {message}\n")
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m dbo_runtime.vllm.soak", description=__doc__.split("\n")[0])
+    parser = _OneLineParser(prog="python -m dbo_runtime.vllm.soak", description=__doc__.split("\n")[0])
     parser.add_argument("--minutes", type=float, default=60.0, help="load time per variant (default 60)")
     parser.add_argument("--variants", default="thread,greenlet,auto",
                         help=f"comma-separated, of {', '.join(VARIANTS)} (default: all)")
