@@ -140,7 +140,9 @@ def test_a_new_class_starts_from_a_decided_neighbour_in_the_order_thresholds_ass
     choices = [replay.step(3, True, 20.0, 3.0)[0] for _ in range(40)]
     assert not any(c.reason == "initial" for c in choices)
     assert [c.split for c in choices].count(True) <= 1
-    assert policy.table()["classes"][0]["prior_from"] == DECODE_6.label
+    rows = policy.table()["classes"]
+    assert rows[0]["prior_from"] == DECODE_6.label
+    assert rows[0]["agreed"]["explore_every"] == rows[1]["agreed"]["explore_every"] >= 200  # the neighbour's period
     # a larger class is not implied by an unsplit verdict below it: it alternates
     assert replay.step(40, True, 8.0, 10.0)[0].reason == "initial"
     # a split verdict implies the classes above it, not below

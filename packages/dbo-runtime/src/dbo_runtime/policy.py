@@ -515,12 +515,9 @@ class SplitPolicy:
         cls = ShapeClass.of(num_tokens, decode_only=decode_only)
         state = self._state(cls)
         agreed = self._agreed.get(cls, _Agreed())
-        prior_split, source = self._prior_of(cls)
+        prior_split = self._prior_of(cls)[0]
         base = bool(prior_split) if agreed.verdict is None else agreed.verdict
-        penalty = agreed.penalty(base, self.config)
-        if penalty is None and source is not None:  # not measured yet: explore as often as its neighbour is
-            penalty = self._agreed[source].penalty(base, self.config)
-        period = self.config.explore_period(penalty)
+        period = self.config.explore_period(self._penalty(cls))
         split, reason = choose_arm(state.steps, agreed.verdict, prior_split, self.config, period)
         state.steps += 1
         state.initial_steps += reason == "initial"
@@ -621,6 +618,16 @@ class SplitPolicy:
         verdict = self.verdict(cls)
         return bool(self._prior_of(cls)[0]) if verdict is None else verdict
 
+    def _penalty(self, cls: ShapeClass) -> float | None:
+        """How much longer ``cls``'s explored arm takes than its base arm, as agreed; a class started from a
+        neighbour and not measured yet has its neighbour's."""
+        base = self.base_arm(cls)
+        penalty = self._agreed.get(cls, _Agreed()).penalty(base, self.config)
+        source = self._prior_of(cls)[1]
+        if penalty is None and source is not None:
+            penalty = self._agreed[source].penalty(base, self.config)
+        return penalty
+
     def _prior_of(self, cls: ShapeClass) -> tuple[bool | None, ShapeClass | None]:
         """``(arm, neighbour)``: the prior's arm for ``cls`` (None: no prior) and, where it was inferred from a
         decided neighbour, that neighbour. An explicit prior comes first. Else, from the agreed verdicts of the
@@ -672,7 +679,7 @@ class SplitPolicy:
             inferred = self._prior_of(cls)[1]
             ratio = agreed.split_ratio(self.config)  # what the verdict rests on: the side-by-side pairs first
             speedup = 1.0 / ratio if ratio else None
-            penalty = agreed.penalty(self.base_arm(cls), self.config)
+            penalty = self._penalty(cls)
             lo, hi = cls.tokens
             rows.append({
                 "class": cls.label, "phase": cls.phase, "tokens_min": lo, "tokens_max": hi,
