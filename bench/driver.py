@@ -273,7 +273,7 @@ def serving_matrix(model: Path, template: Path = SERVING_MATRIX, stats_dir: Path
 
 
 def _serve(ctx: Context, model: Path, out: Path, server_args: dict[str, Any] | None = None,
-           bench_args: dict[str, Any] | None = None) -> None:
+           bench_args: dict[str, Any] | None = None, warmup_prompts: int | None = None) -> None:
     """The serving matrix on `model` into `out`, then `dbo-runtime estimate --hardware cpu-link` for that set-up
     (out/estimate.json): its predicted split/unsplit step-time ratio goes beside the engine's in REPORT.md."""
     import yaml
@@ -286,6 +286,8 @@ def _serve(ctx: Context, model: Path, out: Path, server_args: dict[str, Any] | N
     document = serving_matrix(model, stats_dir=stats)
     document["server_args"].update(server_args or {})
     document["bench_args"].update(bench_args or {})
+    if warmup_prompts is not None:
+        document["warmup_prompts"] = warmup_prompts
     matrix.write_text(yaml.safe_dump(document, sort_keys=False), encoding="utf-8")
     rc = ctx.run([ctx.python, str(HARNESS), "run", str(matrix), "--out", str(out), "--python", ctx.vllm_python],
                  timeout_s=3600, label="serve_bench.py run")
@@ -346,7 +348,8 @@ def step_serving_large(ctx: Context) -> None:
         json.loads((tiny / "config.json").read_text()))
     ctx.say(f"the large model: {ratio:.1f}x the tiny one's per-token layer compute")
     write_json(out / "compute_ratio.json", {"layer_flops_per_token_ratio": ratio, "config": LARGE_QWEN3_MOE})
-    _serve(ctx, model, out, server_args={"load-format": "dummy"})
+    # A step takes ~30x the tiny model's: 32 prompts a repeat are ~45 s of serving (96 would make the step 30 min)
+    _serve(ctx, model, out, server_args={"load-format": "dummy"}, bench_args={"num-prompts": 32}, warmup_prompts=16)
 
 
 def step_dbo_policy(ctx: Context) -> None:
