@@ -7,6 +7,7 @@ Public API::
     report = analyze(timeline, rank=None, step=None)
     report.to_dict()                     # the versioned JSON schema (report/json_schema.py)
     timeline, report = load_and_analyze("prof_dir", jobs=2)   # each rank loaded and analysed in a worker
+    _, report = load_and_analyze("prof_dir", keep_timeline=False)  # one rank's events held at a time
 """
 
 from __future__ import annotations
