@@ -1,8 +1,8 @@
 """The MLA verdict and fault 3 (issue 27) on vllm-ascend's REAL MLA attention (``mla_v1.py``) over the emulated NPU:
-two DeepSeek-V2 MLA layers, float32, a batch run whole and as two DBO micro-batches that ping-pong at the MLA
-preprocess site, in DecodeOnly (7 requests), PrefillNoCache (a fresh request cut in the middle) and ChunkedPrefill
-(a request with cached context cut so that its last token runs as a decode in micro-batch 1). Real and stand-in
-parts are listed in ``workers/mla_layer.py``.
+two DeepSeek-V2 MLA layers, float32, a batch run whole and as two DBO micro-batches that hand over after each layer
+(where the A2 MoE prepare all-gather yields in a decoder layer), in DecodeOnly (7 requests), PrefillNoCache (a fresh
+request cut in the middle) and ChunkedPrefill (a request with cached context cut so that its last token runs as a
+decode in micro-batch 1). Real and stand-in parts are listed in ``workers/mla_layer.py``.
 
 Not bit for bit: torch's CPU GEMMs are not batch-invariant in the last bits of a row, so a request's output depends
 on the rows beside it, with or without DBO. Each DBO difference is therefore held against a bound measured without
@@ -38,6 +38,7 @@ def test_mla_layers_split_by_dbo_stay_within_the_bound_measured_without_dbo() ->
     assert results["PrefillNoCache"]["states"] == ["PrefillNoCache", "ChunkedPrefill"]  # fault 2's fix
     assert results["PrefillNoCache"]["cut_requests"] == [1] and results["ChunkedPrefill"]["cut_requests"] == [2]
     for case, r in results.items():
+        assert r["order"] == ["0:0", "1:0", "0:1", "1:1"], (case, r["order"])  # the micro-batches interleave
         assert r["compositions"] >= 5, (case, r)
         # a margin of 2x over the measured bound: a DBO fault shows at 10^2..10^5 x (the negative controls)
         assert r["dbo_diff_uncut"] <= 2 * r["noise_bound"], (case, r)

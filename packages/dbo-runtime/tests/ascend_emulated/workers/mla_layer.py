@@ -7,18 +7,20 @@ platform, so vllm-ascend's ``AscendMultiHeadLatentAttention`` / ``mla_forward`` 
 attention, context chunks, ``_v_up_proj``), ``set_ascend_forward_context``, this project's split
 (``split_ubatches`` cut, ``split_common_attn_metadata``), ``own_rotary_tables`` (the fault-3 fix, as
 ``AscendIntegration.own_metadata`` applies it), every hook site installed into the real vllm_ascend modules with
-the plugin's wrapper (the MLA preprocess all-gather op ``mla.preprocess``/``fc1.all_gather`` yields, at TP 1 too),
-and ``run_ubatches``. One metadata builder per micro-batch, both micro-batches' metadata built before either runs,
-as the runner does. STAND-IN: the NPU (emulation), the weights (seeded random), the hidden states entering the
-layers (seeded random), the batches' ``AscendCommonAttentionMetadata`` (``_emu.common_metadata``). Why one rank:
-at TP 1 the MLA layer has no collective of its own; its DBO site still yields (the micro-batches interleave
-inside each layer), and the cross-rank MoE sites of the A2 path run in ``test_engine_dbo.py``'s DeepSeek engine.
+the plugin's wrapper, ``run_ubatches`` with each micro-batch's forward context re-installed when it resumes. One
+metadata builder per micro-batch, both micro-batches' metadata built before either runs, as the runner does.
+STAND-IN: the NPU (emulation); the weights, the hidden states entering the layers and the cached context (seeded
+random); the batches' ``AscendCommonAttentionMetadata`` (``_emu.common_metadata``); the hand-over after each MLA
+layer (a ``wrap_stream_site`` of nothing), standing where a DeepSeek decoder layer's A2 MoE prepare all-gather
+yields. Why one rank: at TP 1 the MLA layer has no collective of its own (its ``mla.preprocess`` site yields only
+where FlashComm1 all-gathers across TP ranks); the cross-rank MoE sites of the A2 path run in
+``test_engine_dbo.py``'s DeepSeek engine.
 
 Prints ``RESULT <json>``, per attention state: the DBO difference (max |split - whole| of the second layer's output)
 of the requests the cut leaves whole and of the cut request; the noise bound (max over batch compositions without
 DBO of a request's difference to the whole batch); the chunk bound of a cut request (the same request prefilled in
 two steps without DBO, at every boundary); and, as a negative control, the DBO difference with the fault-3 fix
-taken out.
+taken out; the order the micro-batches ran their layers in.
 """
 
 from __future__ import annotations
@@ -35,7 +37,7 @@ LAYERS = 2
 NUM_BLOCKS = 24
 BLOCKS_PER_REQ = 3  # 384 tokens per request at most
 
-# (query_lens, computed) per request. Each case's batches share requests by id: the id picks the request's tokens.
+# (request id, new tokens, computed tokens). The id picks the request's blocks and tokens in every composition.
 CASES = {
     # decode only: 7 requests (odd), positions spread over blocks
     "DecodeOnly": dict(state="DecodeOnly", reqs=[(0, 1, 5), (1, 1, 130), (2, 1, 33), (3, 1, 9), (4, 1, 260),
@@ -61,11 +63,18 @@ def main() -> None:
 def run(cfg) -> dict:
     import vllm_ascend.ops.rotary_embedding as rope
     from dbo_runtime.ascend.patching import install_sites
-    from dbo_runtime.ascend.runner import PerUBatchState, ascend_site_wrapper, own_rotary_tables
+    from dbo_runtime.ascend.runner import (
+        PerUBatchState,
+        ascend_site_wrapper,
+        own_rotary_tables,
+        set_vllm_forward_context,
+    )
     from dbo_runtime.devices import get_backend
+    from dbo_runtime.hooks import wrap_stream_site
     from dbo_runtime.ubatch import split_ubatches
     from dbo_runtime.vllm.split import split_common_attn_metadata
     from dbo_runtime.workers import run_ubatches
+    from vllm.forward_context import get_forward_context
     from vllm.model_executor.models.deepseek_v2 import DeepseekV2MLAAttention
     from vllm_ascend.ascend_config import get_ascend_config
     from vllm_ascend.ascend_forward_context import set_ascend_forward_context
@@ -135,13 +144,30 @@ def run(cfg) -> dict:
         cm.slot_mapping = torch.tensor(slots, dtype=torch.int64)
         return cm
 
-    def forward(hidden: torch.Tensor, md, n: int) -> torch.Tensor:
+    def forward(hidden: torch.Tensor, md, n: int, ubatch: int | None = None) -> torch.Tensor:
+        """Both layers under this batch's forward context; as micro-batch ``ubatch``, hand over after each layer,
+        where a DeepSeek decoder layer's A2 MoE prepare all-gather yields (the next thing after MLA)."""
         with set_ascend_forward_context({name: md for name in names}, cfg, num_tokens=n, num_actual_tokens=n):
+            if ubatch is not None:
+                contexts[ubatch] = get_forward_context()
             out = hidden
-            for layer in layers:
+            for i, layer in enumerate(layers):
                 positions = torch.zeros(n, dtype=torch.int64)  # read from the metadata's cos/sin, not here
                 out = layer(positions, out, None)
+                if ubatch is not None:
+                    order.append(f"{ubatch}:{i}")
+                    out = hand_over(out)
             return out
+
+    hand_over = wrap_stream_site("test.moe_prepare", lambda h: h)
+    contexts: list = [None, None]
+    order: list[str] = []
+
+    def resume(ubatch: int) -> None:
+        """Each time a micro-batch takes the baton: its own forward context back (vLLM's is one global), as the
+        runner's ForwardContextSwitch restores it after a yield."""
+        if contexts[ubatch] is not None:
+            set_vllm_forward_context(contexts[ubatch])
 
     def tokens_of(reqs, inputs):
         return torch.cat([inputs[rid][c:c + q] for rid, q, c in reqs])
@@ -192,9 +218,12 @@ def run(cfg) -> dict:
             fresh_cache(context)
             halves = [split_common_attn_metadata(ub, cm) for ub in slices]
             mds = [own(builders[i].build(0, h)) for i, h in enumerate(halves)]
+            contexts[:] = [None, None]
+            order.clear()
             outs = run_ubatches(
-                [lambda i=i, ub=ub: forward(hidden[ub.token_slice], mds[i], ub.num_tokens)
-                 for i, ub in enumerate(slices)], backend=get_backend("cpu"), timeout_s=120)
+                [lambda i=i, ub=ub: forward(hidden[ub.token_slice], mds[i], ub.num_tokens, ubatch=i)
+                 for i, ub in enumerate(slices)], backend=get_backend("cpu"), timeout_s=120,
+                on_resume=[lambda: resume(0), lambda: resume(1)])
             return torch.cat(outs), mds
 
         # negative control: the fault-3 fix taken out (micro-batch 1's build overwrites micro-batch 0's rows)
@@ -228,6 +257,7 @@ def run(cfg) -> dict:
             "dbo_diff_cut": max([d for r, d in per_req.items() if r in cut], default=0.0),
             "chunk_boundaries": sum(q - 1 for q, _, _ in cut.values()), "chunk_bound": chunk_bound,
             "cut_vs_same_boundary_without_dbo": same_boundary, "dbo_diff_per_request": per_req,
+            "order": list(order),
             "dbo_diff_without_rotary_fix": float((without_fix - torch.cat([reference[r] for r, _, _ in reqs])
                                                   ).abs().max()),
         }

@@ -90,7 +90,17 @@ def _attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float, vis
             ) -> tuple[torch.Tensor, torch.Tensor]:
     """softmax(scale * q k^T [masked]) v for one request, GQA by head groups, float32.
     q [S_q, N, D], k [S_kv, N_kv, D], v [S_kv, N_kv, D_v], visible [S_q, S_kv] bool (None: all).
-    Returns (out [S_q, N, D_v], lse [S_q, N]); a query row that sees no key gets out 0 and lse -inf."""
+    Returns (out [S_q, N, D_v], lse [S_q, N]); a query row that sees no key gets out 0 and lse -inf.
+
+    Each query row is computed on its own (products of one row), so a row's result does not depend on how many
+    rows of its request are computed with it: torch's CPU GEMMs round a row differently with more rows beside it,
+    and a prefill cut by DBO computes fewer rows per call. The emulated attention is therefore batch-invariant by
+    construction; a device kernel's tiling need not be (docs/dbo-vllm-ascend.md, "What the emulation cannot
+    show")."""
+    if q.shape[0] > 1:
+        rows = [_attend(q[i:i + 1], k, v, scale, None if visible is None else visible[i:i + 1])
+                for i in range(q.shape[0])]
+        return torch.cat([o for o, _ in rows]), torch.cat([s for _, s in rows])
     n, n_kv = q.shape[1], k.shape[1]
     group = n // n_kv
     qf = q.float().reshape(q.shape[0], n_kv, group, q.shape[2])
