@@ -349,11 +349,14 @@ def section_fleet(out: Path, record: dict[str, Any]) -> list[str]:
             mtext = f"did not finish in {limit:.0f} min"
         else:
             mtext = f"failed (exit {m.get('returncode')}) after {m['wall_s']:.1f} s"
+        memory = (f"{m['tree_peak_rss_bytes'] / o['peak_rss_bytes']:.1f}x"
+                  if m and m["finished"] and o["peak_rss_bytes"] else "-")
         rows.append([str(r["ranks"]), f"{r['trace_view_bytes'] / 1e9:.2f}", f"{o['wall_s']:.1f} s",
                      f"{o['peak_rss_bytes'] / 1e6:,.0f} MB", mtext,
-                     f"{r['speed_ratio']:.1f}x" if "speed_ratio" in r else "-"])
+                     f"{r['speed_ratio']:.1f}x" if "speed_ratio" in r else "-", memory])
     lines += _table(["ranks", "GB", "profile-analyzer report --jobs 1", "peak RSS", "msprof-analyze cluster -m all",
-                     "time ratio"], rows) + [""]
+                     "time ratio (msprof-analyze / ours)", "memory ratio (msprof-analyze's peak RSS / ours)"],
+                    rows) + [""]
     if "meets_memory_target" in fleet:
         t = fleet["targets"]
         lines += [f"Memory target (peak < {t['peak_rss_max_bytes'] / 1e9:g} GB, and each rank added < "

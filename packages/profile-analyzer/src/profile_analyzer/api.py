@@ -173,7 +173,7 @@ def load_and_analyze(path: Any, *, rank: int | None = None, step: int | None = N
     ``keep_timeline=False`` (what ``profile-analyzer report`` does): each rank of a directory of ranks is reduced
     to its :class:`RankAnalysis` before the next rank's events are held (in the worker that loaded it with
     ``jobs`` > 1), so peak memory is that of the largest rank, not of them all; the timeline returned is then
-    None. The report is the same either way."""
+    None (a single profile is one rank: its timeline is returned either way). The report is the same either way."""
     from profile_analyzer.loaders import assemble, load, load_plan
     from profile_analyzer.loaders.comm_rules import compile_patterns
     from profile_analyzer.timeline import UnreadableRank
