@@ -29,6 +29,10 @@ UNIT = est.hardware_from_dict({"tflops": 1e-6, "mem_bw_gbps": 1e-3, "link_gbps":
                                "switch_us": 0.0, "elementwise_gbps": 1e-3, "op_us": 0.0})
 
 
+# cpu-link as the reference model's arithmetic uses it: without the vLLM engine's host term (test_estimate_engine_host)
+CPU_LINK = est.without_engine_host(est.HARDWARE["cpu-link"])
+
+
 def _tiny():
     return compute_spec_from_config(TINY, name="tiny")
 
@@ -72,7 +76,7 @@ def test_a3_sends_each_token_to_the_distinct_remote_ranks():
 
 def test_the_cpu_link_collectives_are_the_reference_link_model():
     spec = compute_spec_from_config(est.reference_config(MoEConfig()), name="reference")
-    hw = est.with_overrides(est.HARDWARE["cpu-link"], link_gbps=0.0120516, link_latency_us=20.0)
+    hw = est.with_overrides(CPU_LINK, link_gbps=0.0120516, link_latency_us=20.0)
     (layer, *_) = est.layer_costs(spec, hw, est.Workload(1024, "prefill", prompt_len=256), est.Parallel(1, 2, True),
                                   "a2")
     link = LinkModel(20.0, 0.0120516)
@@ -115,7 +119,7 @@ def test_pays_from_matches_a_brute_force_scan():
     spec = compute_spec_from_config({**TINY, "hidden_size": 256, "moe_intermediate_size": 512,
                                      "intermediate_size": 512, "num_hidden_layers": 2}, name="small")
     # one crossing among the counts checked one by one, one on the geometric grid (then bisected)
-    for hw, par, pattern, kind, hi in ((est.HARDWARE["cpu-link"], est.Parallel(1, 2, True), "a3", "prefill", 300),
+    for hw, par, pattern, kind, hi in ((CPU_LINK, est.Parallel(1, 2, True), "a3", "prefill", 300),
                                        (est.HARDWARE["910B"], est.Parallel(1, 4, True), "a2", "decode", 5000)):
         gain = _gain(spec, hw, par, pattern, kind, 30.0)
         values = {n: gain(n) > 0 for n in range(2, hi + 1)}
@@ -152,7 +156,7 @@ def test_presets_have_every_field(name):
 
 
 def test_matrix_rate_follows_the_curve_of_token_rows():
-    hw = replace(est.HARDWARE["cpu-link"], matrix_curve=((128.0, 0.8), (512.0, 1.0), (2048.0, 0.9)))
+    hw = replace(CPU_LINK, matrix_curve=((128.0, 0.8), (512.0, 1.0), (2048.0, 0.9)))
     peak = hw.flops_per_us()
     assert hw.flops_per_us(512) == peak and hw.matrix_factor(None) == 1.0
     assert hw.flops_per_us(256) == pytest.approx(0.9 * peak)  # halfway in log2(rows) between 128 and 512
@@ -170,7 +174,7 @@ def test_a_micro_batch_of_slower_small_products_costs_more_than_half():
     work = est.Workload(512, "prefill", prompt_len=128, full_keys=True)
 
     def part_over_full(m):
-        hw = est.with_cpu_rates(est.HARDWARE["cpu-link"], spec, m, ranks=2)
+        hw = est.with_cpu_rates(CPU_LINK, spec, m, ranks=2)
         segs = [s for x in est.layer_costs(spec, hw, work, est.Parallel(1, 2, True), "a2") for s in x.segments
                 if s.kind == "compute"]
         return sum(s.part_us for s in segs) / sum(s.full_us for s in segs)
@@ -326,9 +330,9 @@ def test_bad_hardware_file_is_one_line_exit_2(capsys, tmp_path):
 
 def test_cpu_link_measures_this_cpu():
     spec = compute_spec_from_config(est.reference_config(MoEConfig()), name="reference")
-    hw = est.with_measured_cpu(est.HARDWARE["cpu-link"], spec)
+    hw = est.with_measured_cpu(CPU_LINK, spec)
     assert hw.measured["gflops"] > 0 and hw.tflops == pytest.approx(hw.measured["gflops"] / 1e3)
-    assert replace(hw, measured={}) != est.HARDWARE["cpu-link"]
+    assert replace(hw, measured={}) != CPU_LINK
 
 
 # -- the work besides the matrix products: elementwise operators and the fixed cost per operator --------------
@@ -378,7 +382,7 @@ def test_cpu_link_times_the_ranks_at_once_and_a_reference_layer():
     cfg = MoEConfig(hidden_size=64, num_heads=2, head_dim=32, num_layers=2, num_experts=4, expert_intermediate=128,
                     shared_intermediate=128)
     spec = compute_spec_from_config(est.reference_config(cfg), name="reference")
-    hw = est.with_measured_cpu(est.HARDWARE["cpu-link"], spec, ranks=2, reference=cfg, layer_tokens=64,
+    hw = est.with_measured_cpu(CPU_LINK, spec, ranks=2, reference=cfg, layer_tokens=64,
                                layer_requests=2)
     m = hw.measured
     assert m["ranks"] == 2 and m["layer_ms"] > 0 and m["layer_predicted_ms"] > 0
@@ -482,7 +486,7 @@ def test_rates_of_ranks_timed_at_once_are_the_slowest_ranks():
     assert est.combine_rank_rates(calls, 1)["host_call_us"] == {"all_gather": 250.0}  # likewise the least
     cfg = MoEConfig()
     spec = compute_spec_from_config(est.reference_config(cfg), name="reference")
-    hw = est.with_cpu_rates(est.HARDWARE["cpu-link"], spec, m)
+    hw = est.with_cpu_rates(CPU_LINK, spec, m)
     assert hw.tflops == pytest.approx(0.010) and 0 < hw.compute_efficiency <= 1
     assert hw.measured["layer_predicted_ms"] > 0
 
@@ -558,7 +562,7 @@ def test_rates_brought_to_the_moment_a_layer_was_timed_keep_the_layers_share():
     assert slower["gflops_by_rows"] == pytest.approx({128: 40.0, 512: 48.0, 2048: 44.0})
     assert slower["host_gbps"] == rates["host_gbps"] and slower["host_call_us"] == rates["host_call_us"]
     assert rates["gflops"] == 60.0  # the pooled rates are not changed in place
-    then, now = (est.with_cpu_rates(est.HARDWARE["cpu-link"], spec, m, ranks=2) for m in (rates, slower))
+    then, now = (est.with_cpu_rates(CPU_LINK, spec, m, ranks=2) for m in (rates, slower))
     assert now.compute_efficiency == pytest.approx(then.compute_efficiency)
     work = est.Workload(1024, "prefill", prompt_len=256, full_keys=True)
 

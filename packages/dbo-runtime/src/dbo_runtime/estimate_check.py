@@ -50,6 +50,8 @@ from dbo_runtime.reference.model import MoEConfig
 from dbo_runtime.reference.rates import at_moment, pool_rates
 from dbo_runtime.reference.whatif_check import pair_speedup
 
+# cpu-link as the reference model runs on it: without the vLLM engine's host term (estimate.without_engine_host)
+REFERENCE_HW = est.without_engine_host(est.HARDWARE["cpu-link"])
 WITHIN = 0.10
 LONG_STEP_MS = 10.0
 RANKS = 2  # `dbo-runtime bench`: 2 gloo ranks (expert parallel over both, attention data parallel)
@@ -66,11 +68,11 @@ def validate(bench: dict) -> dict:
     moment = beside and all(r["cpu_rates"].get("layer_ms_beside_steps") for r in bench["rows"])
     if beside:  # timed by the bench right after each row: their median is the machine's
         pooled = pool_rates([r["cpu_rates"] for r in bench["rows"]])
-        hw = est.with_cpu_rates(est.HARDWARE["cpu-link"], spec, pooled, ranks=RANKS)
+        hw = est.with_cpu_rates(REFERENCE_HW, spec, pooled, ranks=RANKS)
     else:
-        hw = est.with_measured_cpu(est.HARDWARE["cpu-link"], spec, ranks=RANKS, reference=config,
+        hw = est.with_measured_cpu(REFERENCE_HW, spec, ranks=RANKS, reference=config,
                                    layer_requests=m["requests"])
-    switch = float(bench.get("handoff_us", {}).get("median_us") or est.HARDWARE["cpu-link"].switch_us["thread"])
+    switch = float(bench.get("handoff_us", {}).get("median_us") or REFERENCE_HW.switch_us["thread"])
     par = est.Parallel(1, RANKS, True)
 
     def predict(r: dict, rates_hw: est.Hardware) -> tuple[Any, float, float, float]:
@@ -94,7 +96,7 @@ def validate(bench: dict) -> dict:
         if moment:
             at = at_moment(pooled, r["cpu_rates"]["layer_ms_beside_steps"])
             speed = at["speed_factor"]
-            main_hw = est.with_cpu_rates(est.HARDWARE["cpu-link"], spec, at, ranks=RANKS)
+            main_hw = est.with_cpu_rates(REFERENCE_HW, spec, at, ranks=RANKS)
         else:
             main_hw = hw
         sched, comp, comm, host = predict(r, main_hw)
@@ -103,7 +105,7 @@ def validate(bench: dict) -> dict:
         pooled_err = predict(r, hw)[0].speedup / measured - 1 if moment else None
         row_err = None
         if beside:  # the same prediction with the rates timed right after this row alone
-            row_hw = est.with_cpu_rates(est.HARDWARE["cpu-link"], spec, r["cpu_rates"], ranks=RANKS)
+            row_hw = est.with_cpu_rates(REFERENCE_HW, spec, r["cpu_rates"], ranks=RANKS)
             row_err = predict(r, row_hw)[0].speedup / measured - 1
         # the same prediction without the collectives' host work (no host_gbps: nothing taken from the compute)
         no_host = (predict(r, replace(main_hw, host_gbps={}, host_call_us={}))[0].speedup / measured - 1

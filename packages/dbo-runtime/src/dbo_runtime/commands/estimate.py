@@ -40,6 +40,14 @@ def _format_text(result: dict[str, Any]) -> str:
                      + ", ".join(f"{k} {v:.3g} GB/s" + (f" + {hw['host_call_us'][k]:.0f} us per call"
                                                          if hw.get("host_call_us", {}).get(k) else "")
                                  for k, v in hw["host_gbps"].items()))
+    eh = hw.get("engine_host") or {}
+    if eh:
+        per_kind = lambda key: ", ".join(f"{k} {v:.0f} us" for k, v in (eh.get(key) or {}).items()) or "-"  # noqa: E731
+        lines.append(f"engine host term ({eh.get('source', 'given')}): model code {eh.get('layer_us', 0):.0f} us per "
+                     f"layer per pass, step {eh.get('step_us', 0):.0f} us (+{eh.get('split_step_us', 0):.0f} us split), "
+                     f"handoff {', '.join(f'{k} {v:.0f} us' for k, v in (eh.get('handoff_us') or {}).items()) or '-'}; "
+                     f"collective per call: DBO off (synchronous) {per_kind('sync_us')}, DBO on (asynchronous) "
+                     f"{per_kind('async_us')} + gap to the next {per_kind('async_gap_us')}")
     if hw.get("matrix_curve"):
         lines.append("matrix rate by token rows (x the rate above): "
                      + ", ".join(f"{r:g}: {f:.2f}" for r, f in hw["matrix_curve"]))

