@@ -103,12 +103,10 @@ def busy_workers() -> int:
         return sum(1 for w in _POOL if w.busy)
 
 
-def _ubatch_main(ctx: UBatchContext, fn: Callable[[], Any], barrier: threading.Barrier,
-                 state: ThreadState | None) -> None:
+def _ubatch_main(ctx: UBatchContext, fn: Callable[[], Any], state: ThreadState | None) -> None:
     run = ctx._run
     _THREAD_CONTEXTS[threading.get_ident()] = ctx
     try:
-        barrier.wait()
         with state.applied() if state is not None else contextlib.nullcontext():
             ctx._take_baton(_START_SITE)
             ctx._update_stream(ctx.compute_stream)
@@ -120,8 +118,6 @@ def _ubatch_main(ctx: UBatchContext, fn: Callable[[], Any], barrier: threading.B
         ctx._give_baton()
     except _Aborted:
         pass
-    except threading.BrokenBarrierError:
-        run.fail(ctx.id, DBOTimeoutError(f"micro-batch {ctx.id} did not start: the start barrier broke", ubatch_id=ctx.id))
     except BaseException as exc:  # noqa: BLE001 - every failure must reach the caller
         run.fail(ctx.id, exc)
     finally:
@@ -209,18 +205,15 @@ def run_ubatches(
     run.contexts = [UBatchContext(i, run, backend, compute_stream, comm_stream) for i in range(len(fns))]
     for i, ctx in enumerate(run.contexts):
         ctx.on_resume = None if on_resume is None else on_resume[i]
-    barrier = threading.Barrier(len(fns) + 1, timeout=timeout_s)
-    workers = _acquire_workers(len(fns))
-    for worker, ctx, fn in zip(workers, run.contexts, fns, strict=True):
-        worker.jobs.put((lambda ctx=ctx, fn=fn: _ubatch_main(ctx, fn, barrier, thread_state),
-                         lambda: _ubatch_exited(run)))
-    try:
-        barrier.wait()
-    except threading.BrokenBarrierError as exc:
-        run.fail(-1, exc)
-        raise DBOTimeoutError(f"the micro-batch threads did not start within {timeout_s:g} s") from exc
+    # Micro-batch 0 holds the baton before either thread runs: its worker takes it as soon as it picks up the job,
+    # with no start barrier (that was two more thread wake-ups per split step: the caller waking after both workers
+    # arrived, then micro-batch 0 waking again for the baton). A worker that never starts is the watchdog's below:
+    # no handoff within timeout_s.
     run.last_progress = time.monotonic()
     run.contexts[0].cpu_wait_event.set()
+    workers = _acquire_workers(len(fns))
+    for worker, ctx, fn in zip(workers, run.contexts, fns, strict=True):
+        worker.jobs.put((lambda ctx=ctx, fn=fn: _ubatch_main(ctx, fn, thread_state), lambda: _ubatch_exited(run)))
 
     with run.cond:
         while run.exited < len(fns) and run.error is None:
@@ -237,7 +230,8 @@ def run_ubatches(
                             "(stuck in compute or in a collective)",
                             ubatch_id=holder,
                             site=site,
-                        ),
+                        ) if holder is not None or any(c.site != _START_SITE for c in run.contexts) else
+                        DBOTimeoutError(f"the micro-batch threads did not start within {timeout_s:g} s"),
                     )
                 finally:
                     run.cond.acquire()
