@@ -48,7 +48,7 @@ from typing import Any
 
 import click
 import numpy as np
-from toolkit_cli import format_option, output_option, write_output
+from toolkit_cli import PositiveInt, format_option, output_option, write_output
 
 __all__ = ["step_profile", "PARTS", "analyze_rank", "summarize", "read_periods", "format_table", "collect",
            "StepParts"]
@@ -502,10 +502,10 @@ def format_table(summary: dict[str, Any], fmt: str = "text") -> str:
     "the machine's). The unprofiled step periods written beside the traces give the ratio without the profiler.",
 )
 @click.argument("folders", nargs=-1, required=True, type=click.Path(exists=True, file_okay=False), metavar="FOLDER...")
-@click.option("--tokens", type=click.IntRange(1, 1 << 20), default=None, metavar="N",
+@click.option("--tokens", type=PositiveInt(1 << 20, what="tokens per step"), default=None, metavar="N",
               help="the steps' token count to tabulate (default: the most common one)")
 @click.option("--mixed", is_flag=True, help="tabulate steps with prefill tokens (default: decode steps)")
-@click.option("--layers", type=click.IntRange(1, 1 << 16), default=None, metavar="N",
+@click.option("--layers", type=PositiveInt(1 << 16, what="decoder layers"), default=None, metavar="N",
               help="decoder layers of the model, for the engine host term's per-layer cost (default: the captured "
               "model's config.json)")
 @format_option("text", "json", "md")
