@@ -294,7 +294,10 @@ def section_analyzer(out: Path, record: dict[str, Any], figures: Path) -> list[s
         m = pa["msprof_analyze"]
         rows.append([f"msprof-analyze {m['version']} compare", f"{m['wall_s']:.1f} s ({len(m['runs'])} pairs), "
                      f"peak RSS {m['peak_rss_bytes'] / 1e6:,.0f} MB"])
-        rows.append(["speed ratio", f"{pa['speed_ratio']:.1f}x (target >= 20x: {'met' if pa.get('meets_speed_target') else 'NOT met'})"])
+        memory = (f"; memory ratio {pa['memory_ratio_msprof_over_ours']:.1f}x (msprof-analyze's peak RSS / ours, "
+                  f"--jobs {ours['jobs']})" if pa.get("memory_ratio_msprof_over_ours") is not None else "")
+        rows.append(["speed ratio", f"{pa['speed_ratio']:.1f}x (target >= 20x: {'met' if pa.get('meets_speed_target') else 'NOT met'})"
+                     f"{memory}"])
         if "speed_ratio_jobs1" in pa:
             rows.append(["speed ratio, one process (--jobs 1)", f"{pa['speed_ratio_jobs1']:.1f}x (target >= 20x: "
                          f"{'met' if pa.get('meets_speed_target_jobs1') else 'NOT met'})"])
