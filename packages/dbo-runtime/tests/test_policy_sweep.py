@@ -62,7 +62,10 @@ def test_a_small_sweep_on_two_gloo_ranks(tmp_path):
     summary = run_policy_sweep(tmp_path, plan, timeout_s=300)
     assert summary["steps"] == 20 and {s["tokens"] for s in summary["sizes"]} == {8, 64}
     assert summary["policy_table"]["steps"] == 20 and summary["policy_overhead_s"] > 0
-    assert all(s["auto_explore_steps"] >= 8 for s in summary["sizes"])  # the initial alternation of each class
+    # every class alternates from its first step until the first agreement (16 calls in): at least one side-by-side
+    # pair each. Not 8 each: a class whose first pair is a clear loss is decided at that agreement, and a class may
+    # then start from its decided neighbour's arm (SplitPolicy._prior_of), so the count depends on the machine.
+    assert all(s["auto_explore_steps"] >= 2 for s in summary["sizes"]), summary["sizes"]
     written = json.loads((tmp_path / "dbo_policy_sweep.json").read_text())
     assert written["auto_ratio"] == pytest.approx(summary["auto_ratio"])
     assert (tmp_path / "dbo_policy_sweep.md").read_text().startswith("### The auto policy")

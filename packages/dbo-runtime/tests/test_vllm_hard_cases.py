@@ -157,10 +157,18 @@ def test_clients_that_disconnect_mid_stream_leave_the_others_equal_and_the_engin
         aborted = [r for r in run["aborts"] if r.aborted]
         assert len(aborted) == sum(1 for s in specs if s[2] is not None) == 8
         assert not [r.error for r in run["aborts"] if r.error]
-        # the engine dropped the requests whose client left: only the 16 others finished (vLLM counts a client
-        # abort in no finished_reason), and it generated far fewer tokens than the 8 x 400 the aborted asked for
+        # the engine dropped the requests whose client left: only the 16 others finished by stop or length, and it
+        # generated far fewer tokens than the 8 x 400 the aborted asked for. vLLM mostly counts a client abort in no
+        # finished_reason, but not always: CI once saw 17 successes in this phase, the 17th an abort the engine
+        # reported as finished, so the aborted are counted apart (at most one per aborted client)
         m, before = run["after_aborts"], run["after_batch"]
-        assert m[soak.FINISHED] - before[soak.FINISHED] == 16, m
+
+        def delta(reason: str) -> float:
+            key = f"{soak.FINISHED}[finished_reason={reason}]"
+            return m.get(key, 0.0) - before.get(key, 0.0)
+
+        assert delta("stop") + delta("length") == 16, {k: v for k, v in m.items() if k.startswith(soak.FINISHED)}
+        assert m[soak.FINISHED] - before[soak.FINISHED] - 16 == delta("abort") <= 8, m
         generated = m[soak.GENERATED] - before[soak.GENERATED]
         assert 16 * 48 <= generated < 16 * 48 + 8 * 100, generated
         idle = run["idle"]
