@@ -150,6 +150,12 @@ def test_preemption_chunked_prefill_and_prefix_hits_give_the_dbo_off_output(pair
     assert all(same), [(r.prompt[:40], r.text[:40]) for r, ok in zip(on["batch"], same, strict=True) if not ok]
 
 
+def _finished(after: dict[str, float], before: dict[str, float], reason: str) -> float:
+    """Requests vLLM counted as finished with ``reason`` between two metric snapshots."""
+    key = f"{soak.FINISHED}[finished_reason={reason}]"
+    return after.get(key, 0.0) - before.get(key, 0.0)
+
+
 def test_clients_that_disconnect_mid_stream_leave_the_others_equal_and_the_engine_idle(pair: Any) -> None:
     on, off = pair["runs"]["on"], pair["runs"]["off"]
     specs = abort_specs()
@@ -162,13 +168,9 @@ def test_clients_that_disconnect_mid_stream_leave_the_others_equal_and_the_engin
         # finished_reason, but not always: CI once saw 17 successes in this phase, the 17th an abort the engine
         # reported as finished, so the aborted are counted apart (at most one per aborted client)
         m, before = run["after_aborts"], run["after_batch"]
-
-        def delta(reason: str) -> float:
-            key = f"{soak.FINISHED}[finished_reason={reason}]"
-            return m.get(key, 0.0) - before.get(key, 0.0)
-
-        assert delta("stop") + delta("length") == 16, {k: v for k, v in m.items() if k.startswith(soak.FINISHED)}
-        assert m[soak.FINISHED] - before[soak.FINISHED] - 16 == delta("abort") <= 8, m
+        finished = {r: _finished(m, before, r) for r in ("stop", "length", "abort")}
+        assert finished["stop"] + finished["length"] == 16, finished
+        assert m[soak.FINISHED] - before[soak.FINISHED] - 16 == finished["abort"] <= 8, (finished, m)
         generated = m[soak.GENERATED] - before[soak.GENERATED]
         assert 16 * 48 <= generated < 16 * 48 + 8 * 100, generated
         idle = run["idle"]
