@@ -239,12 +239,14 @@ def test_a_tp_worker_killed_during_a_split_step_fails_the_engine_in_bounded_time
              if re.search(r"micro-batch \d .*hook site 'tp\.all_reduce'", ln)]
     assert state, [ln for _, ln in _survivor_lines(lines, 0)][-30:]
     assert "Connection reset by peer" in state[0][1] or "Connection closed by peer" in state[0][1], state[0][1]
-    # ... before the engine reports its failure (EngineCore's fatal error, the API server's EngineDeadError), whose
-    # message is then the survivor's (measured 4 of 4 runs: "Worker failed with error 'the collective micro-batch 1
-    # launched at hook site 'tp.all_reduce' failed ...'"). The executor's monitor line "Worker proc ... died
-    # unexpectedly" comes a few milliseconds before the survivor's (4 of 4 runs, also with a log line written the
-    # instant the gloo wait fails): both processes learn of the same death at once, the executor from the process
-    # sentinel (often before the exit code exists), the survivor from the gloo socket; not asserted.
+    # ... before the executor reports the death and before the engine reports its failure (EngineCore's fatal
+    # error, the API server's EngineDeadError). Both processes learn of the death at once, the executor from the
+    # process sentinel, the survivor from the gloo socket, and without DBO's failure board the executor's line came
+    # a few milliseconds first (4 of 4 runs): the plugin's monitor now holds vLLM's until the survivor's report
+    # (failure_board, at most MONITOR_HOLD_S). The death line is vLLM's, or the plugin's where the survivor's error
+    # had already stopped the engine; either names the dead worker.
+    assert state[0][0] < death, (state[0][1], lines[death])
+    assert "DBO state at a failed collective" in state[0][1] and "rank 0:" in state[0][1], state[0][1]
     fatal = next((i for i, ln in enumerate(lines) if "encountered a fatal error" in ln or "EngineDeadError" in ln), None)
     assert fatal is not None and state[0][0] < fatal, (state[0][0], fatal)
     print(f"kill: server gone {since_fault_s:.1f} s after the SIGKILL; log lines: executor's death report {death}, "

@@ -25,6 +25,7 @@ import sys
 from collections.abc import Callable
 from typing import ParamSpec, TypeVar
 
+from dbo_runtime import failure_board
 from dbo_runtime.context import (
     _current,
     dbo_current_ubatch_id,
@@ -64,6 +65,15 @@ def dbo_async_site(site: str, launch: Callable[[], tuple[Callable[[], None] | No
     return receiver()
 
 
+def _rank() -> str:
+    """This process's rank in the default group, for a report ("?" where there is none)."""
+    dist = sys.modules.get("torch.distributed")
+    try:
+        return str(dist.get_rank()) if dist is not None and dist.is_initialized() else "?"
+    except Exception:  # noqa: BLE001 - a report must never fail the failure it reports
+        return "?"
+
+
 def _bounded(site: str, hook: Callable[[], None]) -> Callable[[], None]:
     """``hook`` itself, unless it is a ``torch.distributed`` ``Work.wait``: then that wait with the run's timeout."""
     work = getattr(hook, "__self__", None)
@@ -79,12 +89,15 @@ def _bounded(site: str, hook: Callable[[], None]) -> Callable[[], None]:
             work.wait(datetime.timedelta(seconds=timeout_s))
         except RuntimeError as exc:
             first = (str(exc).splitlines() or [""])[0]
-            raise DBOTimeoutError(
+            error = DBOTimeoutError(
                 f"the collective micro-batch {owner} launched at hook site {site!r} failed or did not complete "
                 f"within {timeout_s:g} s ({first}); micro-batch {dbo_current_ubatch_id()} waited for it",
                 ubatch_id=owner,
                 site=site,
-            ) from exc
+            )
+            # a peer may have died: say where DBO stood before the engine reports the death (failure_board)
+            failure_board.report(f"rank {_rank()}: {error}")
+            raise error from exc
 
     return wait
 

@@ -120,11 +120,15 @@ def activate_ascend(log: logging.Logger) -> list[Callable[[], None]]:  # pragma:
     from vllm_ascend.platform import NPUPlatform  # type: ignore[import-not-found]
 
     from dbo_runtime.ascend.validate import dbo_requested
-    from dbo_runtime.vllm.plugin import add_undo, when_imported
+    from dbo_runtime.vllm.plugin import add_undo, patch_worker_monitor, when_imported
 
     undo = [patch_platform_class(NPUPlatform, lambda cfg: keep_dbo(cfg, log=log), dbo_requested),
             patch_vllm_config_class(VllmConfig),
             when_imported("vllm_ascend.worker.model_runner_v1", lambda module: add_undo(
-                activate_on_runner_init(module.NPUModelRunner, install_ascend_runtime, "vllm-ascend")))]
+                activate_on_runner_init(module.NPUModelRunner, install_ascend_runtime, "vllm-ascend"))),
+            # a dead rank: the survivors' DBO state before vLLM's executor reports the death (HCCL's collective
+            # timeout is far longer than the hold, so on an NPU the report usually comes after MONITOR_HOLD_S)
+            when_imported("vllm.v1.executor.multiproc_executor", lambda module: add_undo(
+                patch_worker_monitor(module.MultiprocExecutor)))]
     log.info("dbo_runtime: watching NPUPlatform.check_and_update_config for --enable-dbo")
     return undo

@@ -338,12 +338,14 @@ def activate_cpu(log: logging.Logger) -> list[Callable[[], None]]:
     from vllm.config import VllmConfig
     from vllm.platforms.cpu import CpuPlatform
 
-    from dbo_runtime.vllm.plugin import add_undo, when_imported
+    from dbo_runtime.vllm.plugin import add_undo, patch_worker_monitor, when_imported
 
     undo = [patch_platform_class(CpuPlatform, lambda cfg: keep_dbo_cpu(cfg, log), _requested),
             patch_vllm_config_class(VllmConfig)]
 
     undo.append(when_imported("vllm.v1.worker.cpu_model_runner", lambda module: add_undo(
         activate_on_runner_init(module.CPUModelRunner, install_cpu_runtime, "vllm-cpu"))))
+    undo.append(when_imported("vllm.v1.executor.multiproc_executor", lambda module: add_undo(
+        patch_worker_monitor(module.MultiprocExecutor))))
     log.info("dbo_runtime: watching CpuPlatform.check_and_update_config for --enable-dbo")
     return undo

@@ -29,6 +29,7 @@ from typing import Any
 from dbo_runtime.errors import DBOConfigError
 
 __all__ = ["register", "unregister", "patch_platform_class", "patch_vllm_config_class", "activate_on_runner_init",
+           "patch_worker_monitor", "MONITOR_HOLD_S",
            "current_platform_kind", "INACTIVE_MESSAGE", "ACTIVE_MESSAGE"]
 
 INACTIVE_MESSAGE = "dbo_runtime: inactive: platform is %s (DBO here is vLLM's own); nothing patched"
@@ -138,6 +139,72 @@ def activate_on_runner_init(runner_cls: type, install: Callable[[Any], list[Call
 
     def undo() -> None:
         runner_cls.__init__ = original  # type: ignore[misc]
+
+    return undo
+
+
+# How long the executor's death report waits for the surviving workers' DBO state (failure_board): a survivor in
+# a split step's collective reports within milliseconds of the death (gloo) or at its collective timeout (HCCL);
+# one that is not in a collective never reports, and the engine learns of the death this much later at most.
+MONITOR_HOLD_S = 3.0
+
+
+def patch_worker_monitor(executor_cls: type, hold_s: float = MONITOR_HOLD_S) -> Callable[[], None]:
+    """Wrap vLLM's ``MultiprocExecutor.start_worker_monitor`` (engine core process): with DBO on, a worker's death
+    is reported (vLLM's own "Worker proc ... died unexpectedly", the shutdown, the failure callback) only after
+    every surviving worker logged where DBO stood (:mod:`dbo_runtime.failure_board`), or ``hold_s`` later at most.
+    With DBO off, or for an executor that has no ``workers`` with processes, vLLM's monitor unchanged."""
+    import multiprocessing.connection
+    import threading
+    import weakref
+
+    from dbo_runtime import failure_board
+
+    original = executor_cls.__dict__["start_worker_monitor"]
+
+    @functools.wraps(original)
+    def start_worker_monitor(self: Any, inline: bool = False) -> None:
+        workers = list(getattr(self, "workers", None) or [])
+        if not getattr(getattr(self, "parallel_config", None), "enable_dbo", False) or not workers:
+            return original(self, inline)
+        try:
+            board = failure_board.open_board()
+        except OSError as exc:
+            _logger().warning("dbo_runtime: %s; worker deaths are reported without the survivors' DBO state", exc)
+            return original(self, inline)
+        weakref.finalize(self, failure_board.close_board, board)
+        self_ref = weakref.ref(self)
+        procs = [h.proc for h in workers]
+
+        def watch() -> None:
+            died = multiprocessing.connection.wait([p.sentinel for p in procs])
+            executor = self_ref()
+            if executor is None:
+                return
+            if not getattr(executor, "shutting_down", False):
+                survivors = {p.pid: p for p in procs if p.sentinel not in died}
+                failure_board.wait_for_reports(board, survivors, hold_s,
+                                               alive=lambda pid: survivors[pid].is_alive())
+                if getattr(executor, "shutting_down", False):
+                    # the survivors' errors stopped the engine during the wait, and vLLM's monitor would now stay
+                    # silent: name the dead worker in its stead
+                    dead = next(p for p in procs if p.sentinel in died)
+                    _logger().error("dbo_runtime: worker proc %s died unexpectedly (exit code: %s); the engine is "
+                                    "shutting down on the surviving workers' errors", dead.name, dead.exitcode)
+                    return
+            original(executor, inline=True)  # vLLM's monitor: the dead sentinel is ready, it reports at once
+
+        if inline:
+            watch()
+            return None
+        threading.Thread(target=watch, daemon=True, name="MultiprocWorkerMonitor").start()
+        return None
+
+    start_worker_monitor.__dbo_patch__ = True  # type: ignore[attr-defined]
+    executor_cls.start_worker_monitor = start_worker_monitor  # type: ignore[attr-defined]
+
+    def undo() -> None:
+        executor_cls.start_worker_monitor = original  # type: ignore[attr-defined]
 
     return undo
 
