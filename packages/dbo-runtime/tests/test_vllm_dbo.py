@@ -27,14 +27,6 @@ ENGINE_ARGS = ["--max-model-len", "512", "--enforce-eager", "--dtype", "bfloat16
 pytestmark = pytest.mark.vllm
 
 
-@pytest.fixture(scope="module")
-def tiny_moe(vllm_python: Path) -> Path:
-    proc = subprocess.run([str(vllm_python), "-m", "dbo_runtime.vllm.tinymodels", "qwen3_moe"],
-                          capture_output=True, text=True, timeout=300, cwd=REPO_ROOT)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    return Path(proc.stdout.strip().splitlines()[-1])
-
-
 def _compare(python: Path, model: Path, workdir: Path, *args: str,
              env: dict[str, str] | None = None) -> tuple[int, dict[str, Any]]:
     out = workdir / "report.json"

@@ -25,7 +25,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import subprocess
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -49,14 +48,6 @@ KILL_BOUND_S = 30.0
 RAISE_BOUND_S = 90.0
 
 pytestmark = pytest.mark.vllm
-
-
-@pytest.fixture(scope="module")
-def tiny_moe(vllm_python: Path) -> Path:
-    proc = subprocess.run([str(vllm_python), "-m", "dbo_runtime.vllm.tinymodels", "qwen3_moe"],
-                          capture_output=True, text=True, timeout=300, cwd=REPO_ROOT)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    return Path(proc.stdout.strip().splitlines()[-1])
 
 
 def batch_specs() -> list[tuple[str, int, int | None]]:

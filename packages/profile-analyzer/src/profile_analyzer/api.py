@@ -232,31 +232,19 @@ def _analyze_reduced(plan: Any, loaded: list[list[tuple[int, str, int]]], done: 
                      top: int) -> Report:
     """:func:`analyze` of the Timeline that ``loaders.assemble`` would make of the plan, from each rank's
     (rank, source, events) and analysis alone: the same checks and errors, the same report."""
-    from profile_analyzer.loaders import _all_ranks, no_rank_readable
+    from profile_analyzer.loaders import no_rank_readable, plan_format, ranks_of_plan
 
     if unreadable and not any(loaded):
         raise no_rank_readable(plan, list(unreadable))
-    by_rank: dict[int, tuple[str, int]] = {}
-    for (entry, _, _), rts in zip(plan.jobs, loaded, strict=True):
-        for r, source, events in rts:
-            if r in by_rank:
-                raise ProfileError(entry, f"rank {r} appears twice (also {by_rank[r][0]}); expected one profile per "
-                                          "rank")
-            by_rank[r] = (source, events)
-    if ranks is not None:
-        by_rank = {k: v for k, v in by_rank.items() if k in ranks}
-        if not by_rank:
-            raise ProfileError(plan.path, f"none of ranks {ranks} found; ranks present: "
-                                          f"{sorted(_all_ranks(list(plan.entries)))}")
-    fmts = {f for _, f in plan.entries}
-    fmt = "multi_rank" if len(by_rank) > 1 else next(iter(fmts))
+    by_rank = ranks_of_plan(plan, loaded, ranks, lambda item: (item[0], item[1]))
+    fmt = plan_format(plan, len(by_rank))
     if rank is not None and rank not in by_rank:
         raise ProfileError(str(plan.path), f"rank {rank} not in the profile; ranks present: {sorted(by_rank)}")
     analyses = [done[r] for r in sorted(by_rank)]
     for ra in analyses:
         if (ra.step, ra.top) != (step, top):  # cannot happen: every rank was analysed with these
             raise AssertionError(f"rank {ra.rank} analysed for step {ra.step}, top {ra.top}")
-    return _report(str(plan.path), fmt, sum(ev for _, ev in by_rank.values()), [],
+    return _report(str(plan.path), fmt, sum(ev for _, _, ev in by_rank.values()), [],
                    sorted(unreadable, key=lambda u: u.rank), analyses, rank, step)
 
 

@@ -20,11 +20,13 @@ import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from profile_analyzer.errors import ProfileError
 from profile_analyzer.loaders._slicer import peek_kind
 from profile_analyzer.timeline import RankTimeline, Timeline, UnreadableRank
+
+_T = TypeVar("_T")
 
 FORMATS = ("torch_npu", "msprof", "kineto", "multi_rank", "torch_npu_db", "msprof_db")
 ASCEND_FORMATS = ("torch_npu", "msprof", "torch_npu_db", "msprof_db")
@@ -333,21 +335,34 @@ def assemble(plan: LoadPlan, loaded: list[list[RankTimeline]], ranks: list[int] 
         rts = loaded[0]
         return Timeline(source=str(plan.path), format=plan.format if len(rts) == 1 else "multi_rank",
                         ranks={rt.rank: rt for rt in rts})
-    by_rank: dict[int, RankTimeline] = {}
-    for (entry, _, _), rts in zip(plan.jobs, loaded, strict=True):
-        for rt in rts:
-            if rt.rank in by_rank:
-                raise ProfileError(entry, f"rank {rt.rank} appears twice (also {by_rank[rt.rank].source}); expected one "
-                                          "profile per rank")
-            by_rank[rt.rank] = rt
+    by_rank = ranks_of_plan(plan, loaded, ranks, lambda rt: (rt.rank, rt.source))
+    return Timeline(source=str(plan.path), format=plan_format(plan, len(by_rank)),
+                    ranks=dict(sorted(by_rank.items())), unreadable=sorted(unreadable, key=lambda u: u.rank))
+
+
+def ranks_of_plan(plan: LoadPlan, loaded: Sequence[Sequence[_T]], ranks: list[int] | None,
+                  rank_and_source: Callable[[_T], tuple[int, str]]) -> dict[int, _T]:
+    """Each job's loaded items (a rank's timeline, or what was kept of it) by rank number: one profile per rank,
+    only ``ranks`` when given; ProfileError for a rank met twice or for ``ranks`` of which none is present."""
+    by_rank: dict[int, _T] = {}
+    for (entry, _, _), items in zip(plan.jobs, loaded, strict=True):
+        for item in items:
+            r, source = rank_and_source(item)
+            if r in by_rank:
+                raise ProfileError(entry, f"rank {r} appears twice (also {rank_and_source(by_rank[r])[1]}); "
+                                          "expected one profile per rank")
+            by_rank[r] = item
     if ranks is not None:
         by_rank = {k: v for k, v in by_rank.items() if k in ranks}
         if not by_rank:
             raise ProfileError(plan.path, f"none of ranks {ranks} found; ranks present: "
                                           f"{sorted(_all_ranks(list(plan.entries)))}")
-    fmts = {f for _, f in plan.entries}
-    return Timeline(source=str(plan.path), format="multi_rank" if len(by_rank) > 1 else next(iter(fmts)),
-                    ranks=dict(sorted(by_rank.items())), unreadable=sorted(unreadable, key=lambda u: u.rank))
+    return by_rank
+
+
+def plan_format(plan: LoadPlan, n_ranks: int) -> str:
+    """The Timeline format of a multi-rank plan that kept ``n_ranks`` ranks."""
+    return "multi_rank" if n_ranks > 1 else next(iter({f for _, f in plan.entries}))
 
 
 def no_rank_readable(plan: LoadPlan, unreadable: list[UnreadableRank]) -> ProfileError:
