@@ -242,7 +242,10 @@ def test_reference_ranks_do_not_outlive_the_parent(tmp_path, how):
         while time.monotonic() < parent_gone + 10 and not all(_gone(r) for r in ranks):
             time.sleep(0.01)
         lag = time.monotonic() - parent_gone
-        assert all(_gone(r) for r in ranks) and lag < 0.5, f"rank processes {ranks} outlived the parent ({how})"
+        # The bound is for "killed with the parent", not for how fast the kernel tears a torch process down: a
+        # SIGKILLed rank took 0.58 s to exit in a fresh-clone CI run on 2 loaded cores (0.5 s was the bound then).
+        # Without the parent-death signal the ranks run on to the end of the run (measured: still there 10 s later).
+        assert all(_gone(r) for r in ranks) and lag < 3.0, f"rank processes {ranks} outlived the parent ({how}, {lag:.2f} s)"
         err = proc.stderr.read()  # type: ignore[union-attr]
     finally:
         if proc.poll() is None:
