@@ -282,22 +282,41 @@ def serving_matrix(model: Path, template: Path = SERVING_MATRIX, stats_dir: Path
     return document
 
 
+# The engine steps of the dbo-static and dbo-auto servers profiled with every thread recorded (DBO_PROFILE_DIR): in
+# their warm-up (32 requests of 128 + 32 tokens at concurrency 8: ~130 steps), so no measured request runs under the
+# profiler, and the auto policy does not time them (dbo_runtime.vllm.runner). `dbo-runtime step-profile` reads
+# them into the engine's host term of this run, on this machine, for the estimate beside the engine.
+PROFILED_VARIANTS = ("dbo-static", "dbo-auto")
+PROFILE_STEPS = "40-71"
+
+
 def _serve(ctx: Context, model: Path, out: Path, server_args: dict[str, Any] | None = None,
            bench_args: dict[str, Any] | None = None, warmup_prompts: int | None = None) -> None:
-    """The serving matrix on `model` into `out`, then `dbo-runtime estimate --hardware cpu-link` for that set-up
-    (out/estimate.json): its predicted split/unsplit step-time ratio goes beside the engine's in REPORT.md."""
+    """The serving matrix on `model` into `out`, then `dbo-runtime estimate --hardware cpu-link` for that set-up:
+    with the engine host term this run profiled (out/estimate.json, from out/step_profile.json) and with the one
+    cpu-link carries (out/estimate-preset.json). Their predicted split/unsplit step-time ratios go beside the
+    engine's in REPORT.md."""
     import yaml
 
     out.mkdir(parents=True, exist_ok=True)
     matrix = out / "matrix.yaml"
     stats = out / "dbo-stats"
-    for stale in [*stats.glob("*/dbo-stats-rank*.json"), *stats.glob("*/dbo-policy-rank*.json")]:
-        stale.unlink()
+    profiles = out / "profile"
+    for stale in [*stats.glob("*/dbo-stats-rank*.json"), *stats.glob("*/dbo-policy-rank*.json"),
+                  *profiles.glob("*/dbo-steps-rank*"), out / "step_profile.json", out / "estimate.json",
+                  out / "estimate-preset.json"]:
+        stale.unlink(missing_ok=True)
     document = serving_matrix(model, stats_dir=stats)
     document["server_args"].update(server_args or {})
     document["bench_args"].update(bench_args or {})
     if warmup_prompts is not None:
         document["warmup_prompts"] = warmup_prompts
+    for variant in document["variants"]:
+        if variant["name"] in PROFILED_VARIANTS:
+            (profiles / variant["name"]).mkdir(parents=True, exist_ok=True)
+            variant.setdefault("server_env", {}).update(
+                {"DBO_PROFILE_DIR": str(profiles / variant["name"]), "DBO_PROFILE_STEPS": PROFILE_STEPS,
+                 "VLLM_CUSTOM_SCOPES_FOR_PROFILING": "1"})
     matrix.write_text(yaml.safe_dump(document, sort_keys=False), encoding="utf-8")
     rc = ctx.run([ctx.python, str(HARNESS), "run", str(matrix), "--out", str(out), "--python", ctx.vllm_python],
                  timeout_s=3600, label="serve_bench.py run")
@@ -306,12 +325,27 @@ def _serve(ctx: Context, model: Path, out: Path, server_args: dict[str, Any] | N
     concurrency = max(document["sweep"]["max-concurrency"])
     context = int(document["bench_args"]["random-input-len"]) + int(document["bench_args"]["random-output-len"]) // 2
     tp = str(document["server_args"]["tensor-parallel-size"])
-    est = ctx.run([ctx.python, "-m", "dbo_runtime", "estimate", "--model", str(model), "-tp", tp, "--pattern", "tp",
-                   "--hardware", "cpu-link", "--step", "decode", "--context-len", str(context),
-                   "--tokens", str(concurrency), "--tokens", str(max(2, concurrency // 2)), "--format", "json",
-                   "-o", str(out / "estimate.json")], timeout_s=900, label="dbo-runtime estimate")
-    if est != 0:
-        ctx.record.notes.append(f"dbo-runtime estimate for {out.name} exited {est}")
+    layers = json.loads((model / "config.json").read_text(encoding="utf-8"))["num_hidden_layers"]
+    profiled = [str(profiles / v) for v in PROFILED_VARIANTS if any((profiles / v).glob("dbo-steps-rank*.pt.trace.json"))]
+    host = out / "step_profile.json"
+    if len(profiled) == len(PROFILED_VARIANTS):
+        sp = ctx.run([ctx.python, "-m", "dbo_runtime", "step-profile", *profiled, "--tokens", str(concurrency),
+                      "--layers", str(layers), "--format", "json", "-o", str(host)], timeout_s=900,
+                     label="dbo-runtime step-profile")
+        if sp != 0:
+            ctx.record.notes.append(f"dbo-runtime step-profile for {out.name} exited {sp}")
+    else:
+        ctx.record.notes.append(f"{out.name}: no profiled steps of {', '.join(PROFILED_VARIANTS)}: the estimate has no "
+                                "host term of this run")
+    base = [ctx.python, "-m", "dbo_runtime", "estimate", "--model", str(model), "-tp", tp, "--pattern", "tp",
+            "--hardware", "cpu-link", "--step", "decode", "--context-len", str(context), "--tokens", str(concurrency),
+            "--tokens", str(max(2, concurrency // 2)), "--format", "json"]
+    runs = [(["--engine-host", str(host)], out / "estimate.json")] if host.is_file() else []
+    runs.append(([], out / "estimate-preset.json"))
+    for extra, dest in runs:
+        est = ctx.run([*base, *extra, "-o", str(dest)], timeout_s=900, label=f"dbo-runtime estimate ({dest.name})")
+        if est != 0:
+            ctx.record.notes.append(f"dbo-runtime estimate for {out.name} ({dest.name}) exited {est}")
     if rc != 0:
         raise StepFailed(f"serve_bench.py exited {rc} (1: a point failed, 2: a server did not start)")
 

@@ -533,30 +533,46 @@ def _serving_run(out: Path, name: str, summary: dict[str, Any], record: dict[str
 def _estimate_lines(folder: Path, table: dict[str, Any] | None, summary: dict[str, Any]) -> list[str]:
     """`dbo-runtime estimate --hardware cpu-link`'s split / unsplit step-time ratio beside the engine's."""
     est = _load(folder / "estimate.json")
+    preset = _load(folder / "estimate-preset.json")
+    if not isinstance(est, dict) or not est.get("patterns"):
+        est, preset = preset, None  # no host term of this run: the preset's alone
     if not isinstance(est, dict) or not est.get("patterns"):
         return ["", "_No estimate for this set-up (its `dbo-runtime estimate` did not run or failed)._"]
     rows = est["patterns"][0]["rows"]
+    preset_rows = {r["tokens"]: r for r in preset["patterns"][0]["rows"]} if isinstance(preset, dict) and \
+        preset.get("patterns") else {}
     measured = {}
     for row in (table or {}).get("classes", []):
         agreed = row.get("agreed") or {}
         if row.get("phase") == "decode" and agreed.get("speedup"):
             measured[(row.get("tokens_min"), row.get("tokens_max"))] = (1.0 / agreed["speedup"], row["class"])
     off, static = _throughput(summary, "dbo-off"), _throughput(summary, "dbo-static")
+    def off_by(predicted: float, got: tuple[float, str] | None) -> str:
+        return f"{(predicted / got[0] - 1) * 100:+.0f}%" if got else "n/a"
+
     out = ["", "| decode tokens | estimate: on / off step time | engine: split / unsplit step (auto's class) | "
-           "off by | engine: off / static req/s |", "|---:|---:|---:|---:|---:|"]
+           "off by | estimate with cpu-link's stored host term (off by) | engine: off / static req/s |",
+           "|---:|---:|---:|---:|---:|---:|"]
     for r in rows:
         predicted = r["on_us"] / r["off_us"]
         got = next(((ratio, cls) for (lo, hi), (ratio, cls) in measured.items()
                     if lo <= r["tokens"] and (hi is None or r["tokens"] <= hi)), None)
-        off_by = f"{(predicted / got[0] - 1) * 100:+.0f}%" if got else "n/a"
+        p = preset_rows.get(r["tokens"])
+        stored = f"{p['on_us'] / p['off_us']:.3f} ({off_by(p['on_us'] / p['off_us'], got)})" if p else "n/a"
         out.append(f"| {r['tokens']} | {predicted:.3f} | " + (f"{got[0]:.3f} (`{got[1]}`)" if got else "n/a")
-                   + f" | {off_by} | " + (f"{off / static:.3f}" if off and static else "n/a") + " |")
+                   + f" | {off_by(predicted, got)} | {stored} | " + (f"{off / static:.3f}" if off and static else "n/a")
+                   + " |")
     hw = est.get("hardware", {})
     host = hw.get("engine_host") or {}
+    in_run = "step-profile" in str(host.get("source", "")) and "serving matrix, 2026" not in str(host.get("source", ""))
     out += ["", f"The estimate: `dbo-runtime estimate --hardware cpu-link --pattern tp` for this model at TP=2 "
             f"({hw.get('name', 'cpu-link')}: this CPU's rates measured after the servers stopped"
-            + (", with the engine's host term" if host else ", the reference's modelled link") + "). Target: within "
-            "15% of the engine."]
+            + ((", with the engine's host term profiled in this run (`--engine-host step_profile.json`: the dbo-static "
+                "and dbo-auto servers' warm-up steps, every thread recorded, read by `dbo-runtime step-profile`; the "
+                "compute from the rates)") if in_run else (", with the engine's host term" if host else
+                                                           ", the reference's modelled link"))
+            + "). Target: within 15% of the engine. Beside it, the same estimate with the host term cpu-link stores "
+            "(measured on the machine of 2026-12-05): it holds on a machine like that one, not on another."]
     if host:
         per_call = lambda key: ", ".join(f"{v:.0f} us" for v in (host.get(key) or {}).values()) or "-"  # noqa: E731
         out += ["", f"The host term (`engine_host` of cpu-link, {host.get('source', 'given')}): the model code "

@@ -171,6 +171,8 @@ def test_report_has_every_table_and_real_pngs(tmp_path: Path, report: ModuleType
     (out / "serving" / "dbo-stats" / "dbo-auto" / "dbo-policy-rank0.json").write_text(json.dumps(_policy_table()))
     (out / "serving" / "estimate.json").write_text(json.dumps({"hardware": {"name": "cpu-link"}, "patterns": [
         {"pattern": "tp", "rows": [{"kind": "decode", "tokens": 8, "off_us": 3000.0, "on_us": 2400.0}]}]}))
+    (out / "serving" / "estimate-preset.json").write_text(json.dumps({"hardware": {"name": "cpu-link"}, "patterns": [
+        {"pattern": "tp", "rows": [{"kind": "decode", "tokens": 8, "off_us": 3000.0, "on_us": 6000.0}]}]}))
     (out / "dbo_policy_sweep.json").write_text(json.dumps({"auto_ratio": 0.98}))
     (out / "dbo_policy_sweep.md").write_text("### title\n\n| tokens | off ms |\n|---:|---:|\n| 16 | 31.1 |\n")
     for rank, split in ((0, 167), (1, 166)):
@@ -197,7 +199,8 @@ def test_report_has_every_table_and_real_pngs(tmp_path: Path, report: ModuleType
     assert "the off-vs-off spread of this run is 2.0%. auto is -1.5% against the better (off): **within** the spread." in text
     assert "`decode:5-8` unsplit (250 steps, measured speed-up 0.70)" in text and "every verdict matches." in text
     assert "decode:1`" not in text and "`mixed:65-128`" not in text.split("auto's verdicts")[1].split("\n")[0]
-    assert "| 8 | 0.800 | 1.429 (`decode:5-8`) | -44% | 1.111 |" in text  # estimate vs engine, off by
+    # estimate vs engine, off by; beside it the estimate with cpu-link's stored host term
+    assert "| 8 | 0.800 | 1.429 (`decode:5-8`) | -44% | 2.000 (+40%) | 1.111 |" in text
     assert "## The auto split policy on the reference MoE model" in text and "| 16 | 31.1 |" in text
     assert "_No figures for the Qwen3-MoE with 16x the per-token compute" in text
     assert "### DBO table" in text and "| a2 | 84% |" in text
@@ -362,3 +365,57 @@ def test_fleet_section(tmp_path: Path, report: ModuleType) -> None:
     assert "| 8 | 1.06 | 2.0 s | 100 MB | 7.0 s, peak RSS 900 MB (all processes) | 3.5x | 9.0x |" in text
     assert "| 64 | 8.49 | 2.0 s | 100 MB | did not finish in 20 min | - | - |" in text
     assert "generated in 871 s" in text and "9.65 GB on disk" in text and ": met (" in text
+
+
+def test_serving_profiles_two_servers_warm_up_and_estimates_with_that_host_term(tmp_path: Path,
+                                                                                 driver: ModuleType) -> None:
+    """The serving step's commands (no server starts: `run` is recorded and answers for them): dbo-static and
+    dbo-auto get DBO_PROFILE_DIR over warm-up steps (~130 of them: 32 requests of 32 tokens at concurrency 8), the
+    other two servers none; their traces go to `dbo-runtime step-profile`, whose host term the first estimate takes
+    (--engine-host); the second estimate keeps cpu-link's stored one. Without traces only the second runs, and a
+    note says why."""
+    import yaml
+
+    model = tmp_path / "model"
+    model.mkdir()
+    (model / "config.json").write_text(json.dumps({"num_hidden_layers": 4}))
+    ctx = driver.Context(tmp_path, sys.executable, sys.executable, echo=False, stream=io.StringIO())
+    ctx.record = driver.StepRecord("serving", "serving")
+    calls: list[list[str]] = []
+
+    def run(cmd: list[str], **_: object) -> int:
+        calls.append(cmd)
+        if "run" in cmd and str(driver.HARNESS) in cmd:
+            matrix = yaml.safe_load(Path(cmd[cmd.index("run") + 1]).read_text())
+            for v in matrix["variants"]:
+                folder = (v.get("server_env") or {}).get("DBO_PROFILE_DIR")
+                if folder and traces:
+                    (Path(folder) / "dbo-steps-rank0.pt.trace.json").write_text("{}")
+        elif "step-profile" in cmd:
+            Path(cmd[cmd.index("-o") + 1]).write_text("{}")
+        return 0
+
+    ctx.run = run
+    for traces in (True, False):
+        calls.clear()
+        out = tmp_path / f"serving-{traces}"
+        driver._serve(ctx, model, out)
+        matrix = yaml.safe_load((out / "matrix.yaml").read_text())
+        envs = {v["name"]: v.get("server_env") or {} for v in matrix["variants"]}
+        profiled = {name for name, env in envs.items() if "DBO_PROFILE_DIR" in env}
+        assert profiled == {"dbo-static", "dbo-auto"}
+        first, last = (int(x) for x in envs["dbo-auto"]["DBO_PROFILE_STEPS"].split("-"))
+        warm_up_steps = matrix["warmup_prompts"] * matrix["bench_args"]["random-output-len"] // 8
+        assert 1 < first <= last < warm_up_steps
+        names = [c[3] if c[:3] == [sys.executable, "-m", "dbo_runtime"] else "serve" for c in calls]
+        estimates = [c for c in calls if "estimate" in c]
+        if traces:
+            assert names == ["serve", "step-profile", "estimate", "estimate"]
+            profile = calls[1]
+            assert profile[profile.index("--layers") + 1] == "4" and profile[profile.index("--tokens") + 1] == "8"
+            assert estimates[0][estimates[0].index("--engine-host") + 1] == profile[profile.index("-o") + 1]
+            assert "--engine-host" not in estimates[1]
+        else:
+            assert names == ["serve", "estimate"] and "--engine-host" not in estimates[0]
+            assert any("no profiled steps" in n for n in ctx.record.notes)
+        assert estimates[-1][estimates[-1].index("-o") + 1].endswith("estimate-preset.json")

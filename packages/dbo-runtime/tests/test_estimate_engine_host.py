@@ -95,3 +95,68 @@ def test_hardware_round_trips_through_its_json():
     hw = est.hardware_from_dict({"engine_host": HOST}, base=UNIT)
     again = est.hardware_from_dict(hw.to_dict())
     assert again.engine_host == hw.engine_host
+
+
+def _step_profile_summary() -> dict:
+    """What `dbo-runtime step-profile --format json` writes, reduced to what --engine-host reads: the columns
+    engine_host() took (the first unsplit, the first thread-scheduler split) and the term itself."""
+    return {"tokens": 8, "layers": 4, "folders": ["profile/dbo-static", "profile/dbo-auto"],
+            "columns": [{"variant": "dbo-static", "split": True, "unprofiled_period_us": 9000.0},
+                        {"variant": "dbo-auto", "split": False, "unprofiled_period_us": 4000.0},
+                        {"variant": "dbo-auto", "split": True, "unprofiled_period_us": 12000.0}],
+            "engine_host": {k: v for k, v in HOST.items() if k != "source"}}
+
+
+def test_engine_host_from_a_step_profile_replaces_the_presets(tmp_path):
+    """`estimate --engine-host FILE` takes a step profile's term (or a bare mapping), says where it came from and
+    which periods it rests on, and changes the prediction: another machine's host term gives another ratio."""
+    import json
+
+    from click.testing import CliRunner
+    from dbo_runtime.cli import cli
+
+    path = tmp_path / "step_profile.json"
+    path.write_text(json.dumps(_step_profile_summary()))
+    host = est.load_engine_host(path)
+    assert {k: host[k] for k in HOST if k != "source"} == {k: v for k, v in HOST.items() if k != "source"}
+    assert "step-profile profile/dbo-static profile/dbo-auto" in host["source"]
+    assert host["measured"] == {"split_period_us": 9000.0, "unsplit_period_us": 4000.0, "tokens": 8, "layers": 4}
+    bare = tmp_path / "bare.json"
+    bare.write_text(json.dumps(HOST))
+    assert est.load_engine_host(bare) == HOST
+    hw = est.with_engine_host(est.HARDWARE["910B"], host)
+    assert hw.engine_host == host and hw.sources[-1] == host["source"]
+
+    model = tmp_path / "config.json"
+    model.write_text(json.dumps(TINY))
+    args = ["estimate", "--model", str(model), "-tp", "2", "--pattern", "tp", "--step", "decode", "--tokens", "8",
+            "--hardware-file", str(tmp_path / "unit.json"), "--format", "json"]
+    (tmp_path / "unit.json").write_text(json.dumps(UNIT.to_dict()))
+    plain = CliRunner().invoke(cli, args)
+    hosted = CliRunner().invoke(cli, [*args, "--engine-host", str(path)])
+    assert plain.exit_code == hosted.exit_code == 0, (plain.output, hosted.output)
+    row = lambda r: json.loads(r.output)["patterns"][0]["rows"][0]  # noqa: E731
+    assert json.loads(hosted.output)["hardware"]["engine_host"]["layer_us"] == 100.0
+    # the CLI's prediction is the model's with that term, and differs from the one without it
+    expected = est.estimate(_spec(), est.with_engine_host(UNIT, host), TP2, tokens=[8], kinds=["decode"],
+                            patterns=["tp"], context_len=2048)["patterns"][0]["rows"][0]
+    assert (row(hosted)["off_us"], row(hosted)["on_us"]) == pytest.approx((expected["off_us"], expected["on_us"]))
+    assert row(hosted)["on_us"] / row(hosted)["off_us"] != pytest.approx(row(plain)["on_us"] / row(plain)["off_us"])
+
+
+@pytest.mark.parametrize("content, says", [
+    ("not json", "cannot be read"),
+    ('{"columns": [], "tokens": 8}', "has no engine host term"),
+    ('{"layer_ms": 1}', "accepted: a mapping with"),
+])
+def test_a_bad_engine_host_file_is_one_line_and_exit_2(tmp_path, content, says):
+    from click.testing import CliRunner
+    from dbo_runtime.cli import cli
+
+    bad = tmp_path / "host.json"
+    bad.write_text(content)
+    (tmp_path / "config.json").write_text(__import__("json").dumps(TINY))
+    result = CliRunner().invoke(cli, ["estimate", "--model", str(tmp_path / "config.json"), "--hardware", "910B",
+                                      "--engine-host", str(bad)])
+    assert result.exit_code == 2 and says in result.output
+    assert len(result.output.strip().splitlines()) == 1

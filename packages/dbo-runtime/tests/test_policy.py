@@ -323,6 +323,22 @@ def test_idle_gaps_and_warmup_steps_are_not_samples():
     assert row["local"]["samples_split"] == 1 and row["local"]["split_ms"] == 12.0
 
 
+def test_a_profiled_step_is_not_a_sample():
+    """The runner discards the step a profiler runs over (DBO_PROFILE_DIR: its recording and the trace's export
+    are in the step's time): it counts as run, not as timed."""
+    replay = Replay(sync_every=1000, warmup_per_arm=0)
+    replay.step(40, True, 5.0, 10.0)  # initial alternation: unsplit
+    replay.policy.discard_step()
+    replay.now += 1.0  # the profiler's export: a second inside that step
+    for _ in range(3):  # split, unsplit, split
+        replay.step(40, True, 5.0, 10.0)
+    replay.policy.end_step()
+    row = replay.policy.table()["classes"][0]["local"]
+    assert row["unsplit_steps"] == 2 and row["split_steps"] == 2
+    assert row["samples_unsplit"] == 1 and row["samples_split"] == 2
+    assert 9.0 < row["unsplit_ms"] < 11.0  # the second unsplit step's 10 ms, not the first's 1 s
+
+
 def test_real_clock_steps():
     """The default clock: split steps that really take 2 ms against unsplit steps of 5 ms."""
     policy = SplitPolicy(PolicyConfig(sync_every=4))

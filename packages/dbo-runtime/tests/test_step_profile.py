@@ -167,3 +167,18 @@ def test_scope_is_recorded_on_every_thread_with_profile_all_threads() -> None:
     assert {"dbo::wait_turn", "dbo::split_forward"} <= names
     assert not torch.autograd.profiler._is_profiler_enabled
     assert scope("dbo::wait_turn").__class__.__name__ == "nullcontext"
+
+
+def test_the_step_profiler_says_which_steps_it_runs_over(tmp_path: Path) -> None:
+    """StepProfiler (DBO_PROFILE_DIR) with torch's real profiler: steps FIRST..LAST are profiled, and the step after
+    LAST writes the trace; step() says so for each (the runner then keeps those steps out of the auto policy's
+    timings), and every step's decision lands in dbo-steps-rank<r>.json."""
+    from dbo_runtime.vllm.runner import StepProfiler
+
+    profiler = StepProfiler(str(tmp_path), 2, 3)
+    assert [profiler.step(1, i % 2 == 1, 8, True) for i in range(5)] == [False, True, True, True, False]
+    assert (tmp_path / "dbo-steps-rank1.pt.trace.json").is_file()
+    profiler.close()
+    rows = json.loads((tmp_path / "dbo-steps-rank1.json").read_text())["steps"]
+    assert [(r["step"], r["split"], r["profiled"]) for r in rows] == [
+        (1, 0, False), (2, 1, True), (3, 0, True), (4, 1, False), (5, 0, False)]

@@ -63,7 +63,7 @@ __all__ = ["Link", "Hardware", "HARDWARE", "COLLECTIVES", "Workload", "Parallel"
            "hardware_from_file", "hardware_from_dict", "measure_cpu_rates", "time_rank_rates", "combine_rank_rates",
            "with_cpu_rates", "rate_width", "rate_layer", "reference_config", "patterns_for",
            "with_overrides", "with_measured_cpu", "remote_destinations", "ENGINE_HOST_KEYS", "engine_switch_us",
-           "without_engine_host"]
+           "without_engine_host", "with_engine_host", "load_engine_host"]
 
 COLLECTIVES = ("all_gather", "reduce_scatter", "all_reduce", "all_to_all")
 SCHEDULERS = ("thread", "greenlet")
@@ -907,6 +907,38 @@ def simulate_step(layers: Sequence[LayerCost], switch_us: float, hw: Hardware | 
         return sched
     step, split = float(h.get("step_us", 0.0)), float(h.get("split_step_us", 0.0))
     return _replace(sched, off_us=sched.off_us + step, on_us=sched.on_us + step + split)
+
+
+def load_engine_host(path: str | os.PathLike[str]) -> dict[str, Any]:
+    """An engine host term from a JSON file: ``dbo-runtime step-profile --format json`` output (its
+    ``engine_host``, with where it came from) or a mapping of :data:`ENGINE_HOST_KEYS`."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            data = json.load(f)
+    except (OSError, ValueError, RecursionError) as exc:
+        raise DBOConfigError(f"--engine-host {os.fspath(path)!r} cannot be read ({exc}); accepted: a JSON file from "
+                             "dbo-runtime step-profile --format json, or a mapping of "
+                             + ", ".join(ENGINE_HOST_KEYS)) from None
+    if isinstance(data, dict) and "columns" in data:  # a step-profile summary
+        host = data.get("engine_host")
+        if not host:
+            raise DBOConfigError(f"--engine-host {os.fspath(path)!r}: the step profile has no engine host term (it "
+                                 "needs an unsplit and a split column of the same token count, and the model's "
+                                 "layers: step-profile --layers N); accepted: a step profile with both")
+        cols: dict[str, Any] = {}  # the columns engine_host read: the first unsplit, the first split (threads)
+        for c in data["columns"]:
+            if not (c["split"] and "greenlet" in str(c.get("variant"))):
+                cols.setdefault("split" if c["split"] else "unsplit", c)
+        measured = {f"{k}_period_us": c.get("unprofiled_period_us") for k, c in cols.items()}
+        host = {**host, "source": f"measured: dbo-runtime step-profile {' '.join(data.get('folders') or [])}".strip(),
+                "measured": {**measured, "tokens": data.get("tokens"), "layers": data.get("layers")}}
+        data = host
+    return _engine_host(data, f"--engine-host {os.fspath(path)!r}:")
+
+
+def with_engine_host(hw: Hardware, host: dict[str, Any]) -> Hardware:
+    """``hw`` with ``host`` as its engine host term (replacing the preset's)."""
+    return replace(hw, engine_host=dict(host), sources=(*hw.sources, str(host.get("source", "engine host term given"))))
 
 
 def without_engine_host(hw: Hardware) -> Hardware:

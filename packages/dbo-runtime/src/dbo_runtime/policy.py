@@ -535,6 +535,10 @@ class SplitPolicy:
         self._state(choice.cls).arms[int(bool(split))].ran += 1
         self._pending = (choice.cls, bool(split), self.clock())
 
+    def discard_step(self) -> None:
+        """The step started by the last :meth:`start_step` is not timed (a profiler runs over it): no sample."""
+        self._pending = None
+
     def observe(self, choice: Choice, split: bool, seconds: float) -> None:
         """A step of ``choice`` ran (``split``: as agreed) and took ``seconds``, timed by the caller: what
         :meth:`start_step` + :meth:`end_step` do with the policy's own clock."""

@@ -109,6 +109,11 @@ def _format_text(result: dict[str, Any]) -> str:
               help="a preset: 910B, 910C, H200, cpu-link (this CPU measured now, TP x DP ranks at once up to one per core, with the reference's link model)")
 @click.option("--hardware-file", type=click.Path(dir_okay=False), default=None, metavar="FILE",
               help="JSON or YAML with a preset's fields (replaces --hardware)")
+@click.option("--engine-host", type=click.Path(dir_okay=False), default=None, metavar="FILE",
+              help="the vLLM engine's host term measured on this machine (its Python per layer, per step, handoffs, "
+              "the collectives as the engine runs them): `dbo-runtime step-profile --format json` output, or a JSON "
+              "mapping of those keys; replaces the hardware's (cpu-link carries one measured on the machine of "
+              "2026-12-05)")
 @click.option("--tflops", type=BoundedFloat(above=0, what="matrix TFLOP/s reached"), default=None, metavar="X")
 @click.option("--mem-bw-gbps", type=BoundedFloat(above=0, what="memory GB/s reached"), default=None, metavar="X")
 @click.option("--link-gbps", type=BoundedFloat(above=0, what="link GB/s reached per rank"), default=None, metavar="X")
@@ -136,6 +141,8 @@ def estimate(**o: Any) -> int:
         # one per core: more would only time the operating system's time slicing)
         ranks = max(1, min(o["tensor_parallel_size"] * o["data_parallel_size"], os.cpu_count() or 1))
         hw = est.with_measured_cpu(hw, spec, ranks=ranks)
+    if o["engine_host"]:
+        hw = est.with_engine_host(hw, est.load_engine_host(o["engine_host"]))
     hw = est.with_overrides(hw, tflops=o["tflops"], mem_bw_gbps=o["mem_bw_gbps"], link_gbps=o["link_gbps"],
                             link_latency_us=o["link_latency_us"])
     patterns = est.patterns_for(spec, par, o["patterns"])

@@ -179,7 +179,9 @@ class StepProfiler:
                                  "counted from 1 (e.g. 20-60)") from None
         return cls(directory, first, last)
 
-    def step(self, rank: int, split: bool, tokens: int, decode: bool) -> None:
+    def step(self, rank: int, split: bool, tokens: int, decode: bool) -> bool:
+        """Record this step's decision; True when the profiler runs over it (a profiled step, or the one during
+        which the trace is written): its time is not the engine's own."""
         self.count += 1
         self.rank = rank
         self.steps.append((self.count, int(split), int(tokens), int(decode), time.perf_counter()))
@@ -194,6 +196,7 @@ class StepProfiler:
             self._prof = torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU],
                                                 experimental_config=_ExperimentalConfig(profile_all_threads=True))
             self._prof.start()
+        profiled = self._prof is not None
         if self._prof is not None:
             if self.count > self.last:
                 self._stop_profile()
@@ -202,6 +205,7 @@ class StepProfiler:
                     pass
         if self.count % self.WRITE_EVERY == 0 and self._prof is None:
             self._write_steps()
+        return profiled
 
     def _stop_profile(self) -> None:
         prof, self._prof = self._prof, None
@@ -395,7 +399,9 @@ class RunnerIntegration:
         if choice is not None:
             policy.start_step(choice, decision.split)
         if self.profiler is not None and not is_dummy:
-            self.profiler.step(self.stats.rank, decision.split, int(num_tokens), bool(uniform_decode))
+            profiled = self.profiler.step(self.stats.rank, decision.split, int(num_tokens), bool(uniform_decode))
+            if profiled and choice is not None:
+                policy.discard_step()  # the profiler's own time is in this step: not a sample of the engine
         if not decision.split:
             if not is_dummy:
                 self.stats.record(False)
