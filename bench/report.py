@@ -577,7 +577,8 @@ def _estimate_lines(folder: Path, table: dict[str, Any] | None, summary: dict[st
         per_call = lambda key: ", ".join(f"{v:.0f} us" for v in (host.get(key) or {}).values()) or "-"  # noqa: E731
         out += ["", f"The host term (`engine_host` of cpu-link, {host.get('source', 'given')}): the model code "
                 f"{host.get('layer_us', 0):.0f} us per layer per micro-batch, {host.get('step_us', 0):.0f} us per step "
-                f"outside the layers (+{host.get('split_step_us', 0):.0f} us when split), a handoff "
+                f"outside the layers and of the Python a split step did not run again per micro-batch "
+                f"(+{host.get('split_step_us', 0):.0f} us when split), a handoff "
                 f"{(host.get('handoff_us') or {}).get('thread', 0):.0f} us; the TP all-reduce per call: vLLM's "
                 f"shared-memory one {per_call('sync_us')} unsplit, the asynchronous gloo one {per_call('async_us')} "
                 f"(+{per_call('async_gap_us')} idle before the next: wake-up and launch) split. Without it the estimate predicted 0.846 "

@@ -182,3 +182,30 @@ def test_the_step_profiler_says_which_steps_it_runs_over(tmp_path: Path) -> None
     rows = json.loads((tmp_path / "dbo-steps-rank1.json").read_text())["steps"]
     assert [(r["step"], r["split"], r["profiled"]) for r in rows] == [
         (1, 0, False), (2, 1, True), (3, 0, True), (4, 1, False), (5, 0, False)]
+    # then recording stops: RECORD_AFTER steps after LAST the rows are written once more and no longer grow
+    profiler = StepProfiler(str(tmp_path / "capped"), 1, 2)
+    profiler.RECORD_AFTER = 3
+    assert [profiler.step(0, False, 8, True) for _ in range(10)] == [True] * 3 + [False] * 7
+    rows = json.loads((tmp_path / "capped" / "dbo-steps-rank0.json").read_text())["steps"]
+    assert [r["step"] for r in rows] == [1, 2, 3, 4, 5] and rows[-1]["period_us"] is None
+    assert len(profiler.steps) == 5
+
+
+def _column(split: bool, python: float, step_us: float = 1000.0) -> dict:
+    parts = dict.fromkeys(("preprocess", "launch_join", "handoffs", "after"), 0.0)
+    parts.update(preprocess=100.0, after=50.0, python=python)
+    return {"variant": "split" if split else "unsplit", "split": split, "step_us": step_us,
+            "unprofiled_period_us": step_us, "parts_us": parts, "handoffs_per_step": 0.0,
+            "per_call_us": {"handoff": 0.0, "all_reduce": 0.0, "gloo_all_reduce": 0.0, "gloo_gap": 0.0}}
+
+
+@pytest.mark.parametrize(("python_split", "layer_us", "step_us"), [
+    (800.0, 100.0, 150.0),   # the model code ran again per micro-batch: all of it per pass (2 layers x 100)
+    (300.0, 50.0, 250.0),    # part of it did: 100 per pass, 100 per step
+    (190.0, 0.0, 350.0),     # none of it did (a loaded host's descheduled gaps): all per step, nothing per pass
+    (1200.0, 100.0, 150.0),  # more than twice: at most all of the unsplit one is per pass
+])
+def test_the_host_terms_python_is_parted_by_what_the_split_step_shows(python_split: float, layer_us: float,
+                                                                       step_us: float) -> None:
+    host = sp.engine_host({"columns": [_column(False, 200.0), _column(True, python_split)]}, layers=2)
+    assert host["layer_us"] == pytest.approx(layer_us) and host["step_us"] == pytest.approx(step_us)

@@ -86,7 +86,8 @@ the defaults W = 5, K = 16, N = 25 to 400)
       flipped it too.)
 
 The table is logged at shutdown and written (JSON, :meth:`SplitPolicy.table`) to
-``$DBO_RUNTIME_STATS_DIR/dbo-policy-rank<R>.json`` at every agreement and at shutdown; ``dbo-runtime policy-table``
+``$DBO_RUNTIME_STATS_DIR/dbo-policy-rank<R>.json`` at an agreement that changes a verdict, else at most every
+``TABLE_WRITE_S`` (2 s: a write costs ~0.7 ms), and at shutdown; ``dbo-runtime policy-table``
 prints it. A prior (:func:`load_prior`): ``dbo_policy_prior`` (or ``DBO_POLICY_PRIOR``), the path of
 ``dbo-runtime estimate --format json`` output (its first pattern; rows interpolated in log tokens between the
 token counts it tabulated) or of a policy table written by an earlier run.
@@ -133,6 +134,7 @@ NUM_BUCKETS = 24  # bucket b: token counts in (2**(b-1), 2**b]; the last one als
 _HEADER = 2  # fingerprint, -fingerprint: MAX of x and of -x gives the max and -min over the ranks
 _PER_CLASS = 6  # unsplit median, split median, their sample counts, the median pair ratio, the pair count
 PAIR_GAP = 2  # class steps between two samples that make a side-by-side pair
+TABLE_WRITE_S = 2.0  # the table is rewritten at most this often (seconds) unless a verdict changed
 
 
 # ------------------------------------------------------------------------------------------------- shape classes
@@ -492,6 +494,7 @@ class SplitPolicy:
         self._agreed: dict[ShapeClass, _Agreed] = {}
         self._pending: tuple[ShapeClass, bool, float] | None = None
         self._closed = False
+        self._written_at: float | None = None
         self.fingerprint = float(zlib.crc32(json.dumps(
             [asdict(self.config), sorted((c.label, round(v, 9)) for c, v in self.prior.items())]).encode()))
 
@@ -610,7 +613,10 @@ class SplitPolicy:
         if changes and self.rank == 0:
             logger.info("dbo_runtime: auto split policy, agreement %d (step call %d): %s", self.agreements,
                         self.calls, "; ".join(changes))
-        self.write()
+        now = time.monotonic()
+        if changes or self._written_at is None or now - self._written_at >= TABLE_WRITE_S:
+            self._written_at = now
+            self.write()
 
     # -- reading -------------------------------------------------------------------------------------------
     def verdict(self, cls: ShapeClass) -> bool | None:

@@ -408,8 +408,15 @@ def engine_host(summary: dict[str, Any], layers: int) -> dict[str, Any]:
 
     Each column's parts are taken at the unprofiled speed: scaled by its unprofiled step period over its profiled
     step (the profiler's own cost, about one record per operator, and the gap between steps spread over the parts).
-    ``layer_us``: the unsplit step's Python between operators over the layers; ``step_us``: its preprocess and
-    after-forward parts; ``split_step_us``: the split step's preprocess and launch + join less the unsplit
+    The Python between operators is parted by what the two columns show of it: the model code is run once per
+    micro-batch (``python = per_step + passes x per_pass``: one pass unsplit, two split), so ``per_pass`` is the
+    split step's Python less the unsplit one's (clamped to 0..the unsplit one), ``per_step`` the rest of the
+    unsplit one. ``layer_us``: ``per_pass`` over the layers; ``step_us``: the unsplit step's preprocess,
+    after-forward parts and ``per_step``. On the quiet host of 2026-12-05 the split step's Python was 3.8x the
+    unsplit one's (all of it per pass); on the host of 2026-12-06, where the unsplit step's Python gaps were
+    12x longer (its rank's thread descheduled: other servers' processes on the 2 cores), it was 0.97x: none of
+    it ran again per micro-batch, and charging it per pass put the split step at 1.5x the time it took.
+    ``split_step_us``: the split step's preprocess and launch + join less the unsplit
     preprocess; ``handoff_us``: a handoff; ``sync_us``: one shared-memory all-reduce (unsplit); ``async_us``: one
     asynchronous all-reduce as gloo's threads ran it; ``async_gap_us``: gloo's idle gap before the next one."""
     cols = summary["columns"]
@@ -430,9 +437,11 @@ def engine_host(summary: dict[str, Any], layers: int) -> dict[str, Any]:
         kg = scale(greenlet)
         handoff["greenlet"] = round(kg * greenlet["parts_us"]["handoffs"] / max(1.0, greenlet["handoffs_per_step"]
                                                                                or thread["handoffs_per_step"]), 1)
+    python_u, python_s = ku * pu["python"], ks * ps["python"]
+    per_pass = min(max(0.0, python_s - python_u), python_u)
     out = {
-        "layer_us": round(ku * pu["python"] / layers, 1),
-        "step_us": round(ku * (pu["preprocess"] + pu["after"]), 1),
+        "layer_us": round(per_pass / layers, 1),
+        "step_us": round(ku * (pu["preprocess"] + pu["after"]) + python_u - per_pass, 1),
         "split_step_us": round(max(0.0, ks * (ps["preprocess"] + ps["launch_join"]) - ku * pu["preprocess"]), 1),
         "handoff_us": handoff,
         "sync_us": {"all_reduce": round(ku * (call_u["all_reduce"] or 0.0), 1)},
