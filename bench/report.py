@@ -447,13 +447,47 @@ def _throughput(summary: dict[str, Any], variant: str) -> float | None:
     return row.get("request_throughput") if row else None
 
 
+def _class_label(tokens: int, decode: bool) -> str:
+    """dbo_runtime.policy.ShapeClass's label: the phase and the power-of-two bucket at or above the token count."""
+    if tokens <= 2:
+        return f"{'decode' if decode else 'mixed'}:{tokens}"
+    hi = 1 << (tokens - 1).bit_length()
+    return f"{'decode' if decode else 'mixed'}:{hi // 2 + 1}-{hi}"
+
+
+def class_step_times(folder: Path, min_steps: int = 3) -> dict[str, dict[str, Any]]:
+    """Per shape class, the median step period (ms) of the dbo-static server's split steps and of the dbo-auto
+    server's unsplit ones, from their step records (profile/<variant>/dbo-steps-rank0.json: every step's split
+    decision and its period, decision to decision, as the policy times it; profiled steps and idle gaps over 1 s
+    left out); classes with at least `min_steps` of each. The split side is independent of auto's own samples;
+    the unsplit side is auto's own steps (the DBO-off servers keep no step records)."""
+    import statistics
+
+    def periods(variant: str, split: int) -> dict[str, list[float]]:
+        data = _load(folder / "profile" / variant / "dbo-steps-rank0.json")
+        out: dict[str, list[float]] = {}
+        for r in (data or {}).get("steps", []) if isinstance(data, dict) else []:
+            us = r.get("period_us")
+            if r.get("split") == split and not r.get("profiled") and us and us <= 1e6:
+                out.setdefault(_class_label(int(r["tokens"]), bool(r["decode"])), []).append(us / 1e3)
+        return out
+    split, unsplit = periods("dbo-static", 1), periods("dbo-auto", 0)
+    return {c: {"split_ms": statistics.median(split[c]), "unsplit_ms": statistics.median(unsplit[c]),
+                "split_steps": len(split[c]), "unsplit_steps": len(unsplit[c])}
+            for c in split.keys() & unsplit.keys() if min(len(split[c]), len(unsplit[c])) >= min_steps}
+
+
 def policy_verdicts(summary: dict[str, Any], table: dict[str, Any] | None,
-                    static_floor: tuple[int, int] = (4, 64), min_steps: int = 20) -> dict[str, Any]:
+                    static_floor: tuple[int, int] = (4, 64), min_steps: int = 20,
+                    class_times: dict[str, dict[str, Any]] | None = None, margin: float = 0.03) -> dict[str, Any]:
     """`auto` against the faster of DBO off and static on, and against the off-vs-off spread of the same run.
 
     The faster arm is what the serving run measured: static faster than off means splitting pays. Every class auto
     decided, with at least `min_steps` steps and large enough for the static thresholds to split it (decode >= 4,
-    mixed >= 64 tokens: below them static and off run the same steps), should carry that verdict."""
+    mixed >= 64 tokens: below them static and off run the same steps), should carry that verdict. Where
+    `class_times` (:func:`class_step_times`) has the class, its own faster arm is the referee instead (a rare
+    prefill class is a few percent of the steps: the whole run's throughput says nothing of it); within `margin`
+    (the policy's) either verdict matches."""
     off, again = _throughput(summary, "dbo-off"), _throughput(summary, "dbo-off-again")
     static, auto = _throughput(summary, "dbo-static"), _throughput(summary, "dbo-auto")
     result: dict[str, Any] = {"off": off, "off_again": again, "static": static, "auto": auto}
@@ -468,8 +502,15 @@ def policy_verdicts(summary: dict[str, Any], table: dict[str, Any] | None,
         floor = static_floor[0] if row.get("phase") == "decode" else static_floor[1]
         steps = (row.get("local") or {}).get("steps", 0)
         if row.get("verdict") and steps >= min_steps and lo >= floor:
+            times = (class_times or {}).get(row["class"])
+            if times:
+                ratio = times["split_ms"] / times["unsplit_ms"]
+                own = "tie" if abs(1.0 - ratio) < margin else ("split" if ratio < 1.0 else "unsplit")
+            else:
+                ratio, own = None, faster
             classes.append({"class": row["class"], "verdict": row["verdict"], "steps": steps,
-                            "speedup": (row.get("agreed") or {}).get("speedup"), "matches": row["verdict"] == faster})
+                            "speedup": (row.get("agreed") or {}).get("speedup"), "faster": own,
+                            "referee": times, "matches": own in ("tie", row["verdict"])})
     result.update({"spread": spread, "best": best, "faster": faster, "auto_vs_best": auto / best - 1.0,
                    "auto_ok": auto >= best * (1.0 - spread), "classes": classes,
                    "decisions_match": all(c["matches"] for c in classes) if classes else None})
@@ -488,7 +529,7 @@ def _serving_run(out: Path, name: str, summary: dict[str, Any], record: dict[str
     stats = out / name / "dbo-stats"
     tables = sorted((stats / "dbo-auto").glob("dbo-policy-rank*.json"))
     table = _load(tables[0]) if tables else None
-    v = policy_verdicts(summary, table)
+    v = policy_verdicts(summary, table, class_times=class_step_times(out / name))
     if "spread" in v:
         lines += ["", f"**auto against the better of off and static**: off {v['off']:.2f}, static {v['static']:.2f}, "
                   f"auto {v['auto']:.2f} req/s; off again {v['off_again']:.2f} req/s: the off-vs-off spread of this run "
@@ -496,11 +537,19 @@ def _serving_run(out: Path, name: str, summary: dict[str, Any], record: dict[str
                   f"({'static' if v['faster'] == 'split' else 'off'}): "
                   + ("**within** the spread." if v["auto_ok"] else "**worse than** the spread allows.")]
         if v["classes"]:
-            cells = ", ".join(f"`{c['class']}` {c['verdict']} ({c['steps']} steps, measured speed-up "
-                              f"{_num(c['speedup'], '.2f')})" for c in v["classes"])
-            lines += ["", f"auto's verdicts (rank 0's agreed table, classes the static thresholds split, >= 20 steps): "
-                      f"{cells}; the faster arm in this run: {v['faster']}: "
-                      + ("every verdict matches." if v["decisions_match"] else "**a verdict differs**.")]
+            def faster(c: dict[str, Any]) -> str:
+                t = c["referee"]
+                if not t:
+                    return f"the run's faster arm: {c['faster']}"
+                return (f"static's split steps {t['split_ms']:.1f} ms ({t['split_steps']}) against auto's unsplit "
+                        f"{t['unsplit_ms']:.1f} ms ({t['unsplit_steps']}): {c['faster']}")
+            cells = "; ".join(f"`{c['class']}` {c['verdict']} ({c['steps']} steps, measured speed-up "
+                              f"{_num(c['speedup'], '.2f')}; {faster(c)}: {'matches' if c['matches'] else '**differs**'})"
+                              for c in v["classes"])
+            lines += ["", f"auto's verdicts (rank 0's agreed table, classes the static thresholds split, >= 20 steps) "
+                      f"against each class's faster arm (the medians of the servers' own step records where a class "
+                      f"has 3 steps of each, else the whole run's faster arm, {v['faster']}): {cells}. "
+                      + ("Every verdict matches." if v["decisions_match"] else "**A verdict differs**.")]
     if table is not None:
         from_policy = (table.get("explore_fraction") or 0.0) * 100
         lines += ["", f"The auto server's policy: {table.get('steps')} class steps, {table.get('agreements')} "

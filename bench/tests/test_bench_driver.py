@@ -197,7 +197,8 @@ def test_report_has_every_table_and_real_pngs(tmp_path: Path, report: ModuleType
     assert "DBO in the `dbo-static` server: 166 of 222 engine steps split into two micro-batches (fewest over 2 ranks" in text
     # auto against the better of off and static, within this run's off-vs-off spread (2.0 vs 1.96: 2.0%)
     assert "the off-vs-off spread of this run is 2.0%. auto is -1.5% against the better (off): **within** the spread." in text
-    assert "`decode:5-8` unsplit (250 steps, measured speed-up 0.70)" in text and "every verdict matches." in text
+    assert "`decode:5-8` unsplit (250 steps, measured speed-up 0.70; the run's faster arm: unsplit: matches)" in text
+    assert "Every verdict matches." in text
     assert "decode:1`" not in text and "`mixed:65-128`" not in text.split("auto's verdicts")[1].split("\n")[0]
     # estimate vs engine, off by; beside it the estimate with cpu-link's stored host term
     assert "| 8 | 0.800 | 1.429 (`decode:5-8`) | -44% | 2.000 (+40%) | 1.111 |" in text
@@ -244,6 +245,32 @@ def test_policy_verdicts_against_the_faster_arm_and_the_spread(report: ModuleTyp
     v = report.policy_verdicts(summary, _policy_table())
     assert v["auto_ok"] is False and v["spread"] == pytest.approx(0.02)
     assert report.policy_verdicts({"rows": []}, None) == {"off": None, "off_again": None, "static": None, "auto": None}
+
+
+def test_a_class_is_judged_by_its_own_step_records(tmp_path: Path, report: ModuleType) -> None:
+    """A rare class (a few percent of the steps) is judged by the servers' step records, not the whole run."""
+    def write(variant: str, rows: list[tuple[int, int, int, float, bool]]) -> None:
+        folder = tmp_path / "profile" / variant
+        folder.mkdir(parents=True)
+        steps = [{"step": i + 1, "split": sp, "tokens": n, "decode": d, "period_us": us, "profiled": prof}
+                 for i, (sp, n, d, us, prof) in enumerate(rows)]
+        (folder / "dbo-steps-rank0.json").write_text(json.dumps({"rank": 0, "steps": steps}))
+    # static: decode of 8 split 30 ms; 6-token decode (same class) too; a profiled step and an idle gap left out
+    write("dbo-static", [(1, 8, 1, 30e3, False)] * 3 + [(1, 6, 1, 30e3, False), (1, 8, 1, 1e3, True),
+                                                       (1, 8, 1, 5e6, False)])
+    # auto: unsplit decode 20 ms (4 steps); a class with 2 unsplit steps only is left out
+    write("dbo-auto", [(0, 8, 1, 20e3, False)] * 4 + [(0, 100, 0, 50e3, False)] * 2 + [(1, 100, 0, 40e3, False)])
+    times = report.class_step_times(tmp_path)
+    assert times == {"decode:5-8": {"split_ms": 30.0, "unsplit_ms": 20.0, "split_steps": 4, "unsplit_steps": 4}}
+    summary = _serving_summary()
+    for row in summary["rows"]:
+        if row["variant"] == "dbo-static":
+            row["request_throughput"] = 9.0  # the whole run says splitting pays ...
+    v = report.policy_verdicts(summary, _policy_table("unsplit"), class_times=times)
+    assert v["faster"] == "split"
+    assert v["classes"][0]["faster"] == "unsplit" and v["decisions_match"] is True  # ... this class's records do not
+    times["decode:5-8"]["split_ms"] = 19.8  # within the policy's 3% margin: either verdict matches
+    assert report.policy_verdicts(summary, _policy_table("unsplit"), class_times=times)["classes"][0]["faster"] == "tie"
 
 
 def test_verdicts(report: ModuleType) -> None:
