@@ -447,14 +447,6 @@ def _throughput(summary: dict[str, Any], variant: str) -> float | None:
     return row.get("request_throughput") if row else None
 
 
-def _class_label(tokens: int, decode: bool) -> str:
-    """dbo_runtime.policy.ShapeClass's label: the phase and the power-of-two bucket at or above the token count."""
-    if tokens <= 2:
-        return f"{'decode' if decode else 'mixed'}:{tokens}"
-    hi = 1 << (tokens - 1).bit_length()
-    return f"{'decode' if decode else 'mixed'}:{hi // 2 + 1}-{hi}"
-
-
 def class_step_times(folder: Path, min_steps: int = 3) -> dict[str, dict[str, Any]]:
     """Per shape class, the median step period (ms) of the dbo-static server's split steps and of the dbo-auto
     server's unsplit ones, from their step records (profile/<variant>/dbo-steps-rank0.json: every step's split
@@ -463,13 +455,15 @@ def class_step_times(folder: Path, min_steps: int = 3) -> dict[str, dict[str, An
     the unsplit side is auto's own steps (the DBO-off servers keep no step records)."""
     import statistics
 
+    from dbo_runtime.policy import ShapeClass
+
     def periods(variant: str, split: int) -> dict[str, list[float]]:
         data = _load(folder / "profile" / variant / "dbo-steps-rank0.json")
         out: dict[str, list[float]] = {}
         for r in (data or {}).get("steps", []) if isinstance(data, dict) else []:
             us = r.get("period_us")
             if r.get("split") == split and not r.get("profiled") and us and us <= 1e6:
-                out.setdefault(_class_label(int(r["tokens"]), bool(r["decode"])), []).append(us / 1e3)
+                out.setdefault(ShapeClass.of(int(r["tokens"]), decode_only=bool(r["decode"])).label, []).append(us / 1e3)
         return out
     split, unsplit = periods("dbo-static", 1), periods("dbo-auto", 0)
     return {c: {"split_ms": statistics.median(split[c]), "unsplit_ms": statistics.median(unsplit[c]),

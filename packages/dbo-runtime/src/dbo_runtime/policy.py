@@ -87,7 +87,7 @@ the defaults W = 5, K = 16, N = 25 to 400)
 
 The table is logged at shutdown and written (JSON, :meth:`SplitPolicy.table`) to
 ``$DBO_RUNTIME_STATS_DIR/dbo-policy-rank<R>.json`` at an agreement that changes a verdict, else at most every
-``TABLE_WRITE_S`` (2 s: a write costs ~0.7 ms), and at shutdown; ``dbo-runtime policy-table``
+``TABLE_WRITE_S`` (2 s: each write rewrites the whole table), and at shutdown; ``dbo-runtime policy-table``
 prints it. A prior (:func:`load_prior`): ``dbo_policy_prior`` (or ``DBO_POLICY_PRIOR``), the path of
 ``dbo-runtime estimate --format json`` output (its first pattern; rows interpolated in log tokens between the
 token counts it tabulated) or of a policy table written by an earlier run.

@@ -135,14 +135,16 @@ def estimate(**o: Any) -> int:
     except KVCapacityInputError as exc:
         raise DBOConfigError(f"--model: {exc}") from None
     hw = est.hardware_from_file(o["hardware_file"]) if o["hardware_file"] else est.hardware_preset(o["hardware"])
+    # read before the rates are timed (which takes minutes on a large model's shapes): bad input fails at once
+    host = est.load_engine_host(o["engine_host"]) if o["engine_host"] else None
     par = est.Parallel(o["tensor_parallel_size"], o["data_parallel_size"], o["enable_expert_parallel"])
     if hw.name == "cpu-link" and not o["hardware_file"] and o["tflops"] is None:
         # every rank runs on this CPU, as the reference model's do: time the rates with that many at once (at most
         # one per core: more would only time the operating system's time slicing)
         ranks = max(1, min(o["tensor_parallel_size"] * o["data_parallel_size"], os.cpu_count() or 1))
         hw = est.with_measured_cpu(hw, spec, ranks=ranks)
-    if o["engine_host"]:
-        hw = est.with_engine_host(hw, est.load_engine_host(o["engine_host"]))
+    if host is not None:
+        hw = est.with_engine_host(hw, host)
     hw = est.with_overrides(hw, tflops=o["tflops"], mem_bw_gbps=o["mem_bw_gbps"], link_gbps=o["link_gbps"],
                             link_latency_us=o["link_latency_us"])
     patterns = est.patterns_for(spec, par, o["patterns"])

@@ -153,8 +153,7 @@ class StepProfiler:
     Beside it, unprofiled: every step's split decision and the time from one decision to the next (what the auto
     policy times), in ``<dir>/dbo-steps-rank<r>.json``, written every 32 steps and at exit, for the first
     ``last + RECORD_AFTER`` steps: then written once more and no longer recorded (each write rewrites every row,
-    so a server profiled in its warm-up would otherwise pay more for them the longer it serves: 9 ms every 32nd
-    step after 1300 steps in the serving benchmark, ~1% of its time)."""
+    so a server profiled in its warm-up would otherwise pay more for them the longer it serves)."""
 
     WRITE_EVERY = 32
     RECORD_AFTER = 2048
