@@ -170,7 +170,7 @@ def _vllm_step_scopes(on: bool) -> None:
     ``vllm.v1.utils.record_function_or_nullcontext`` opens) on or off in this process, as
     ``VLLM_CUSTOM_SCOPES_FOR_PROFILING=1`` would for the whole run: each range is a ``record_function``, ~19 us
     even with no profiler running, over ten a step. Left alone where that variable is set (the user asked for
-    them everywhere) or where this vLLM has no such switch (``_PROFILER_FUNC``, vLLM 0.32)."""
+    them everywhere) or where this vLLM has no such switch (``_PROFILER_FUNC``: vLLM 0.32 has it)."""
     if os.environ.get("VLLM_CUSTOM_SCOPES_FOR_PROFILING", "0") not in ("", "0"):
         return
     try:
