@@ -84,6 +84,22 @@ def test_bad_sweep_options_are_one_line_exit_2(tmp_path, capsys, argv, needle):
     assert not list(tmp_path.iterdir())  # nothing written
 
 
+def test_links_default_sweeps_the_calibrated_link_only():
+    # make bench's default run: `--tokens 1024 --links default` is the two rows the 80% target is judged on (one per
+    # pattern); `--links all` (the default, and the opt-in dbo-reference-sweep step) adds three link settings each
+    from dbo_runtime.commands.bench import bench_plan
+    from dbo_runtime.reference.bench import sweep_runs
+
+    full = bench_plan(steps=7)
+    lean = bench_plan(tokens=(1024,), steps=7, links="default")
+    assert [v.name for v in full.links] == ["default", "bw x0.5", "bw x2", "latency 200us"]
+    assert [v.name for v in lean.links] == ["default"]
+    assert lean.token_counts == (1024,) == (lean.default_tokens,) and lean.steps == full.steps == 7
+    assert [(t, v.name) for t, v in sweep_runs(lean)] == [(1024, "default")]
+    assert len(sweep_runs(full)) * len(full.patterns) == 12 and len(lean.patterns) == 2
+    assert main(["--links", "some"]) == 2
+
+
 def test_quick_bench_writes_results(tmp_path, capsys):
     # --tokens: the default-link rows in the order given (one count twice: how one setting varies within a run)
     out = subprocess.run([sys.executable, "-m", "dbo_runtime.bench", "--out", str(tmp_path), "--quick",

@@ -9,7 +9,7 @@ from toolkit_cli import BoundedInt
 
 from dbo_runtime.commands._params import WritableDir
 
-__all__ = ["bench"]
+__all__ = ["bench", "bench_plan"]
 
 
 @click.command(
@@ -33,21 +33,17 @@ __all__ = ["bench"]
 @click.option("--steps", type=BoundedInt(2, 200, what="timed steps per sweep row"), default=None, metavar="N",
               help="timed steps per sweep row, each DBO off, DBO on and half the tokens; the what-if and estimate "
                    "checks read their medians (fewer: a quicker, noisier sweep; make bench runs 7)  [default: 15]")
+@click.option("--links", type=click.Choice(("all", "default")), default="all", show_default=True,
+              help="link settings of the sweep: `all` adds rows at the default token count with the link's bandwidth "
+                   "halved and doubled and its latency at 200 us; `default` sweeps the calibrated default link only "
+                   "(make bench's default run: the rows the 80%% target is judged on)")
 def bench(out: Path, quick: bool, dbo_scheduler: str, tokens: tuple[int, ...], patterns: tuple[str, ...],
-          steps: int | None) -> int:
-    from dataclasses import replace
-
+          steps: int | None, links: str) -> int:
     from dbo_runtime.estimate_check import bench_check
-    from dbo_runtime.reference.bench import BenchPlan, format_table, quick_plan, run_bench
+    from dbo_runtime.reference.bench import format_table, run_bench
     from dbo_runtime.reference.launcher import RanksFailed
 
-    plan = replace(quick_plan() if quick else BenchPlan(), scheduler=dbo_scheduler)
-    if tokens:
-        plan = replace(plan, token_counts=tokens)
-    if patterns:
-        plan = replace(plan, patterns=tuple(dict.fromkeys(patterns)))
-    if steps is not None:
-        plan = replace(plan, steps=steps)
+    plan = bench_plan(quick=quick, scheduler=dbo_scheduler, tokens=tokens, patterns=patterns, steps=steps, links=links)
     try:
         summary = run_bench(out, plan, checks=(bench_check,))
     except RanksFailed as exc:
@@ -57,3 +53,22 @@ def bench(out: Path, quick: bool, dbo_scheduler: str, tokens: tuple[int, ...], p
     click.echo(format_table(summary))
     click.echo(f"written: {out / 'dbo_runtime.json'}")
     return 0
+
+
+def bench_plan(*, quick: bool = False, scheduler: str = "thread", tokens: tuple[int, ...] = (),
+               patterns: tuple[str, ...] = (), steps: int | None = None, links: str = "all"):
+    """The reference benchmark's plan from the command's options."""
+    from dataclasses import replace
+
+    from dbo_runtime.reference.bench import BenchPlan, quick_plan
+
+    plan = replace(quick_plan() if quick else BenchPlan(), scheduler=scheduler)
+    if tokens:
+        plan = replace(plan, token_counts=tokens)
+    if patterns:
+        plan = replace(plan, patterns=tuple(dict.fromkeys(patterns)))
+    if steps is not None:
+        plan = replace(plan, steps=steps)
+    if links == "default":
+        plan = replace(plan, links=plan.links[:1])
+    return plan

@@ -35,7 +35,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-__all__ = ["BenchPlan", "measure_handoff", "bench_task", "run_bench", "quick_plan", "main", "TARGET_EFFICIENCY"]
+__all__ = ["BenchPlan", "sweep_runs", "measure_handoff", "bench_task", "run_bench", "quick_plan", "main", "TARGET_EFFICIENCY"]
 
 TARGET_EFFICIENCY = 0.80
 HANDOFF_TARGET_US = 2.0
@@ -194,7 +194,7 @@ def bench_task(rank: int, world_size: int, plan: BenchPlan) -> dict[str, Any]:
     )
     out: dict[str, Any] = {"rank": rank, "rows": [], "no_split": []}
     comm = Collectives(link=LinkModel(), timeout_s=120.0)
-    done, total = 0, len(plan.patterns) * (len(plan.token_counts) + len(plan.links) - 1)
+    done, total = 0, len(plan.patterns) * len(sweep_runs(plan))
     probe = _rate_layer_probe(config, plan, world_size)
     try:
         for pattern in plan.patterns:
@@ -202,8 +202,7 @@ def bench_task(rank: int, world_size: int, plan: BenchPlan) -> dict[str, Any]:
             model = ReferenceMoE(config, pattern=pattern, comm=comm, dtype=DTYPES["float32"], timer=StepTimer())
             default_batch = _batch(plan.default_tokens, plan.requests)
             default_link = calibrate_link(model, default_batch, DTYPES["float32"], timeout_s=120.0)
-            runs: list[tuple[int, LinkVariant]] = [(t, plan.links[0]) for t in plan.token_counts]
-            runs += [(plan.default_tokens, v) for v in plan.links[1:]]
+            runs = sweep_runs(plan)
             from dbo_runtime.reference.whatif_check import occurrences, row_trace_dir
 
             nth = occurrences([(pattern, tokens, variant.name) for tokens, variant in runs])
@@ -243,6 +242,12 @@ def bench_task(rank: int, world_size: int, plan: BenchPlan) -> dict[str, Any]:
     finally:
         comm.close()
     return out
+
+
+def sweep_runs(plan: BenchPlan) -> list[tuple[int, LinkVariant]]:
+    """The (tokens, link) rows of one pattern's sweep: every token count at the default link, then the default token
+    count at each other link setting."""
+    return [(t, plan.links[0]) for t in plan.token_counts] + [(plan.default_tokens, v) for v in plan.links[1:]]
 
 
 def _row_rates(config: Any, plan: BenchPlan, world_size: int) -> dict[str, Any] | None:
