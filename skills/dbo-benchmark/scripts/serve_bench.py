@@ -46,6 +46,8 @@ Matrix file (all keys except `model` and `variants` optional):
     repeats: 3                   # runs per sweep point against the same server; the row has their mean
     warmup_prompts: 8            # unmeasured requests after each server start (0: none)
     reset_prefix_cache: true     # reset the server's prefix cache before every measured run
+    reuse_client: true           # one client process imports vLLM once and forks a child per run
+                                 # (scripts/bench_client.py); false: a fresh `vllm bench serve` process per run
     vary_seed: true              # repeat r uses seed + r - 1 (same prompts for every variant at that repeat)
     interleave: false            # true: every variant's server up at once, repeat r of a point runs on each
                                  # in turn (order rotated by r), so a drifting machine slows them alike
@@ -83,13 +85,14 @@ import tempfile
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 SCRIPTS_DIR = Path(__file__).resolve().parent
 BENCH_ENTRY = SCRIPTS_DIR / "vllm_bench_serve.py"
+CLIENT_ENTRY = SCRIPTS_DIR / "bench_client.py"
 SUMMARY_METRICS: tuple[str, ...] = (
     "completed",
     "failed",
@@ -107,7 +110,7 @@ SUMMARY_METRICS: tuple[str, ...] = (
 MATRIX_KEYS = {
     "model", "python", "host", "port", "launcher", "startup_timeout_s", "bench_timeout_s", "server_args",
     "server_env", "bench_args", "baseline", "variants", "sweep", "served_model_name", "repeats",
-    "warmup_prompts", "reset_prefix_cache", "vary_seed", "interleave",
+    "warmup_prompts", "reset_prefix_cache", "vary_seed", "interleave", "reuse_client",
 }
 VARIANT_KEYS = {"name", "server_args", "server_env"}
 # Options the harness sets itself; a matrix that sets them would silently point the bench elsewhere.
@@ -162,6 +165,7 @@ class Matrix:
     reset_prefix_cache: bool = True
     vary_seed: bool = True
     interleave: bool = False
+    reuse_client: bool = True
 
     def points(self) -> list[dict[str, Any]]:
         """The client sweep as a list of option mappings (one per `vllm bench serve` run)."""
@@ -273,7 +277,8 @@ def parse_matrix(document: Any, where: str = "matrix") -> Matrix:
     if isinstance(warmup, bool) or not isinstance(warmup, int) or not 0 <= warmup <= 100_000:
         raise BenchError(f"{where}: warmup_prompts {warmup!r}; accepted: an integer from 0 (no warm-up) to 100000")
     flags = {}
-    for key, default in (("reset_prefix_cache", True), ("vary_seed", True), ("interleave", False)):
+    for key, default in (("reset_prefix_cache", True), ("vary_seed", True), ("interleave", False),
+                         ("reuse_client", True)):
         flags[key] = document.get(key, default)
         if not isinstance(flags[key], bool):
             raise BenchError(f"{where}: {key} {flags[key]!r}; accepted: true or false")
@@ -300,6 +305,7 @@ def parse_matrix(document: Any, where: str = "matrix") -> Matrix:
         reset_prefix_cache=flags["reset_prefix_cache"],
         vary_seed=flags["vary_seed"],
         interleave=flags["interleave"],
+        reuse_client=flags["reuse_client"],
     )
 
 
@@ -628,7 +634,132 @@ def run_bounded(command: list[str], env: dict[str, str], log_path: Path, timeout
             kill_process_group(proc, grace_s=5.0)
 
 
+class BenchClient:
+    """The runs' `vllm bench serve` through one client process (scripts/bench_client.py, the vLLM interpreter) that
+    imports vLLM once and forks a child per run: the import is 10-12 s of every run on a 2-core machine, as long as
+    a short run's serving. A run's command, log and exit code are what a process of its own would give (the child
+    runs the same parser and main function); only the import is shared. A run past its timeout kills the client's
+    process group (the run's child with it); the next run starts a new client. Where the client cannot start (no
+    vLLM in that interpreter, or it never says it is ready) every run falls back to a process of its own, whose log
+    then says why, as before."""
+
+    def __init__(self, python: str, log_path: Path, say: Any = None) -> None:
+        self.python, self.log_path, self.say = python, log_path, say or (lambda _m: None)
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.fallback: str | None = None  # why runs get a process of their own
+        self.starts = self.runs = 0
+
+    def __enter__(self) -> BenchClient:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def argv(self, command: list[str]) -> list[str] | None:
+        """The `vllm bench serve` arguments of a client command of this harness (None: not one of those)."""
+        if command[:2] == [self.python, str(BENCH_ENTRY)]:
+            return command[2:]
+        if command[:5] == [self.python, "-m", "vllm.entrypoints.cli.main", "bench", "serve"]:
+            return command[5:]
+        return None
+
+    def run(self, command: list[str], env: dict[str, str], log_path: Path, timeout_s: float) -> int | None:
+        """As run_bounded: the exit code, or None when the run took longer than `timeout_s`."""
+        argv = self.argv(command)
+        if argv is None or self.fallback is not None:
+            return run_bounded(command, env, log_path, timeout_s)
+        deadline = time.monotonic() + timeout_s
+        if self.proc is None and not self._start(env, deadline):
+            return run_bounded(command, env, log_path, timeout_s)
+        assert self.proc is not None and self.proc.stdin is not None
+        try:
+            self.proc.stdin.write((json.dumps({"argv": argv, "log": str(log_path)}) + "\n").encode())
+            self.proc.stdin.flush()
+        except OSError:
+            pass  # it died: the reply below is its end of output
+        reply = self._reply(deadline)
+        if reply is None:  # past the timeout: the run's child is in the client's process group
+            self.close()
+            return None
+        if "rc" not in reply:  # the client ended mid-run: its log says why, after whatever the run wrote
+            code = self._end()
+            with contextlib.suppress(OSError), open(log_path, "a", encoding="utf-8") as log:
+                log.write(f"\nbench client (scripts/bench_client.py) ended with exit code {code}; its log "
+                          f"{self.log_path}: " + " | ".join(_last_lines(self.log_path, 3)) + "\n")
+            return code or 1
+        self.runs += 1
+        return int(reply["rc"])
+
+    def _start(self, env: dict[str, str], deadline: float) -> bool:
+        with open(self.log_path, "ab") as log:
+            self.proc = subprocess.Popen([self.python, str(CLIENT_ENTRY)], stdin=subprocess.PIPE,
+                                         stdout=subprocess.PIPE, stderr=log, env=env, start_new_session=True)
+        self.starts += 1
+        reply = self._reply(deadline)
+        if reply is not None and reply.get("ready"):
+            return True
+        code = self._end() if reply is not None else None
+        self.close()
+        self.fallback = ("it did not say it was ready in time" if code is None else
+                         f"it exited {code}: " + " | ".join(_last_lines(self.log_path, 2)))
+        self.say(f"the bench client that imports vLLM once could not start ({self.fallback}); every run gets a "
+                 "process of its own")
+        return False
+
+    def _reply(self, deadline: float) -> dict[str, Any] | None:
+        """The client's next reply line; {} at its end of output; None at the deadline."""
+        import select
+
+        assert self.proc is not None and self.proc.stdout is not None
+        while True:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                return None
+            ready, _, _ = select.select([self.proc.stdout], [], [], remaining)
+            if not ready:
+                continue
+            line = self.proc.stdout.readline()
+            if not line:
+                return {}
+            with contextlib.suppress(ValueError):
+                reply = json.loads(line)
+                if isinstance(reply, dict):
+                    return reply
+
+    def _end(self) -> int:
+        """The exit code of a client that closed its output (it is ending)."""
+        assert self.proc is not None
+        try:
+            code = self.proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            code = -1
+        self.close()
+        return code
+
+    def close(self) -> None:
+        if self.proc is None:
+            return
+        proc, self.proc = self.proc, None
+        with contextlib.suppress(OSError):
+            assert proc.stdin is not None
+            proc.stdin.close()
+        try:
+            proc.wait(timeout=5)  # end of input ends it
+        except subprocess.TimeoutExpired:
+            pass
+        kill_process_group(proc, grace_s=5.0)
+        with contextlib.suppress(OSError):
+            assert proc.stdout is not None
+            proc.stdout.close()
+
+    def record(self) -> dict[str, Any]:
+        return {"reused": self.fallback is None and self.starts > 0, "starts": self.starts, "runs": self.runs,
+                "fallback": self.fallback}
+
+
 # ------------------------------------------------------------------------------------------------ run
+
+Runner = Callable[[list[str], dict[str, str], Path, float], "int | None"]
 
 
 def _env_for(overrides: dict[str, str]) -> dict[str, str]:
@@ -823,14 +954,18 @@ def run_matrix(matrix: Matrix, out_dir: Path, python: str, *, log: Any = None, d
     if not dry_run:
         out_dir.mkdir(parents=True, exist_ok=True)
         environment = probe_environment(python)
+    client = BenchClient(python, out_dir / "bench-client.log", say)
+    runner: Runner = client.run if matrix.reuse_client and not dry_run else run_bounded
     with signals_raise():
         try:
-            if matrix.interleave and len(matrix.variants) > 1:
-                _run_interleaved(matrix, out_dir, python, launcher, rows, commands, say, dry_run, resume, progress)
-            else:
-                for variant in matrix.variants:
-                    _run_variant(matrix, variant, out_dir, python, launcher, rows, commands, say, dry_run, resume,
-                                 progress)
+            with client:
+                if matrix.interleave and len(matrix.variants) > 1:
+                    _run_interleaved(matrix, out_dir, python, launcher, rows, commands, say, dry_run, resume,
+                                     progress, runner)
+                else:
+                    for variant in matrix.variants:
+                        _run_variant(matrix, variant, out_dir, python, launcher, rows, commands, say, dry_run,
+                                     resume, progress, runner)
         except (Interrupted, KeyboardInterrupt) as exc:
             interrupted = exc
     if environment:
@@ -843,7 +978,8 @@ def run_matrix(matrix: Matrix, out_dir: Path, python: str, *, log: Any = None, d
         "interrupted": interrupted is not None,
         "measurement": {"repeats": matrix.repeats, "warmup_prompts": matrix.warmup_prompts,
                         "interleave": matrix.interleave and len(matrix.variants) > 1,
-                        "reset_prefix_cache": matrix.reset_prefix_cache, "vary_seed": matrix.vary_seed},
+                        "reset_prefix_cache": matrix.reset_prefix_cache, "vary_seed": matrix.vary_seed,
+                        "client": client.record() if matrix.reuse_client else {"reused": False, "starts": 0}},
         "environment": environment,
         "commands": commands,
         "rows": add_baseline_deltas(rows, matrix.baseline),
@@ -903,7 +1039,7 @@ def _dbo_off_warning(matrix: Matrix, variant: Variant, vdir: Path, rows: list[di
 
 def _run_interleaved(matrix: Matrix, out_dir: Path, python: str, launcher: str, rows: list[dict[str, Any]],
                      commands: list[dict[str, Any]], say: Any, dry_run: bool, resume: bool = False,
-                     progress: Progress | None = None) -> None:
+                     progress: Progress | None = None, runner: Runner = run_bounded) -> None:
     """Every variant's server up at once (each on its own port); repeat r of each point runs on every server in
     turn, the order rotated by r, so a machine whose speed drifts slows every variant alike. Idle servers wait
     (vLLM's workers stop spinning after a second without work) while another is measured."""
@@ -941,7 +1077,7 @@ def _run_interleaved(matrix: Matrix, out_dir: Path, python: str, launcher: str, 
                 continue
             say(f"[{name}] healthy after {time.monotonic() - started:.0f} s")
             if plan.warmup_cmd is not None:
-                _warm_up(plan.variant, plan.warmup_cmd, plan.vdir, matrix, say)
+                _warm_up(plan.variant, plan.warmup_cmd, plan.vdir, matrix, say, runner)
             live.append(plan)
         for i in range(len(matrix.points())):
             for r in range(matrix.repeats):
@@ -951,7 +1087,7 @@ def _run_interleaved(matrix: Matrix, out_dir: Path, python: str, launcher: str, 
                     outcome = plan.kept.get(run_name)
                     if outcome is None:
                         outcome = _run_once(plan.variant, run_name, cmd, plan.vdir, matrix, plan.port, say,
-                                            run_fingerprint(matrix, plan.variant, cmd))
+                                            run_fingerprint(matrix, plan.variant, cmd), runner)
                     progress.advance(f"[{plan.variant.name}] {run_name}: "
                                      f"{'kept from the earlier run, ' if outcome.get('kept') else ''}"
                                      f"{_outcome_text(outcome)}")
@@ -969,7 +1105,7 @@ def _run_interleaved(matrix: Matrix, out_dir: Path, python: str, launcher: str, 
 
 def _run_variant(matrix: Matrix, variant: Variant, out_dir: Path, python: str, launcher: str, rows: list[dict[str, Any]],
                  commands: list[dict[str, Any]], say: Any, dry_run: bool, resume: bool = False,
-                 progress: Progress | None = None) -> None:
+                 progress: Progress | None = None, runner: Runner = run_bounded) -> None:
     progress = progress or _silent_progress()
     port = matrix.port or free_port(matrix.host)
     plan = _plan_variant(matrix, variant, out_dir, python, launcher, commands, port)
@@ -993,14 +1129,14 @@ def _run_variant(matrix: Matrix, variant: Variant, out_dir: Path, python: str, l
                             f"http://{matrix.host}:{port}/health", matrix.startup_timeout_s):
             say(f"[{variant.name}] healthy after {time.monotonic() - started:.0f} s")
             if warmup_cmd is not None:
-                _warm_up(variant, warmup_cmd, vdir, matrix, say)
+                _warm_up(variant, warmup_cmd, vdir, matrix, say, runner)
             for point, runs in bench_cmds:
                 outcomes = []
                 for name, cmd in runs:
                     outcome = kept[name]
                     if outcome is None:
                         outcome = _run_once(variant, name, cmd, vdir, matrix, port, say,
-                                            run_fingerprint(matrix, variant, cmd))
+                                            run_fingerprint(matrix, variant, cmd), runner)
                     progress.advance(f"[{variant.name}] {name}: {'kept from the earlier run, ' if outcome.get('kept') else ''}"
                                      f"{_outcome_text(outcome)}")
                     outcomes.append(outcome)
@@ -1022,17 +1158,18 @@ def _outcome_text(outcome: dict[str, Any]) -> str:
     return ", ".join(x for x in (outcome["status"], figures, outcome.get("reason", "")[:160]) if x)
 
 
-def _warm_up(variant: Variant, cmd: list[str], vdir: Path, matrix: Matrix, say: Any) -> None:
+def _warm_up(variant: Variant, cmd: list[str], vdir: Path, matrix: Matrix, say: Any,
+             runner: Runner = run_bounded) -> None:
     """Unmeasured requests after the server start (compilation, allocator and cache warm-up); a failure is noted."""
     say(f"[{variant.name}] warm-up: {matrix.warmup_prompts} requests, not measured")
-    code = run_bounded(cmd, _env_for({}), vdir / "warmup.bench.log", matrix.bench_timeout_s)
+    code = runner(cmd, _env_for({}), vdir / "warmup.bench.log", matrix.bench_timeout_s)
     if code != 0:
         say(f"[{variant.name}] warm-up {'timed out' if code is None else f'exit code {code}'}; "
             f"{_log_tail(vdir / 'warmup.bench.log')}")
 
 
 def _run_once(variant: Variant, name: str, cmd: list[str], vdir: Path, matrix: Matrix, port: int, say: Any,
-              fingerprint: str = "") -> dict[str, Any]:
+              fingerprint: str = "", runner: Runner = run_bounded) -> dict[str, Any]:
     """One `vllm bench serve` run: {status, reason, result, result_file, prefix_cache_reset}; writes NAME.meta.json."""
     result_path = vdir / f"{name}.json"
     for stale in (result_path, vdir / f"{name}.meta.json"):
@@ -1047,7 +1184,7 @@ def _run_once(variant: Variant, name: str, cmd: list[str], vdir: Path, matrix: M
     load = os.getloadavg()[0] if hasattr(os, "getloadavg") else None
     say(f"[{variant.name}] bench {name}" + (" (prefix cache reset)" if reset else ""))
     started, wall = time.time(), time.monotonic()
-    code = run_bounded(cmd, _env_for({}), vdir / f"{name}.bench.log", matrix.bench_timeout_s)
+    code = runner(cmd, _env_for({}), vdir / f"{name}.bench.log", matrix.bench_timeout_s)
     outcome = _read_outcome(variant, name, code, result_path, vdir, matrix.bench_timeout_s)
     outcome["prefix_cache_reset"] = reset
     outcome["warnings"] = warnings

@@ -22,7 +22,10 @@ Examples (from the skill's folder; need vLLM in that interpreter and a server on
 import sys
 
 
-def main() -> None:
+def load(prog: str = "vllm_bench_serve.py"):
+    """(vLLM's `vllm bench serve` argument parser, its main function): imports vLLM (exits 2 with one line, which
+    names `prog`, when this interpreter has none), falling back to the CPU platform when no device platform is
+    detected."""
     try:
         from vllm.benchmarks.serve import add_cli_args
     except ModuleNotFoundError as exc:
@@ -32,7 +35,7 @@ def main() -> None:
             print(__doc__)
             print("The full option list is `vllm bench serve --help`; this interpreter has no vLLM.")
             raise SystemExit(0) from None
-        print(f"vllm_bench_serve.py: no vLLM in {sys.executable}; run it with the vLLM interpreter", file=sys.stderr)
+        print(f"{prog}: no vLLM in {sys.executable}; run it with the vLLM interpreter", file=sys.stderr)
         raise SystemExit(2) from None
     from vllm.benchmarks.serve import main as bench_main
     from vllm.utils.argparse_utils import FlexibleArgumentParser
@@ -49,6 +52,11 @@ def main() -> None:
 
     parser = FlexibleArgumentParser(prog="vllm bench serve")
     add_cli_args(parser)
+    return parser, bench_main
+
+
+def main() -> None:
+    parser, bench_main = load()
     bench_main(parser.parse_args(sys.argv[1:]))
 
 
