@@ -327,15 +327,17 @@ def test_a_step_command_past_its_time_is_stopped_with_its_children(tmp_path: Pat
 
 
 @pytest.mark.parametrize("step, expected", [
-    ("precision", ["qwen3_moe.json", "qwen3_moe-compiled.json"]),
+    ("precision", ["qwen3_moe.json"]),
+    ("precision-compiled", ["qwen3_moe-compiled.json"]),
     ("precision-families", ["qwen3.json", "glm4_moe.json"]),
     ("precision-mla", ["deepseek_v2_moe.json"]),
 ])
 def test_precision_steps_run_the_eager_compares_and_one_compiled(tmp_path: Path, driver: ModuleType, step: str,
                                                                   expected: list[str]) -> None:
     """The commands the precision steps issue (no engine is started: `run` is recorded and answers for them): by
-    default Qwen3-MoE with --enforce-eager, then without it, whose report is precision/qwen3_moe-compiled.json; the
-    other batch-invariant families only in the opt-in precision-families step, DeepSeek-V2 (MLA) in precision-mla."""
+    default Qwen3-MoE with --enforce-eager; the same without it (report precision/qwen3_moe-compiled.json) only in the
+    opt-in precision-compiled step, the other batch-invariant families in precision-families, DeepSeek-V2 (MLA) in
+    precision-mla."""
     model = tmp_path / "model"
     model.mkdir()
     (model / "config.json").write_text("{}")
@@ -358,11 +360,10 @@ def test_precision_steps_run_the_eager_compares_and_one_compiled(tmp_path: Path,
     assert reports == expected
     assert (step in driver.OPT_IN) == (step != "precision")
     vllm_args = [c[c.index("--") + 1:] for c in compares]
-    eager = [a for a, name in zip(vllm_args, reports, strict=True) if "compiled" not in name]
-    assert all("--enforce-eager" in a for a in eager)
-    if step == "precision":
-        assert "--enforce-eager" not in vllm_args[-1]
-        assert [a for a in vllm_args[0] if a != "--enforce-eager"] == vllm_args[-1]
+    if step == "precision-compiled":
+        assert vllm_args == [[a for a in driver.COMPARE_VLLM_FLAGS if a != "--enforce-eager"]]
+    else:
+        assert all("--enforce-eager" in a for a in vllm_args)
 
 
 # the opt-in fleet step (issue 28): off by default, and its REPORT.md section from a result file
