@@ -103,6 +103,36 @@ def test_verdict_needs_samples_on_both_arms_and_the_margin():
     assert verdict_of(None, 1.0, 0, 3, config) is None
 
 
+def test_a_class_that_splits_stops_only_where_splitting_is_no_longer_faster():
+    # hysteresis: in at 3% faster (the margin), out only at not faster at all; by the pairs and by the medians
+    config = PolicyConfig()
+    for current, expected in ((None, False), (False, False), (True, True)):
+        assert verdict_of(0.98, 1.0, 3, 3, config, ratio=0.985, pairs=5, current=current) is expected
+        assert verdict_of(0.985, 1.0, 3, 3, config, current=current) is expected
+    assert verdict_of(0.9, 1.0, 3, 3, config, ratio=1.0, pairs=5, current=True) is False  # no faster: out
+    assert verdict_of(1.0, 1.0, 3, 3, config, current=True) is False
+    assert verdict_of(0.9, 1.0, 3, 3, config, ratio=0.96, pairs=5, current=False) is True  # 4% faster: in
+    assert verdict_of(3.0, 1.0, 3, 3, config, ratio=3.0, pairs=1, current=True) is False  # a clear loss still is
+
+
+def test_noise_around_the_margin_does_not_flip_a_class_that_splits():
+    # A class decided split at 1.15x, whose gain then shrinks to 1.5% (inside the margin, still faster): it keeps
+    # splitting; when split becomes 5% slower it stops (within the documented notice bound)
+    replay = Replay(seed=11, jitter=0.005)
+    policy = replay.policy
+    for _ in range(200):
+        replay.step(40, True, 8.7, 10.0)
+    assert policy.verdict(DECODE_40) is True
+    for _ in range(400):
+        replay.step(40, True, 9.85, 10.0)
+        assert policy.verdict(DECODE_40) is True
+    n = 0
+    while policy.verdict(DECODE_40) is True and n < 1000:
+        replay.step(40, True, 10.5, 10.0)
+        n += 1
+    assert policy.verdict(DECODE_40) is False and n <= policy.config.notice_steps[0]
+
+
 def test_a_clear_loss_decides_unsplit_from_one_pair_but_a_gain_needs_every_sample():
     config = PolicyConfig()
     assert verdict_of(3.0, 1.0, 1, 1, config, ratio=3.0, pairs=1) is False  # split 3x slower: decided at once

@@ -48,7 +48,9 @@ Decision (:func:`choose_arm`, pure; the same on every rank given the agreed tabl
       ``margin`` (3%) faster. *Faster* is read from side-by-side pairs: a sample and the other arm's last one when
       it came at most ``PAIR_GAP`` (2) steps of the class before (the initial alternation makes a pair at every
       step; each exploration step makes one with the base step before it and one with the base step after it);
-      split iff the median split / unsplit ratio of the last ``window`` (5) pairs is <= 1 - margin. A *clear loss*
+      split iff the median split / unsplit ratio of the last ``window`` (5) pairs is <= 1 - margin; a class that
+      splits keeps splitting while that ratio stays below 1 (hysteresis: noise around 1 - margin does not flip a
+      class whose split steps are still faster). A *clear loss*
       decides sooner: from the first pair, a median ratio >= ``clear_loss`` (1.5) is "unsplit", so a class whose
       split step takes 1.5x its unsplit one stops splitting at the next agreement (2 split steps, the warm-up one
       included, instead of 4). Only that way: an early "unsplit" costs at most what DBO off costs. On a shared
@@ -374,21 +376,29 @@ def load_prior(path: str | os.PathLike[str]) -> dict[ShapeClass, float]:
 
 
 def verdict_of(split_s: float | None, unsplit_s: float | None, split_n: int, unsplit_n: int,
-               config: PolicyConfig, *, ratio: float | None = None, pairs: int = 0) -> bool | None:
+               config: PolicyConfig, *, ratio: float | None = None, pairs: int = 0,
+               current: bool | None = None) -> bool | None:
     """Split (True), do not (False), or undecided (None: an arm has fewer than ``min_samples`` samples).
 
     With at least ``min_samples`` side-by-side pairs, the median of their split / unsplit ratios decides (robust
     to the machine's speed drifting between one arm's samples and the other's); else the two arms' medians.
     A *clear loss* decides early: from the first pair on, a median pair ratio of at least ``clear_loss`` (split
     1.5x the unsplit step) is "do not split". Only toward not splitting, the side DBO off is on: a wrong early
-    "unsplit" costs what DBO off costs, until the slow exploration has the samples that overturn it."""
+    "unsplit" costs what DBO off costs, until the slow exploration has the samples that overturn it.
+
+    ``current``, the class's agreed verdict so far, adds hysteresis: a class starts splitting only where splitting
+    was faster by ``margin``, and a class that splits stops only where splitting was not faster at all (a ratio of
+    at least 1). Between the two the verdict stays: on a 2-core machine the median of 5 pairs of a class that
+    split 1.13x faster crossed 0.97 on noise and the class ran unsplit for the rest of the load; a class kept
+    split by this is still measured faster split, so it never costs."""
     if ratio is not None and pairs >= 1 and ratio >= config.clear_loss:
         return False
     if split_s is None or unsplit_s is None or min(split_n, unsplit_n) < config.min_samples:
         return None
+    limit = 1.0 if current else 1.0 - config.margin
     if ratio is not None and pairs >= config.min_samples:
-        return ratio <= 1.0 - config.margin
-    return split_s <= unsplit_s * (1.0 - config.margin)
+        return ratio < limit if current else ratio <= limit
+    return split_s < unsplit_s * limit if current else split_s <= unsplit_s * limit
 
 
 def choose_arm(step: int, verdict: bool | None, prior_split: bool | None, config: PolicyConfig,
@@ -603,9 +613,10 @@ class SplitPolicy:
                 continue
             entry = _Agreed(u_s if u_s >= 0 else None, s_s if s_s >= 0 else None, int(u_n), int(s_n),
                             ratio=ratio if ratio > 0 else None, pairs=int(pairs))
-            entry = replace(entry, verdict=verdict_of(entry.split_s, entry.unsplit_s, entry.split_n, entry.unsplit_n,
-                                                      self.config, ratio=entry.ratio, pairs=entry.pairs))
             before = self._agreed.get(cls, _Agreed()).verdict
+            entry = replace(entry, verdict=verdict_of(entry.split_s, entry.unsplit_s, entry.split_n, entry.unsplit_n,
+                                                      self.config, ratio=entry.ratio, pairs=entry.pairs,
+                                                      current=before))
             self._agreed[cls] = entry
             if entry.verdict is not None and entry.verdict != before:
                 changes.append(f"{cls} {'split' if entry.verdict else 'unsplit'} (split {_ms(entry.split_s)} ms, "

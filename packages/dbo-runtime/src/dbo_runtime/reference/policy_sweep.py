@@ -14,7 +14,8 @@ paying for its own exploration.
 
 ``auto`` is charged the same way: at every step, the time of the arm it chose (split or not), taken from the
 DBO-off and DBO-on steps of that moment, plus the policy's own time at that step (its decision and, every
-``sync_every`` steps, the agreement all-reduce). Its decisions come from its own timed steps, as in the engine.
+``sync_every`` steps, the agreement all-reduce, timed from a barrier of the ranks: not the wait for a rank still
+finishing the step before, which the off and on arms' barrier absorbs untimed). Its decisions come from its own timed steps, as in the engine.
 Charged from its own steps instead ("as it ran", also reported), the comparison would set one step's time
 against another's taken seconds apart: on a shared machine that scatter exceeded the differences measured (auto
 came out 8% *faster* than the best threshold chosen with hindsight, which no policy can be).
@@ -102,6 +103,10 @@ def sweep_task(rank: int, world_size: int, plan: PolicySweepPlan) -> dict[str, A
                 vote: bool | None = mode == "on"
                 if mode == "auto":
                     if timed:
+                        # The ranks meet first, so the agreement inside decide() is timed without the wait for a
+                        # rank still finishing the step before: that skew is the off and on arms' too, and their
+                        # dist.barrier below absorbs it untimed (charged to auto it was ~10 ms an agreement here).
+                        dist.barrier()
                         t0 = time.perf_counter()
                         choice = policy.decide(batch.num_tokens, decode_only=False)
                         policy_s.append(time.perf_counter() - t0)
