@@ -69,7 +69,7 @@ COMPARE_VLLM_FLAGS = ("--dbo-decode-token-threshold", "4", "--dbo-prefill-token-
                       "--dtype", "bfloat16")
 # ... and once more without --enforce-eager: vLLM's compiled model (Inductor), where DBO's TP all-reduce site is an
 # opaque op that yields at run time (dbo_runtime.vllm.cpu.tp_all_reduce_op). Report: precision/<family>-compiled.json.
-# The opt-in step precision-compiled (its 2 engine starts, ~85 s, kept the default run over its 20-minute budget:
+# The opt-in step precision-compiled (its 2 engine starts, 98 s in make bench run 14, kept the default run over its 20-minute budget:
 # issue 30); make test's test_vllm_cpu_compiled_site.py checks the compiled site's outputs in every run.
 COMPILED_FAMILIES = ("qwen3_moe",)
 COMPARE_COMPILED_FLAGS = tuple(f for f in COMPARE_VLLM_FLAGS if f != "--enforce-eager")

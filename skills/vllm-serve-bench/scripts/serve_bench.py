@@ -979,7 +979,7 @@ def run_matrix(matrix: Matrix, out_dir: Path, python: str, *, log: Any = None, d
         "measurement": {"repeats": matrix.repeats, "warmup_prompts": matrix.warmup_prompts,
                         "interleave": matrix.interleave and len(matrix.variants) > 1,
                         "reset_prefix_cache": matrix.reset_prefix_cache, "vary_seed": matrix.vary_seed,
-                        "client": client.record() if matrix.reuse_client else {"reused": False, "starts": 0}},
+                        "client": client.record()},
         "environment": environment,
         "commands": commands,
         "rows": add_baseline_deltas(rows, matrix.baseline),
