@@ -23,8 +23,9 @@ What is timed
 
 Decision (:func:`choose_arm`, pure; the same on every rank given the agreed table and the class's step counter)
     * initial exploration, for a class without a prior: its first ``2 x (warmup_per_arm + min_samples)`` steps (8
-      with the defaults) alternate unsplit, split, unsplit, ...: at most 4 steps per class on the arm that loses,
-      counted in the budget (over a class's first 800 steps, initial and slow exploration together stay <= 5%);
+      with the defaults) alternate unsplit, split, unsplit, ...: at most 4 steps per class on the arm that loses;
+      up to 16 (8 on the losing arm) where the first look was too near the margin to decide (*confirm*, below).
+      Counted in the budget: over a class's first 800 steps, initial and slow exploration together stay <= 5%;
     * afterwards the class runs its *base* arm: the agreed verdict, or before there is one the prior's (split where
       the predicted speed-up is at least ``1 / (1 - margin)``), or without a prior unsplit, so that DBO never costs
       more than the exploration;
@@ -37,11 +38,13 @@ Decision (:func:`choose_arm`, pure; the same on every rank given the agreed tabl
       each, 25-39 ms where 10-20 ms would do) was most of what auto lost;
     * every ``N``-th step of a class (its counter ``c`` with ``c % N == N - 1``) runs the other arm. ``N`` is
       ``explore_every`` (25: 4% of a decided class's steps, <= 5%) while the explored arm is at most
-      ``explore_every x explore_cost`` = 50% slower than the base arm, else doubled until exploring costs at most
-      ``explore_cost`` (2%) of the class's time, up to ``explore_max_every`` (400)
+      ``explore_every x explore_cost`` = 25% slower than the base arm, else doubled until exploring costs at most
+      ``explore_cost`` (1%) of the class's time, up to ``explore_max_every`` (400)
       (:meth:`PolicyConfig.explore_period`, from the agreed table, so the same on every rank). A count of steps
       is not a bound on time: in the serving benchmark a split decode step took 4.3x an unsplit one, and
-      exploring it every 25th step cost ~13% of the time; every 200th costs 1.7%. A class with a prior skips the
+      exploring it every 25th step cost ~13% of the time; every 400th costs 0.8%. (At 2% the policy sweep's
+      exploration of its 1.3-1.4x classes every 25th step was half of what auto lost to the best threshold: the
+      price is a slower notice, below.) A class with a prior skips the
       initial alternation: its prior's arm is verified by this slow exploration alone, a verdict within
       ``(warmup_per_arm + min_samples) x N + K`` = 116 of its steps;
     * verdict (:func:`verdict_of`): once both arms have ``min_samples`` samples, split iff splitting is at least
@@ -49,8 +52,19 @@ Decision (:func:`choose_arm`, pure; the same on every rank given the agreed tabl
       it came at most ``PAIR_GAP`` (2) steps of the class before (the initial alternation makes a pair at every
       step; each exploration step makes one with the base step before it and one with the base step after it);
       split iff the median split / unsplit ratio of the last ``window`` (5) pairs is <= 1 - margin; a class that
-      splits keeps splitting while that ratio stays below 1 (hysteresis: noise around 1 - margin does not flip a
-      class whose split steps are still faster). A *clear loss*
+      splits keeps splitting while the median of its last 5 or that of its last ``stop_window`` (10) pairs stays
+      below 1 (hysteresis:
+      noise around 1 - margin does not flip a class whose split steps are still faster; and more evidence to stop
+      than to start: a decided class makes two pairs per exploration, both on one explored sample, so 5 pairs
+      rest on two or three unsplit samples, and one fast one flipped a class that split 1.22x faster in a policy
+      sweep; in a replay at +-15% noise per step a 1.13x class ran unsplit on 7.1% of its steps with a window of
+      5 to stop, 2.0% with 10; a wrong "unsplit" is still overturned on 5 pairs, and a class that has just started
+      splitting is not stopped by the old pairs that the last 5 overturned). *Confirm*: a class's first
+      verdict within ``confirm_band`` (0.04) of ``1 - margin`` is not taken on the 5 pairs of its initial
+      alternation; the class alternates on until it has ``stop_window`` pairs, whose median decides (its arms
+      differ by at most 7% there, so that costs little). In a replay of 200 seeds at +-15% noise per step this
+      cut the wrong first verdicts of a class 1.13x faster split from 38 to 24 (such a verdict is how the policy
+      sweep missed its target in ``make bench`` run 16, after the hysteresis). A *clear loss*
       decides sooner: from the first pair, a median ratio >= ``clear_loss`` (1.5) is "unsplit", so a class whose
       split step takes 1.5x its unsplit one stops splitting at the next agreement (2 split steps, the warm-up one
       included, instead of 4). Only that way: an early "unsplit" costs at most what DBO off costs. On a shared
@@ -77,12 +91,14 @@ Agreement (every rank of the world group, TP x DP, takes the same decision on ev
     Without a process group (one process) the agreement is local.
 
 How fast it notices a change of load (steps of the class; K = ``sync_every``, N the exploration period above, with
-the defaults W = 5, K = 16, N = 25 to 400)
+the defaults W = 5 pairs to start splitting and 10 to stop, K = 16, N = 25 to 400)
     * a change of either arm (the one it runs or the one it explores) moves the median of W pairs after
-      ``W // 2 + 1`` = 3 new pairs; a decided class makes two pairs per exploration, so they come within
-      ``ceil(3 / 2) x N + 1`` class steps, and the verdict flips at the next agreement: within ``2N + 1 + K`` steps
-      when the class runs alone (K counts every step, of any class): 67 steps while the explored arm is at most
-      50% slower, 817 at the longest period (:meth:`PolicyConfig.notice_steps_for`; each class's bound is in the
+      ``W // 2 + 1`` new pairs (3 to start, 6 to stop); a decided class makes two pairs per exploration, so they
+      come within ``ceil(3 / 2) x N + 1`` (to start) or ``ceil(6 / 2) x N + 1`` class steps (to stop), and the
+      verdict flips at the next agreement: when the class runs alone (K counts every step, of any class), a class
+      that does not split starts within ``2N + 1 + K`` steps (67 while the explored arm is at most 25% slower, 817
+      at the longest period) and one that splits stops within ``3N + 1 + K`` (92, and 1217)
+      (:meth:`PolicyConfig.notice_steps_for`; each class's bound is in the
       table). The slower the arm it explores, the later it sees that arm get faster: the price of a time bound.
       (Comparing the arms' own medians noticed a change of the arm it runs within 20 steps, but a drifting machine
       flipped it too.)
@@ -134,7 +150,8 @@ SITE = "policy.agree"
 PHASES = ("decode", "mixed")
 NUM_BUCKETS = 24  # bucket b: token counts in (2**(b-1), 2**b]; the last one also holds everything above
 _HEADER = 2  # fingerprint, -fingerprint: MAX of x and of -x gives the max and -min over the ranks
-_PER_CLASS = 6  # unsplit median, split median, their sample counts, the median pair ratio, the pair count
+_PER_CLASS = 7  # unsplit median, split median, their sample counts, the median pair ratio, the pair count, and the
+# median pair ratio of the longer window a class that splits reads before it stops
 PAIR_GAP = 2  # class steps between two samples that make a side-by-side pair
 TABLE_WRITE_S = 2.0  # the table is rewritten at most this often (seconds) unless a verdict changed
 
@@ -197,20 +214,22 @@ class PolicyConfig:
 
     sync_every: int = 16
     explore_every: int = 25
-    explore_cost: float = 0.02
+    explore_cost: float = 0.01
     explore_max_every: int = 400
     warmup_per_arm: int = 1
     min_samples: int = 3
     window: int = 5
+    stop_window: int = 10
     margin: float = 0.03
     clear_loss: float = 1.5
+    confirm_band: float = 0.04
     timeout_s: float = 60.0
     max_step_s: float = 10.0
     min_tokens: int = 2
 
     def __post_init__(self) -> None:
         ints = {"sync_every": 1, "explore_every": 2, "explore_max_every": 2, "warmup_per_arm": 0, "min_samples": 1,
-                "window": 1, "min_tokens": 2}
+                "window": 1, "stop_window": 1, "min_tokens": 2}
         for name, minimum in ints.items():
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
@@ -221,12 +240,16 @@ class PolicyConfig:
         if self.window < self.min_samples:
             raise DBOConfigError(f"policy window={self.window} is below min_samples={self.min_samples}; accepted: "
                                  "window >= min_samples")
-        for name, lo, hi in (("margin", 0.0, 0.5), ("explore_cost", 0.0, 1.0), ("timeout_s", 0.0, math.inf),
-                             ("max_step_s", 0.0, math.inf)):
+        if self.stop_window < self.window:
+            raise DBOConfigError(f"policy stop_window={self.stop_window} is below window={self.window}; accepted: "
+                                 "stop_window >= window")
+        for name, lo, hi in (("margin", 0.0, 0.5), ("confirm_band", 0.0, 0.5), ("explore_cost", 0.0, 1.0),
+                             ("timeout_s", 0.0, math.inf), ("max_step_s", 0.0, math.inf)):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int | float) or not lo <= value < hi \
-                    or (name != "margin" and value <= 0):
-                span = "[0, 0.5)" if name == "margin" else ("(0, 1)" if name == "explore_cost" else "(0, inf)")
+                    or (name not in ("margin", "confirm_band") and value <= 0):
+                span = "[0, 0.5)" if name in ("margin", "confirm_band") else (
+                    "(0, 1)" if name == "explore_cost" else "(0, inf)")
                 raise DBOConfigError(f"policy {name}={value!r} is invalid; accepted: a number in {span}")
         c = self.clear_loss
         if isinstance(c, bool) or not isinstance(c, int | float) or not c > 1.0 / (1.0 - self.margin):
@@ -238,14 +261,25 @@ class PolicyConfig:
         """Steps of an undecided class that alternate the arms before it runs its base arm."""
         return 2 * (self.warmup_per_arm + self.min_samples)
 
+    @property
+    def confirm_pairs(self) -> int:
+        """Pairs a class must have made before a first verdict within ``confirm_band`` of the margin is taken:
+        a full ``stop_window`` of them (twice what the initial alternation makes), whose median decides."""
+        return self.stop_window
+
+    def unclear(self, ratio: float) -> bool:
+        """A median pair ratio too near the margin (within ``confirm_band`` of ``1 - margin``) for a first
+        verdict on the initial pairs alone."""
+        return abs(ratio - (1.0 - self.margin)) < self.confirm_band
+
     def explore_period(self, penalty: float | None) -> int:
         """Steps of a class per exploration step, given ``penalty``: how much longer a step of the explored arm
         takes than one of the base arm (0.5: 50% longer; None or <= 0: unknown or not slower).
 
         ``explore_every`` while exploring costs at most ``explore_cost`` of the class's time, else the fewest
         doublings of it that keep the cost there (``penalty / period <= explore_cost``), at most the largest such
-        period <= ``explore_max_every``: with the defaults an arm 4x slower (penalty 3) is explored every 200th
-        step, 1.5% of the time instead of 12% at every 25th. Doublings nest (a step ``c`` with
+        period <= ``explore_max_every``: with the defaults an arm 4x slower (penalty 3) is explored every 400th
+        step, 0.75% of the time instead of 12% at every 25th. Doublings nest (a step ``c`` with
         ``c % 2p == 2p - 1`` also has ``c % p == p - 1``), so a period that changes with the measured penalty never
         adds an exploration step."""
         period = self.explore_every
@@ -255,19 +289,21 @@ class PolicyConfig:
             period *= 2
         return period
 
-    def notice_steps_for(self, penalty: float | None = None) -> int:
-        """Class steps within which a change of either arm is agreed, for a class explored with ``penalty``.
+    def notice_steps_for(self, penalty: float | None = None, *, splits: bool = True) -> int:
+        """Class steps within which a change of either arm is agreed, for a class explored with ``penalty`` that
+        splits (``splits``) or not.
 
         Once decided, the verdict rests on side-by-side pairs, made at each exploration step (the explored sample
         and the base one before it) and at the base step after it: two per exploration period. A change of either
-        arm moves the median of ``window`` pairs after ``window // 2 + 1`` new pairs."""
-        needed = self.window // 2 + 1
+        arm moves the median of ``w`` pairs after ``w // 2 + 1`` new pairs: ``w`` is ``stop_window`` for a class
+        that splits (it stops on more evidence), ``window`` for one that does not."""
+        needed = (self.stop_window if splits else self.window) // 2 + 1
         return math.ceil(needed / 2) * self.explore_period(penalty) + 1 + self.sync_every
 
     @property
     def notice_steps(self) -> tuple[int, int]:
-        """The bound of :meth:`notice_steps_for` at its fastest (the explored arm at most
-        ``explore_every x explore_cost`` = 50% slower with the defaults) and its slowest (``explore_max_every``)."""
+        """The bound of :meth:`notice_steps_for`, either way, at its fastest (the explored arm at most
+        ``explore_every x explore_cost`` = 25% slower with the defaults) and its slowest (``explore_max_every``)."""
         return self.notice_steps_for(None), self.notice_steps_for(math.inf)
 
 
@@ -377,7 +413,8 @@ def load_prior(path: str | os.PathLike[str]) -> dict[ShapeClass, float]:
 
 def verdict_of(split_s: float | None, unsplit_s: float | None, split_n: int, unsplit_n: int,
                config: PolicyConfig, *, ratio: float | None = None, pairs: int = 0,
-               current: bool | None = None) -> bool | None:
+               current: bool | None = None, confirm: bool = False,
+               stop_ratio: float | None = None) -> bool | None:
     """Split (True), do not (False), or undecided (None: an arm has fewer than ``min_samples`` samples).
 
     With at least ``min_samples`` side-by-side pairs, the median of their split / unsplit ratios decides (robust
@@ -390,24 +427,49 @@ def verdict_of(split_s: float | None, unsplit_s: float | None, split_n: int, uns
     was faster by ``margin``, and a class that splits stops only where splitting was not faster at all (a ratio of
     at least 1). Between the two the verdict stays: on a 2-core machine the median of 5 pairs of a class that
     split 1.13x faster crossed 0.97 on noise and the class ran unsplit for the rest of the load; a class kept
-    split by this is still measured faster split, so it never costs."""
+    split by this is still measured faster split, so it never costs. ``stop_ratio``, the median of the last
+    ``stop_window`` pairs: a class that splits stops only where it and ``ratio`` are both at least 1 (a clear loss
+    still stops it on ``ratio`` alone). A decided class makes two pairs per exploration, both on one explored
+    sample, so 5 pairs rest on two or three of them, and one fast unsplit sample flipped a class that split 1.22x
+    faster in a policy sweep. A class that does not split starts on ``ratio`` (5 pairs), so a wrong "unsplit" is
+    overturned as soon as before: on a loaded host, where a burst of other work skewed the first pairs of two
+    classes that split 1.14x and 1.25x faster, overturning them on 10 pairs cost 1.7% more of the sweep (replayed
+    on its recorded steps); and reading 10 pairs alone to stop, a class that had just started splitting on its
+    last 5 was stopped again by the older pairs they overturned (2% of a replayed sweep).
+
+    ``confirm`` (a class's first verdict, taken on the pairs of its initial alternation): a median pair ratio
+    within ``confirm_band`` of ``1 - margin`` is no verdict yet while the class has made fewer than
+    ``confirm_pairs`` pairs, so the class alternates on (:func:`choose_arm`) and decides on a window of fresh
+    pairs. On this 2-core host the median of the first 5 pairs of a class that splits 1.13x faster landed above
+    0.97 in one sweep of seven, and the class ran unsplit on 71 of its 100 steps; the arms of a class that close
+    differ by at most ``margin + confirm_band`` (7%), so alternating on costs little. Once it has
+    ``confirm_pairs``, the median of all of them (``stop_ratio``) decides."""
     if ratio is not None and pairs >= 1 and ratio >= config.clear_loss:
         return False
     if split_s is None or unsplit_s is None or min(split_n, unsplit_n) < config.min_samples:
         return None
     limit = 1.0 if current else 1.0 - config.margin
     if ratio is not None and pairs >= config.min_samples:
+        if confirm and current is None and config.unclear(ratio):
+            if pairs < config.confirm_pairs:
+                return None
+            ratio = ratio if stop_ratio is None else stop_ratio
+        elif current and stop_ratio is not None:
+            ratio = min(ratio, stop_ratio)  # stops where both windows say split is not faster
         return ratio < limit if current else ratio <= limit
     return split_s < unsplit_s * limit if current else split_s <= unsplit_s * limit
 
 
 def choose_arm(step: int, verdict: bool | None, prior_split: bool | None, config: PolicyConfig,
-               period: int | None = None) -> tuple[bool, str]:
+               period: int | None = None, confirming: bool = False) -> tuple[bool, str]:
     """The arm of the ``step``-th step (from 0) of a class: ``(split, reason)``, reason one of ``initial``,
     ``explore``, ``verdict``, ``prior``. ``prior_split``: the prior's arm, None without a prior for the class.
     ``period``: steps per exploration step (:meth:`PolicyConfig.explore_period`; default ``explore_every``).
+    ``confirming``: the agreed table withheld the class's first verdict as too near the margin
+    (:func:`verdict_of`'s ``confirm``): the alternation goes on, up to twice its length.
     Pure: the same inputs give the same arm on every rank."""
-    if verdict is None and prior_split is None and step < config.initial_steps:
+    limit = 2 * config.initial_steps if confirming else config.initial_steps
+    if verdict is None and prior_split is None and step < limit:
         return step % 2 == 1, "initial"
     base = bool(prior_split) if verdict is None else verdict
     period = config.explore_every if period is None else period
@@ -456,6 +518,8 @@ class _Agreed:
     verdict: bool | None = None
     ratio: float | None = None  # median split / unsplit ratio of side-by-side pairs (the slowest rank's: MAX)
     pairs: int = 0
+    confirming: bool = False  # a first verdict withheld as too near the margin (verdict_of's confirm)
+    stop_ratio: float | None = None  # the same over the last stop_window pairs (MAX over the ranks)
 
     def split_ratio(self, config: PolicyConfig) -> float | None:
         """Split / unsplit step time as the verdict reads it: the pairs' median, else the two arms' medians (a
@@ -531,7 +595,7 @@ class SplitPolicy:
         prior_split = self._prior_of(cls)[0]
         base = bool(prior_split) if agreed.verdict is None else agreed.verdict
         period = self.config.explore_period(self._penalty(cls))
-        split, reason = choose_arm(state.steps, agreed.verdict, prior_split, self.config, period)
+        split, reason = choose_arm(state.steps, agreed.verdict, prior_split, self.config, period, agreed.confirming)
         state.steps += 1
         state.initial_steps += reason == "initial"
         state.explore_steps += reason == "explore"
@@ -588,12 +652,14 @@ class SplitPolicy:
         for cls in ALL_CLASSES:
             state = self._classes.get(cls)
             if state is None:
-                out += [-1.0, -1.0, 0.0, 0.0, -1.0, 0.0]
+                out += [-1.0, -1.0, 0.0, 0.0, -1.0, 0.0, -1.0]
                 continue
             u, s = state.arms
+            recent = list(state.pairs)[-self.config.window:]
             out += [statistics.median(u.window) if u.window else -1.0,
                     statistics.median(s.window) if s.window else -1.0, float(u.kept), float(s.kept),
-                    statistics.median(state.pairs) if state.pairs else -1.0, float(state.paired)]
+                    statistics.median(recent) if recent else -1.0, float(state.paired),
+                    statistics.median(state.pairs) if state.pairs else -1.0]
         return out
 
     def agree(self) -> None:
@@ -608,15 +674,22 @@ class SplitPolicy:
         self.agreements += 1
         changes = []
         for i, cls in enumerate(ALL_CLASSES):
-            u_s, s_s, u_n, s_n, ratio, pairs = reduced[_HEADER + _PER_CLASS * i: _HEADER + _PER_CLASS * (i + 1)]
+            u_s, s_s, u_n, s_n, ratio, pairs, stop = reduced[_HEADER + _PER_CLASS * i: _HEADER + _PER_CLASS * (i + 1)]
             if u_n == 0 and s_n == 0 and cls not in self._agreed:
                 continue
             entry = _Agreed(u_s if u_s >= 0 else None, s_s if s_s >= 0 else None, int(u_n), int(s_n),
-                            ratio=ratio if ratio > 0 else None, pairs=int(pairs))
+                            ratio=ratio if ratio > 0 else None, pairs=int(pairs),
+                            stop_ratio=stop if stop > 0 else None)
             before = self._agreed.get(cls, _Agreed()).verdict
-            entry = replace(entry, verdict=verdict_of(entry.split_s, entry.unsplit_s, entry.split_n, entry.unsplit_n,
-                                                      self.config, ratio=entry.ratio, pairs=entry.pairs,
-                                                      current=before))
+            # only a class that alternated has a first verdict to confirm; one started from a prior runs that
+            # arm until its slow exploration decides
+            confirm = self._prior_of(cls)[0] is None
+            verdict = verdict_of(entry.split_s, entry.unsplit_s, entry.split_n, entry.unsplit_n, self.config,
+                                 ratio=entry.ratio, pairs=entry.pairs, current=before, confirm=confirm,
+                                 stop_ratio=entry.stop_ratio)
+            entry = replace(entry, verdict=verdict, confirming=verdict is None and confirm and entry.ratio is not None
+                            and entry.pairs >= self.config.min_samples and min(entry.split_n, entry.unsplit_n)
+                            >= self.config.min_samples)
             self._agreed[cls] = entry
             if entry.verdict is not None and entry.verdict != before:
                 changes.append(f"{cls} {'split' if entry.verdict else 'unsplit'} (split {_ms(entry.split_s)} ms, "
@@ -712,7 +785,7 @@ class SplitPolicy:
                            "samples_split": agreed.split_n, "samples_unsplit": agreed.unsplit_n,
                            "pair_ratio": agreed.ratio, "pairs": agreed.pairs, "speedup": speedup,
                            "explore_every": self.config.explore_period(penalty),
-                           "notice_steps": self.config.notice_steps_for(penalty)},
+                           "notice_steps": self.config.notice_steps_for(penalty, splits=self.base_arm(cls))},
                 "local": local,
             })
         return {
@@ -752,7 +825,7 @@ class SplitPolicy:
         if state is None:
             w = self.config.window
             state = self._classes[cls] = _ClassState((_Arm(deque(maxlen=w)), _Arm(deque(maxlen=w))),
-                                                     pairs=deque(maxlen=w))
+                                                     pairs=deque(maxlen=self.config.stop_window))
         return state
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import os
 import stat
 from pathlib import Path
@@ -17,12 +18,12 @@ __all__ = ["policy_table", "policy_sweep"]
 TABLE_MAX_BYTES = 64 << 20  # a table has one row per shape class: kilobytes
 
 
-def _refuse_what_cannot_be_a_table(path: str) -> None:
-    """Every file policy-table would open is a regular file of a sane size: a FIFO would block the reader for a
-    writer that never comes, a device (/dev/zero) would never end."""
+def _refuse_what_cannot_be_a_table(path: str, accepted: str = "accepted: a policy table (dbo-policy-rank<R>.json) "
+                                   "or the folder holding them") -> None:
+    """Every file policy-table (or a replay) would open is a regular file of a sane size: a FIFO would block the
+    reader for a writer that never comes, a device (/dev/zero) would never end."""
     from dbo_runtime.errors import DBOConfigError
 
-    accepted = "accepted: a policy table (dbo-policy-rank<R>.json) or the folder holding them"
     if os.path.isdir(path):
         files = [os.path.join(path, n) for n in sorted(os.listdir(path))
                  if n.startswith("dbo-policy-rank") and n.endswith(".json")]
@@ -89,11 +90,29 @@ def policy_table(path: str, format: str, output: Path | None) -> int:
               metavar="N", help="steps of each size in the load  [default: 100]")
 @click.option("--layers", type=BoundedInt(1, 64, what="layers"), default=None, metavar="N",
               help="layers of the reference model  [default: 2]")
-def policy_sweep(out: Path, tokens: tuple[int, ...], steps_per_size: int | None, layers: int | None) -> int:
+@click.option("--replay", "replay", type=click.Path(exists=True, dir_okay=False, readable=True), default=None,
+              metavar="JSON", help="run nothing: replay auto on the steps a sweep recorded (its dbo_policy_sweep.json), "
+              "each rank's policy fed the time that rank measured for the arm it chose, and print its share of the "
+              "best threshold's speed-up for the recorded order and --orders shuffled ones")
+@click.option("--set", "settings", multiple=True, metavar="KEY=VALUE",
+              help="with --replay: a policy setting to replay (PolicyConfig's fields, e.g. explore_cost=0.02; "
+              "repeat the option)")
+@click.option("--orders", type=BoundedInt(0, 1000, what="orders"), default=40, show_default=True, metavar="N",
+              help="with --replay: shuffled orders of the same steps to replay")
+def policy_sweep(out: Path, tokens: tuple[int, ...], steps_per_size: int | None, layers: int | None,
+                 replay: str | None, settings: tuple[str, ...], orders: int) -> int:
     from dataclasses import replace
 
     from dbo_runtime.reference.launcher import RanksFailed
     from dbo_runtime.reference.policy_sweep import PolicySweepPlan, format_sweep_markdown, run_policy_sweep
+
+    if replay is not None:
+        if tokens or steps_per_size is not None or layers is not None:
+            raise click.UsageError("--replay replays a recorded sweep; --tokens, --steps-per-size and --layers "
+                                   "are for a new one: accepted: --replay JSON [--set KEY=VALUE] [--orders N]")
+        return _replay(replay, settings, orders)
+    if settings:
+        raise click.UsageError("--set applies to --replay only; accepted: --replay JSON --set KEY=VALUE")
 
     plan = PolicySweepPlan()
     if tokens:
@@ -111,3 +130,32 @@ def policy_sweep(out: Path, tokens: tuple[int, ...], steps_per_size: int | None,
     click.echo(format_sweep_markdown(summary), nl=False)
     click.echo(f"written: {Path(out) / 'dbo_policy_sweep.json'}")
     return 0 if summary["auto_meets_target"] else 1
+
+
+def _replay(path: str, settings: tuple[str, ...], orders: int) -> int:
+    from dbo_runtime.errors import DBOConfigError
+    from dbo_runtime.reference.policy_sweep import format_replay, replay_orders
+
+    _refuse_what_cannot_be_a_table(path, "accepted: the dbo_policy_sweep.json a policy sweep wrote")
+    policy: dict[str, float | int] = {}
+    for item in settings:
+        key, sep, value = item.partition("=")
+        try:
+            number = float(value)
+        except ValueError:
+            number = math.nan
+        if not sep or not key.strip() or not math.isfinite(number) and value.strip().lower() != "inf":
+            raise DBOConfigError(f"--set {item!r} is invalid; accepted: KEY=NUMBER, e.g. explore_cost=0.02")
+        policy[key.strip()] = int(number) if number.is_integer() and "." not in value and "e" not in value.lower() \
+            else float(value)
+    try:
+        with open(path) as f:
+            summary = json.load(f)
+    except (OSError, ValueError, RecursionError) as exc:
+        raise DBOConfigError(f"{path[:200]!r} cannot be read as JSON ({type(exc).__name__}); accepted: the "
+                             "dbo_policy_sweep.json a policy sweep wrote") from None
+    if not isinstance(summary, dict):
+        raise DBOConfigError(f"{path[:200]!r} is not a policy sweep; accepted: the dbo_policy_sweep.json a policy "
+                             "sweep wrote")
+    click.echo(format_replay(replay_orders(summary, policy, orders)), nl=False)
+    return 0

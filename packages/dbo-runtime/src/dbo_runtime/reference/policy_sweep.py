@@ -27,11 +27,12 @@ import os
 import random
 import statistics
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
-__all__ = ["PolicySweepPlan", "run_policy_sweep", "summarize_sweep", "format_sweep_markdown", "TARGET_RATIO"]
+__all__ = ["PolicySweepPlan", "run_policy_sweep", "summarize_sweep", "format_sweep_markdown", "replay_sweep",
+           "replay_orders", "format_replay", "TARGET_RATIO"]
 
 TARGET_RATIO = 0.97
 MODES = ("off", "on", "auto")
@@ -183,6 +184,8 @@ def summarize_sweep(plan: PolicySweepPlan, per_rank: list[dict[str, Any]]) -> di
         "sizes": sizes,
         "decisions_match": all(s["verdict"] == s["faster"] or s["tie"] for s in sizes),
         "policy_table": per_rank[0]["policy_table"],
+        # every rank's own step times per mode, in load order: what replay_sweep replays other settings on
+        "rank_times": [{m: r["times"][m] for m in MODES} for r in per_rank],
         "loadavg_end": list(os.getloadavg()) if hasattr(os, "getloadavg") else None,
     }
 
@@ -237,3 +240,103 @@ def run_policy_sweep(out_dir: str | os.PathLike[str], plan: PolicySweepPlan | No
     tmp.write_text(format_sweep_markdown(summary), encoding="utf-8")
     os.replace(tmp, md)
     return summary
+
+
+def replay_sweep(summary: dict[str, Any], policy: dict[str, Any] | None = None, *,
+                 seed: int | None = None) -> dict[str, Any]:
+    """``auto`` with other settings (``policy``: PolicyConfig overrides) replayed on a sweep's recorded steps.
+
+    Each rank's policy sees, at every step, the time that rank measured for the arm it chose (the DBO-on or DBO-off
+    step of that moment) and the two policies agree through an in-process MAX, at the same calls as in the run. It
+    is charged as :func:`summarize_sweep` charges ``auto`` (without its own time). ``seed``: the steps of each size
+    are dealt into another shuffled order of the same load (the sizes' samples keep their order), for the spread
+    of the result over orders. A replay sees each step's noise once, in its decision and in its charge alike; the
+    run's ``auto`` decided on its own steps: compare settings by replay, confirm by a run."""
+    from dbo_runtime.errors import DBOConfigError
+    from dbo_runtime.policy import PolicyConfig, SplitPolicy
+
+    accepted = "accepted: the dbo_policy_sweep.json of a policy sweep that recorded every rank's steps (rank_times)"
+    try:
+        rank_times = summary["rank_times"]
+        plan = summary["plan"]
+        load = PolicySweepPlan(token_counts=tuple(int(t) for t in plan["token_counts"]),
+                               steps_per_size=int(plan["steps_per_size"]), seed=int(plan["seed"])).load()
+        if not (isinstance(rank_times, list) and rank_times and all(
+                len(t[m]) == len(load) and all(isinstance(v, int | float) for v in t[m])
+                for t in rank_times for m in ("off", "on"))):
+            raise TypeError("rank_times do not hold a time per step of the load")
+    except (KeyError, TypeError, ValueError) as exc:
+        raise DBOConfigError(f"the sweep cannot be replayed ({type(exc).__name__}: {exc}); {accepted}") from None
+    order = list(range(len(load)))
+    if seed is not None:
+        shuffled = list(load)
+        random.Random(seed).shuffle(shuffled)
+        queues: dict[int, list[int]] = {}
+        for i, t in enumerate(load):
+            queues.setdefault(t, []).append(i)
+        order = [queues[t].pop(0) for t in shuffled]
+    known = {f.name for f in fields(PolicyConfig)}
+    unknown = sorted(set(policy or {}) - known)
+    if unknown:
+        raise DBOConfigError(f"policy setting {unknown[0]!r} is unknown; accepted: {', '.join(sorted(known))}")
+    config = PolicyConfig(**{**plan.get("policy", {}), **(policy or {})})
+    shared: dict[int, list[float]] = {}
+    policies: list[SplitPolicy] = []
+
+    def reducer(rank: int):
+        def reduce(mine: list[float]) -> list[float]:
+            key = policies[rank].agreements
+            if key not in shared:
+                shared[key] = [max(v) for v in zip(*(p.summary() for p in policies), strict=True)]
+            return shared[key]
+        return reduce
+
+    policies.extend(SplitPolicy(config, reduce_max=reducer(r), rank=r) for r in range(len(rank_times)))
+    total_off = total_auto = 0.0
+    splits = 0
+    for i in order:
+        choices = [p.decide(load[i], decode_only=False) for p in policies]
+        split = choices[0].split
+        if any(c.split != split for c in choices):
+            raise AssertionError(f"replay: the ranks chose differently at step {i}")
+        for p, c, t in zip(policies, choices, rank_times, strict=True):
+            p.observe(c, split, t["on" if split else "off"][i])
+        total_off += max(t["off"][i] for t in rank_times)
+        total_auto += max(t["on" if split else "off"][i] for t in rank_times)
+        splits += split
+    best = 0.0
+    for threshold in [*sorted(set(load)), None]:
+        total = sum(max(t["on" if threshold is not None and load[i] >= threshold else "off"][i] for t in rank_times)
+                    for i in order)
+        best = max(best, total_off / total)
+    return {"auto_speedup": total_off / total_auto, "best_speedup": best,
+            "auto_ratio": total_off / total_auto / best, "split_steps": splits,
+            "verdicts": {row["class"]: row["verdict"] for row in policies[0].table()["classes"]}}
+
+
+def replay_orders(summary: dict[str, Any], policy: dict[str, Any] | None = None, orders: int = 40) -> dict[str, Any]:
+    """:func:`replay_sweep` on the recorded order and on ``orders`` shuffled ones (seeds 0..orders-1)."""
+    recorded = replay_sweep(summary, policy)
+    ratios = [replay_sweep(summary, policy, seed=seed)["auto_ratio"] for seed in range(orders)]
+    return {"policy": dict(policy or {}), "recorded": recorded, "orders": orders, "ratios": ratios,
+            "ran": summary.get("auto_ratio"), "target_ratio": TARGET_RATIO}
+
+
+def format_replay(result: dict[str, Any]) -> str:
+    """The replay as a few lines of text."""
+    settings = ", ".join(f"{k}={v}" for k, v in sorted(result["policy"].items())) or "the defaults"
+    rec = result["recorded"]
+    lines = [f"auto replayed with {settings} (share of the best static threshold's speed-up; target "
+             f"{result['target_ratio'] * 100:.0f}%):"]
+    if result.get("ran") is not None:
+        lines.append(f"  as the sweep ran (its own steps, its own time): {result['ran'] * 100:.1f}%")
+    verdicts = ", ".join(f"{c} {v or 'undecided'}" for c, v in rec["verdicts"].items())
+    lines.append(f"  the recorded order, the policy's own time left out: {rec['auto_ratio'] * 100:.1f}% ("
+                 f"{rec['auto_speedup']:.3f} of "
+                 f"{rec['best_speedup']:.3f}); {rec['split_steps']} steps split; {verdicts}")
+    ratios = result["ratios"]
+    if ratios:
+        below = sum(r < result["target_ratio"] for r in ratios)
+        lines.append(f"  {len(ratios)} other orders of the same steps: mean {statistics.mean(ratios) * 100:.1f}%, "
+                     f"lowest {min(ratios) * 100:.1f}%, below the target in {below}")
+    return "\n".join(lines) + "\n"
