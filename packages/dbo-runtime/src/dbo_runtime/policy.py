@@ -24,8 +24,12 @@ What is timed
 Decision (:func:`choose_arm`, pure; the same on every rank given the agreed table and the class's step counter)
     * initial exploration, for a class without a prior: its first ``2 x (warmup_per_arm + min_samples)`` steps (8
       with the defaults) alternate unsplit, split, unsplit, ...: at most 4 steps per class on the arm that loses;
-      up to 16 (8 on the losing arm) where the first look was too near the margin to decide (*confirm*, below).
-      Counted in the budget: over a class's first 800 steps, initial and slow exploration together stay <= 5%;
+      it alternates on until its first verdict is agreed (the next agreement; later where the first look was too
+      near the margin to decide, *confirm* below), up to 16 steps (8 on the losing arm). Counted in the budget:
+      over a class's first 800 steps, initial and slow exploration together stay <= 5%. (Running unsplit while
+      waiting for the agreement, as before 2026-12-07, was a third of what auto lost in the policy sweep on a host
+      where its 257-512 class split 1.36x faster: 3-4 steps at +80 ms each, for a class with 100 steps; alternating
+      halves that, and costs half a losing step where unsplit would have been right);
     * afterwards the class runs its *base* arm: the agreed verdict, or before there is one the prior's (split where
       the predicted speed-up is at least ``1 / (1 - margin)``), or without a prior unsplit, so that DBO never costs
       more than the exploration;
@@ -57,13 +61,13 @@ Decision (:func:`choose_arm`, pure; the same on every rank given the agreed tabl
       noise around 1 - margin does not flip a class whose split steps are still faster; and more evidence to stop
       than to start: a decided class makes two pairs per exploration, both on one explored sample, so 5 pairs
       rest on two or three unsplit samples, and one fast one flipped a class that split 1.22x faster in a policy
-      sweep; in a replay at +-15% noise per step a 1.13x class ran unsplit on 7.1% of its steps with a window of
-      5 to stop, 2.0% with 10; a wrong "unsplit" is still overturned on 5 pairs, and a class that has just started
+      sweep; in a replay at +-15% noise per step a 1.13x class ran unsplit on 6.5% of its steps with a window of
+      5 to stop, 1.0% with 10; a wrong "unsplit" is still overturned on 5 pairs, and a class that has just started
       splitting is not stopped by the old pairs that the last 5 overturned). *Confirm*: a class's first
       verdict within ``confirm_band`` (0.04) of ``1 - margin`` is not taken on the 5 pairs of its initial
       alternation; the class alternates on until it has ``stop_window`` pairs, whose median decides (its arms
       differ by at most 7% there, so that costs little). In a replay of 200 seeds at +-15% noise per step this
-      cut the wrong first verdicts of a class 1.13x faster split from 38 to 24 (such a verdict is how the policy
+      cut the wrong first verdicts of a class 1.13x faster split from 42 to 26 (such a verdict is how the policy
       sweep missed its target in ``make bench`` run 16, after the hysteresis). A *clear loss*
       decides sooner: from the first pair, a median ratio >= ``clear_loss`` (1.5) is "unsplit", so a class whose
       split step takes 1.5x its unsplit one stops splitting at the next agreement (2 split steps, the warm-up one
@@ -461,15 +465,15 @@ def verdict_of(split_s: float | None, unsplit_s: float | None, split_n: int, uns
 
 
 def choose_arm(step: int, verdict: bool | None, prior_split: bool | None, config: PolicyConfig,
-               period: int | None = None, confirming: bool = False) -> tuple[bool, str]:
+               period: int | None = None) -> tuple[bool, str]:
     """The arm of the ``step``-th step (from 0) of a class: ``(split, reason)``, reason one of ``initial``,
     ``explore``, ``verdict``, ``prior``. ``prior_split``: the prior's arm, None without a prior for the class.
     ``period``: steps per exploration step (:meth:`PolicyConfig.explore_period`; default ``explore_every``).
-    ``confirming``: the agreed table withheld the class's first verdict as too near the margin
-    (:func:`verdict_of`'s ``confirm``): the alternation goes on, up to twice its length.
+    A class without a verdict or a prior alternates for its first ``2 x initial_steps`` steps: the initial
+    alternation, then until its first verdict is agreed (the next agreement, or a first look near the margin
+    waiting for ``confirm_pairs``, :func:`verdict_of`).
     Pure: the same inputs give the same arm on every rank."""
-    limit = 2 * config.initial_steps if confirming else config.initial_steps
-    if verdict is None and prior_split is None and step < limit:
+    if verdict is None and prior_split is None and step < 2 * config.initial_steps:
         return step % 2 == 1, "initial"
     base = bool(prior_split) if verdict is None else verdict
     period = config.explore_every if period is None else period
@@ -504,6 +508,7 @@ class _ClassState:
     last: list = field(default_factory=lambda: [None, None])  # per arm: (class step, seconds) of its last sample
     steps: int = 0
     initial_steps: int = 0
+    initial_split_steps: int = 0  # of the initial steps, those that ran split
     explore_steps: int = 0
     decided_steps: int = 0  # steps taken while the agreed table had a verdict
     decided_explore_steps: int = 0
@@ -518,7 +523,6 @@ class _Agreed:
     verdict: bool | None = None
     ratio: float | None = None  # median split / unsplit ratio of side-by-side pairs (the slowest rank's: MAX)
     pairs: int = 0
-    confirming: bool = False  # a first verdict withheld as too near the margin (verdict_of's confirm)
     stop_ratio: float | None = None  # the same over the last stop_window pairs (MAX over the ranks)
 
     def split_ratio(self, config: PolicyConfig) -> float | None:
@@ -595,9 +599,10 @@ class SplitPolicy:
         prior_split = self._prior_of(cls)[0]
         base = bool(prior_split) if agreed.verdict is None else agreed.verdict
         period = self.config.explore_period(self._penalty(cls))
-        split, reason = choose_arm(state.steps, agreed.verdict, prior_split, self.config, period, agreed.confirming)
+        split, reason = choose_arm(state.steps, agreed.verdict, prior_split, self.config, period)
         state.steps += 1
         state.initial_steps += reason == "initial"
+        state.initial_split_steps += reason == "initial" and split
         state.explore_steps += reason == "explore"
         if agreed.verdict is not None:
             state.decided_steps += 1
@@ -684,12 +689,9 @@ class SplitPolicy:
             # only a class that alternated has a first verdict to confirm; one started from a prior runs that
             # arm until its slow exploration decides
             confirm = self._prior_of(cls)[0] is None
-            verdict = verdict_of(entry.split_s, entry.unsplit_s, entry.split_n, entry.unsplit_n, self.config,
-                                 ratio=entry.ratio, pairs=entry.pairs, current=before, confirm=confirm,
-                                 stop_ratio=entry.stop_ratio)
-            entry = replace(entry, verdict=verdict, confirming=verdict is None and confirm and entry.ratio is not None
-                            and entry.pairs >= self.config.min_samples and min(entry.split_n, entry.unsplit_n)
-                            >= self.config.min_samples)
+            entry = replace(entry, verdict=verdict_of(
+                entry.split_s, entry.unsplit_s, entry.split_n, entry.unsplit_n, self.config, ratio=entry.ratio,
+                pairs=entry.pairs, current=before, confirm=confirm, stop_ratio=entry.stop_ratio))
             self._agreed[cls] = entry
             if entry.verdict is not None and entry.verdict != before:
                 changes.append(f"{cls} {'split' if entry.verdict else 'unsplit'} (split {_ms(entry.split_s)} ms, "
@@ -760,14 +762,18 @@ class SplitPolicy:
             local: dict[str, Any] = {}
             if state is not None:
                 u, s = state.arms
+                # the initial steps that ran the arm the verdict rejects (all of them while undecided)
+                losing = state.initial_steps if agreed.verdict is None else (
+                    state.initial_steps - state.initial_split_steps if agreed.verdict else state.initial_split_steps)
                 local = {"steps": state.steps, "split_steps": s.ran, "unsplit_steps": u.ran,
-                         "initial_steps": state.initial_steps, "explore_steps": state.explore_steps,
+                         "initial_steps": state.initial_steps, "initial_losing_steps": losing,
+                         "explore_steps": state.explore_steps,
                          "split_ms": _ms(statistics.median(s.window)) if s.window else None,
                          "unsplit_ms": _ms(statistics.median(u.window)) if u.window else None,
                          "samples_split": s.kept, "samples_unsplit": u.kept}
                 steps += state.steps
                 explore += state.explore_steps
-                initial += state.initial_steps
+                initial += losing
                 decided += state.decided_steps
                 decided_explore += state.decided_explore_steps
             inferred = self._prior_of(cls)[1]
@@ -791,6 +797,8 @@ class SplitPolicy:
         return {
             "kind": TABLE_KIND, "version": 1, "policy": "auto", "rank": self.rank, "pid": os.getpid(),
             "calls": self.calls, "steps": steps, "agreements": self.agreements,
+            # steps that ran the arm the policy would not have run: exploration, and the initial alternation's steps
+            # on the arm the verdict rejects (tables before 2026-12-07 counted every initial step)
             "explore_fraction": (explore + initial) / steps if steps else 0.0,
             "explore_fraction_decided": decided_explore / decided if decided else 0.0,
             "notice_steps": {"fastest": self.config.notice_steps[0], "slowest": self.config.notice_steps[1]},
@@ -942,7 +950,8 @@ def format_table(table: Mapping[str, Any], fmt: str = "text") -> str:
                      _fmt(a.get("unsplit_ms")), _fmt(a.get("speedup")),
                      f"{a.get('samples_split', 0)}/{a.get('samples_unsplit', 0)}", str(loc.get("steps", 0)),
                      str(loc.get("split_steps", 0)),
-                     str(loc.get("initial_steps", 0) + loc.get("explore_steps", 0)), str(a.get("explore_every", "-")),
+                     str(loc.get("initial_losing_steps", loc.get("initial_steps", 0)) + loc.get("explore_steps", 0)),
+                     str(a.get("explore_every", "-")),
                      _fmt(r.get("prior_speedup")) if r.get("prior_from") is None
                      else f"as {r['prior_from']}"])
     if fmt == "md":
