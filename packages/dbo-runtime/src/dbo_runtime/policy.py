@@ -27,9 +27,9 @@ Decision (:func:`choose_arm`, pure; the same on every rank given the agreed tabl
       it alternates on until its first verdict is agreed (the next agreement; later where the first look was too
       near the margin to decide, *confirm* below), up to 16 steps (8 on the losing arm). Counted in the budget:
       over a class's first 800 steps, initial and slow exploration together stay <= 5%. (Running unsplit while
-      waiting for the agreement, as before 2026-12-07, was a third of what auto lost in the policy sweep on a host
-      where its 257-512 class split 1.36x faster: 3-4 steps at +80 ms each, for a class with 100 steps; alternating
-      halves that, and costs half a losing step where unsplit would have been right);
+      waiting for the agreement, as before 2026-12-07, was a quarter of what auto lost in the policy sweep on a
+      host where its 257-512 class split 1.36x faster: 3-4 steps at +80 ms each, for a class with 100 steps;
+      alternating halves that, and costs half a losing step where unsplit would have been right);
     * afterwards the class runs its *base* arm: the agreed verdict, or before there is one the prior's (split where
       the predicted speed-up is at least ``1 / (1 - margin)``), or without a prior unsplit, so that DBO never costs
       more than the exploration;
@@ -46,9 +46,10 @@ Decision (:func:`choose_arm`, pure; the same on every rank given the agreed tabl
       ``explore_cost`` (1%) of the class's time, up to ``explore_max_every`` (400)
       (:meth:`PolicyConfig.explore_period`, from the agreed table, so the same on every rank). A count of steps
       is not a bound on time: in the serving benchmark a split decode step took 4.3x an unsplit one, and
-      exploring it every 25th step cost ~13% of the time; every 400th costs 0.8%. (At 2% the policy sweep's
-      exploration of its 1.3-1.4x classes every 25th step was half of what auto lost to the best threshold: the
-      price is a slower notice, below.) A class with a prior skips the
+      exploring it every 25th step cost ~13% of the time; every 400th costs 0.8%. (From 2% to 1% raised auto's
+      share of the best threshold's speed-up by 0.3 points on average in replays of six recorded policy sweeps,
+      97.39 to 97.70%, where its 1.25-1.4x classes had been explored every 25th step: the price is a slower notice,
+      below.) A class with a prior skips the
       initial alternation: its prior's arm is verified by this slow exploration alone, a verdict within
       ``(warmup_per_arm + min_samples) x N + K`` = 116 of its steps;
     * verdict (:func:`verdict_of`): once both arms have ``min_samples`` samples, split iff splitting is at least
