@@ -49,7 +49,12 @@ Decision (:func:`choose_arm`, pure; the same on every rank given the agreed tabl
       exploring it every 25th step cost ~13% of the time; every 400th costs 0.8%. (From 2% to 1% raised auto's
       share of the best threshold's speed-up by 0.3 points on average in replays of six recorded policy sweeps,
       97.39 to 97.70%, where its 1.25-1.4x classes had been explored every 25th step: the price is a slower notice,
-      below.) A class with a prior skips the
+      below.) A class whose verdict is *clear* (:meth:`PolicyConfig.clear`: the explored arm at least
+      ``clear_loss`` (1.5x) as long as the base arm, on at least ``stop_window`` pairs) is held to
+      ``explore_clear_cost`` (0.25%) instead: its verdict flips only on a change of load of that size, and its
+      exploration is what auto pays where nothing pays (in the serving benchmark's run 20, a split decode step
+      1.8x an unsplit one explored every 100th step was ~1.3% of the class's time with the initial alternation,
+      more than that run's off-vs-off spread). A class with a prior skips the
       initial alternation: its prior's arm is verified by this slow exploration alone, a verdict within
       ``(warmup_per_arm + min_samples) x N + K`` = 116 of its steps;
     * verdict (:func:`verdict_of`): once both arms have ``min_samples`` samples, split iff splitting is at least
@@ -102,7 +107,8 @@ the defaults W = 5 pairs to start splitting and 10 to stop, K = 16, N = 25 to 40
       come within ``ceil(3 / 2) x N + 1`` (to start) or ``ceil(6 / 2) x N + 1`` class steps (to stop), and the
       verdict flips at the next agreement: when the class runs alone (K counts every step, of any class), a class
       that does not split starts within ``2N + 1 + K`` steps (67 while the explored arm is at most 25% slower, 817
-      at the longest period) and one that splits stops within ``3N + 1 + K`` (92, and 1217)
+      at the longest period, which a clear class reaches above a penalty of 0.5) and one that splits stops within
+      ``3N + 1 + K`` (92, and 1217)
       (:meth:`PolicyConfig.notice_steps_for`; each class's bound is in the
       table). The slower the arm it explores, the later it sees that arm get faster: the price of a time bound.
       (Comparing the arms' own medians noticed a change of the arm it runs within 20 steps, but a drifting machine
@@ -220,6 +226,7 @@ class PolicyConfig:
     sync_every: int = 16
     explore_every: int = 25
     explore_cost: float = 0.01
+    explore_clear_cost: float = 0.0025
     explore_max_every: int = 400
     warmup_per_arm: int = 1
     min_samples: int = 3
@@ -249,13 +256,17 @@ class PolicyConfig:
             raise DBOConfigError(f"policy stop_window={self.stop_window} is below window={self.window}; accepted: "
                                  "stop_window >= window")
         for name, lo, hi in (("margin", 0.0, 0.5), ("confirm_band", 0.0, 0.5), ("explore_cost", 0.0, 1.0),
-                             ("timeout_s", 0.0, math.inf), ("max_step_s", 0.0, math.inf)):
+                             ("explore_clear_cost", 0.0, 1.0), ("timeout_s", 0.0, math.inf),
+                             ("max_step_s", 0.0, math.inf)):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int | float) or not lo <= value < hi \
                     or (name not in ("margin", "confirm_band") and value <= 0):
                 span = "[0, 0.5)" if name in ("margin", "confirm_band") else (
-                    "(0, 1)" if name == "explore_cost" else "(0, inf)")
+                    "(0, 1)" if name.startswith("explore_") else "(0, inf)")
                 raise DBOConfigError(f"policy {name}={value!r} is invalid; accepted: a number in {span}")
+        if self.explore_clear_cost > self.explore_cost:
+            raise DBOConfigError(f"policy explore_clear_cost={self.explore_clear_cost!r} is above explore_cost="
+                                 f"{self.explore_cost!r}; accepted: explore_clear_cost <= explore_cost")
         c = self.clear_loss
         if isinstance(c, bool) or not isinstance(c, int | float) or not c > 1.0 / (1.0 - self.margin):
             raise DBOConfigError(f"policy clear_loss={c!r} is invalid; accepted: a number above "
@@ -277,24 +288,32 @@ class PolicyConfig:
         verdict on the initial pairs alone."""
         return abs(ratio - (1.0 - self.margin)) < self.confirm_band
 
-    def explore_period(self, penalty: float | None) -> int:
+    def clear(self, penalty: float | None, pairs: int) -> bool:
+        """A settled, clear verdict: the explored arm at least ``clear_loss`` times as long as the base arm
+        (penalty >= ``clear_loss - 1``: a split step 1.5x an unsplit one, or an unsplit one 1.5x a split one),
+        read on at least ``stop_window`` side-by-side pairs. Such a class is explored on ``explore_clear_cost``."""
+        return penalty is not None and penalty >= self.clear_loss - 1.0 and pairs >= self.stop_window
+
+    def explore_period(self, penalty: float | None, *, clear: bool = False) -> int:
         """Steps of a class per exploration step, given ``penalty``: how much longer a step of the explored arm
         takes than one of the base arm (0.5: 50% longer; None or <= 0: unknown or not slower).
 
         ``explore_every`` while exploring costs at most ``explore_cost`` of the class's time, else the fewest
         doublings of it that keep the cost there (``penalty / period <= explore_cost``), at most the largest such
         period <= ``explore_max_every``: with the defaults an arm 4x slower (penalty 3) is explored every 400th
-        step, 0.75% of the time instead of 12% at every 25th. Doublings nest (a step ``c`` with
-        ``c % 2p == 2p - 1`` also has ``c % p == p - 1``), so a period that changes with the measured penalty never
-        adds an exploration step."""
+        step, 0.75% of the time instead of 12% at every 25th. A ``clear`` class (:meth:`clear`) keeps its cost
+        at ``explore_clear_cost`` (0.25%) instead: a split decode step 1.8x an unsplit one is explored every
+        400th step, not every 100th. Doublings nest (a step ``c`` with ``c % 2p == 2p - 1`` also has
+        ``c % p == p - 1``), so a period that changes with the measured penalty never adds an exploration step."""
         period = self.explore_every
         if penalty is None or not penalty > 0:
             return period
-        while penalty > self.explore_cost * period and 2 * period <= self.explore_max_every:
+        budget = self.explore_clear_cost if clear else self.explore_cost
+        while penalty > budget * period and 2 * period <= self.explore_max_every:
             period *= 2
         return period
 
-    def notice_steps_for(self, penalty: float | None = None, *, splits: bool = True) -> int:
+    def notice_steps_for(self, penalty: float | None = None, *, splits: bool = True, clear: bool = False) -> int:
         """Class steps within which a change of either arm is agreed, for a class explored with ``penalty`` that
         splits (``splits``) or not.
 
@@ -303,7 +322,7 @@ class PolicyConfig:
         arm moves the median of ``w`` pairs after ``w // 2 + 1`` new pairs: ``w`` is ``stop_window`` for a class
         that splits (it stops on more evidence), ``window`` for one that does not."""
         needed = (self.stop_window if splits else self.window) // 2 + 1
-        return math.ceil(needed / 2) * self.explore_period(penalty) + 1 + self.sync_every
+        return math.ceil(needed / 2) * self.explore_period(penalty, clear=clear) + 1 + self.sync_every
 
     @property
     def notice_steps(self) -> tuple[int, int]:
@@ -599,7 +618,8 @@ class SplitPolicy:
         agreed = self._agreed.get(cls, _Agreed())
         prior_split = self._prior_of(cls)[0]
         base = bool(prior_split) if agreed.verdict is None else agreed.verdict
-        period = self.config.explore_period(self._penalty(cls))
+        penalty = self._penalty(cls)
+        period = self.config.explore_period(penalty, clear=self._clear(cls, penalty))
         split, reason = choose_arm(state.steps, agreed.verdict, prior_split, self.config, period)
         state.steps += 1
         state.initial_steps += reason == "initial"
@@ -725,6 +745,12 @@ class SplitPolicy:
             penalty = self._agreed[source].penalty(base, self.config)
         return penalty
 
+    def _clear(self, cls: ShapeClass, penalty: float | None) -> bool:
+        """Whether ``cls`` has a settled, clear verdict of its own (:meth:`PolicyConfig.clear`): a class started
+        from a neighbour's penalty is not clear until it has measured its own."""
+        agreed = self._agreed.get(cls)
+        return agreed is not None and agreed.verdict is not None and self.config.clear(penalty, agreed.pairs)
+
     def _prior_of(self, cls: ShapeClass) -> tuple[bool | None, ShapeClass | None]:
         """``(arm, neighbour)``: the prior's arm for ``cls`` (None: no prior) and, where it was inferred from a
         decided neighbour, that neighbour. An explicit prior comes first. Else, from the agreed verdicts of the
@@ -781,6 +807,7 @@ class SplitPolicy:
             ratio = agreed.split_ratio(self.config)  # what the verdict rests on: the side-by-side pairs first
             speedup = 1.0 / ratio if ratio else None
             penalty = self._penalty(cls)
+            clear = self._clear(cls, penalty)
             lo, hi = cls.tokens
             rows.append({
                 "class": cls.label, "phase": cls.phase, "tokens_min": lo, "tokens_max": hi,
@@ -791,8 +818,9 @@ class SplitPolicy:
                 "agreed": {"split_ms": _ms(agreed.split_s), "unsplit_ms": _ms(agreed.unsplit_s),
                            "samples_split": agreed.split_n, "samples_unsplit": agreed.unsplit_n,
                            "pair_ratio": agreed.ratio, "pairs": agreed.pairs, "speedup": speedup,
-                           "explore_every": self.config.explore_period(penalty),
-                           "notice_steps": self.config.notice_steps_for(penalty, splits=self.base_arm(cls))},
+                           "explore_every": self.config.explore_period(penalty, clear=clear), "clear": clear,
+                           "notice_steps": self.config.notice_steps_for(penalty, splits=self.base_arm(cls),
+                                                                        clear=clear)},
                 "local": local,
             })
         return {
@@ -952,7 +980,7 @@ def format_table(table: Mapping[str, Any], fmt: str = "text") -> str:
                      f"{a.get('samples_split', 0)}/{a.get('samples_unsplit', 0)}", str(loc.get("steps", 0)),
                      str(loc.get("split_steps", 0)),
                      str(loc.get("initial_losing_steps", loc.get("initial_steps", 0)) + loc.get("explore_steps", 0)),
-                     str(a.get("explore_every", "-")),
+                     str(a.get("explore_every", "-")) + (" (clear)" if a.get("clear") else ""),
                      _fmt(r.get("prior_speedup")) if r.get("prior_from") is None
                      else f"as {r['prior_from']}"])
     if fmt == "md":

@@ -513,10 +513,11 @@ class RunnerIntegration:
                                    stats_dir=os.environ.get(STATS_DIR_ENV) or None)
         atexit.register(self._policy.close)
         logger.info("dbo_runtime: auto split policy on (rank %d): agreement every %d steps over %s, exploring every "
-                    "%dth step of a class (up to every %dth while that costs over %g%% of its time), split where >= %g%% "
-                    "faster%s", self._policy.rank, config.sync_every,
+                    "%dth step of a class (up to every %dth while that costs over %g%% of its time, %g%% for a clear "
+                    "verdict), split where >= %g%% faster%s", self._policy.rank, config.sync_every,
                     "the world group" if reduce_max else "this process", config.explore_every,
-                    config.explore_max_every, 100 * config.explore_cost, 100 * config.margin,
+                    config.explore_max_every, 100 * config.explore_cost, 100 * config.explore_clear_cost,
+                    100 * config.margin,
                     f", prior {prior_path}" if prior_path else "")
         return self._policy
 
