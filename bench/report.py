@@ -447,6 +447,39 @@ def _throughput(summary: dict[str, Any], variant: str) -> float | None:
     return row.get("request_throughput") if row else None
 
 
+def _step_periods(folder: Path, variant: str, split: int) -> dict[str, list[float]]:
+    """Per shape class, the periods (ms) of `variant`'s steps that ran `split` (1) or not (0), from its step records;
+    profiled steps and idle gaps over 1 s left out."""
+    from dbo_runtime.policy import ShapeClass
+
+    data = _load(folder / "profile" / variant / "dbo-steps-rank0.json")
+    out: dict[str, list[float]] = {}
+    for r in (data or {}).get("steps", []) if isinstance(data, dict) else []:
+        us = r.get("period_us")
+        if r.get("split") == split and not r.get("profiled") and us and us <= 1e6:
+            out.setdefault(ShapeClass.of(int(r["tokens"]), decode_only=bool(r["decode"])).label, []).append(us / 1e3)
+    return out
+
+
+def auto_price(folder: Path, times: dict[str, dict[str, Any]]) -> dict[str, Any] | None:
+    """What auto's steps on the slower arm cost, from the auto server's own step records (warm-up included): per
+    class of `times` (:func:`class_step_times`), its steps on the arm whose median was slower, each charged the
+    difference of the medians; over the period of every step it recorded. A figure of the policy alone: the host's
+    drift between the servers' runs, which moves the throughputs, does not enter it."""
+    ran = {arm: _step_periods(folder, "dbo-auto", arm) for arm in (0, 1)}
+    total = sum(sum(v) for arm in ran.values() for v in arm.values())
+    if not total:
+        return None
+    extra, losing = 0.0, 0
+    for c, t in times.items():
+        slower = 1 if t["split_ms"] > t["unsplit_ms"] else 0
+        n = len(ran[slower].get(c, []))
+        extra += n * abs(t["split_ms"] - t["unsplit_ms"])
+        losing += n
+    return {"share": extra / total, "extra_ms": extra, "losing_steps": losing, "total_ms": total,
+            "steps": sum(len(v) for arm in ran.values() for v in arm.values())}
+
+
 def class_step_times(folder: Path, min_steps: int = 3) -> dict[str, dict[str, Any]]:
     """Per shape class, the median step period (ms) of the dbo-static server's split steps and of the dbo-auto
     server's unsplit ones, from their step records (profile/<variant>/dbo-steps-rank0.json: every step's split
@@ -455,20 +488,25 @@ def class_step_times(folder: Path, min_steps: int = 3) -> dict[str, dict[str, An
     the unsplit side is auto's own steps (the DBO-off servers keep no step records)."""
     import statistics
 
-    from dbo_runtime.policy import ShapeClass
-
-    def periods(variant: str, split: int) -> dict[str, list[float]]:
-        data = _load(folder / "profile" / variant / "dbo-steps-rank0.json")
-        out: dict[str, list[float]] = {}
-        for r in (data or {}).get("steps", []) if isinstance(data, dict) else []:
-            us = r.get("period_us")
-            if r.get("split") == split and not r.get("profiled") and us and us <= 1e6:
-                out.setdefault(ShapeClass.of(int(r["tokens"]), decode_only=bool(r["decode"])).label, []).append(us / 1e3)
-        return out
-    split, unsplit = periods("dbo-static", 1), periods("dbo-auto", 0)
+    split, unsplit = _step_periods(folder, "dbo-static", 1), _step_periods(folder, "dbo-auto", 0)
     return {c: {"split_ms": statistics.median(split[c]), "unsplit_ms": statistics.median(unsplit[c]),
                 "split_steps": len(split[c]), "unsplit_steps": len(unsplit[c])}
             for c in split.keys() & unsplit.keys() if min(len(split[c]), len(unsplit[c])) >= min_steps}
+
+
+def _rounds(summary: dict[str, Any], variants: tuple[str, ...]) -> list[dict[str, float]]:
+    """Per repeat r, every variant's request throughput in it: the runs of one round ran one after another (the
+    harness's interleaved order), so they share the host's speed of that minute. Rounds where a run of one of
+    ``variants`` failed are left out."""
+    runs = {r["variant"]: r.get("runs") or [] for r in summary["rows"] if r["variant"] in variants}
+    if set(runs) != set(variants):
+        return []
+    out = []
+    for r in range(min(len(v) for v in runs.values())):
+        got = {v: runs[v][r].get("request_throughput") for v in variants if runs[v][r].get("status", "ok") == "ok"}
+        if len(got) == len(variants) and all(isinstance(x, (int, float)) and x > 0 for x in got.values()):
+            out.append(got)
+    return out
 
 
 def policy_verdicts(summary: dict[str, Any], table: dict[str, Any] | None,
@@ -508,6 +546,21 @@ def policy_verdicts(summary: dict[str, Any], table: dict[str, Any] | None,
     result.update({"spread": spread, "best": best, "faster": faster, "auto_vs_best": auto / best - 1.0,
                    "auto_ok": auto >= best * (1.0 - spread), "classes": classes,
                    "decisions_match": all(c["matches"] for c in classes) if classes else None})
+    # Paired by round: auto against the faster variant and off against off again within each round, the medians
+    # over the rounds. The whole run's means mix rounds whose speed differed by 30% on this host (make bench of
+    # 2026-12-07 14:12: off 5.48, 6.41, 6.99 req/s), while the two off means came out 0.8% apart; a run adjacent
+    # to another shares its minute of the host, as the policy's own side-by-side pairs do.
+    rounds = _rounds(summary, ("dbo-off", "dbo-static", "dbo-auto", "dbo-off-again"))
+    if len(rounds) >= 2:
+        import statistics
+
+        ref = "dbo-static" if faster == "split" else "dbo-off"
+        ratios = [rd["dbo-auto"] / rd[ref] for rd in rounds]
+        spreads = [abs(rd["dbo-off"] - rd["dbo-off-again"]) / max(rd["dbo-off"], rd["dbo-off-again"]) for rd in rounds]
+        ratio, spread_r = statistics.median(ratios), statistics.median(spreads)
+        result["paired"] = {"rounds": len(rounds), "auto_vs_best": [x - 1.0 for x in ratios],
+                            "off_spread": spreads, "median_auto_vs_best": ratio - 1.0, "median_spread": spread_r,
+                            "auto_ok": ratio >= 1.0 - spread_r}
     return result
 
 
@@ -523,13 +576,29 @@ def _serving_run(out: Path, name: str, summary: dict[str, Any], record: dict[str
     stats = out / name / "dbo-stats"
     tables = sorted((stats / "dbo-auto").glob("dbo-policy-rank*.json"))
     table = _load(tables[0]) if tables else None
-    v = policy_verdicts(summary, table, class_times=class_step_times(out / name))
+    times = class_step_times(out / name)
+    v = policy_verdicts(summary, table, class_times=times)
+    price = auto_price(out / name, times)
     if "spread" in v:
         lines += ["", f"**auto against the better of off and static**: off {v['off']:.2f}, static {v['static']:.2f}, "
                   f"auto {v['auto']:.2f} req/s; off again {v['off_again']:.2f} req/s: the off-vs-off spread of this run "
                   f"is {v['spread'] * 100:.1f}%. auto is {v['auto_vs_best'] * 100:+.1f}% against the better "
                   f"({'static' if v['faster'] == 'split' else 'off'}): "
                   + ("**within** the spread." if v["auto_ok"] else "**worse than** the spread allows.")]
+        p = v.get("paired")
+        if p:
+            pct = ", ".join(f"{x * 100:+.1f}%" for x in p["auto_vs_best"])
+            sp = ", ".join(f"{x * 100:.1f}%" for x in p["off_spread"])
+            lines += ["", f"**Paired by round** (the criterion: each round's runs ran one after another, so they share "
+                      f"the host's speed of that minute; the means above mix rounds): auto against the better in each "
+                      f"of the {p['rounds']} rounds {pct}, median **{p['median_auto_vs_best'] * 100:+.1f}%**; off "
+                      f"against off again {sp}, median {p['median_spread'] * 100:.1f}%: "
+                      + ("**within** the spread." if p["auto_ok"] else "**worse than** the spread allows.")]
+        if price:
+            lines += ["", f"**auto's own price** by its step records: {price['losing_steps']} of its {price['steps']} "
+                      f"steps ran the arm that was slower for their class, {price['extra_ms']:.0f} ms over the faster "
+                      f"arm's median, **{price['share'] * 100:.2f}%** of its {price['total_ms'] / 1e3:.1f} s of steps "
+                      "(warm-up included; classes with 3 steps of each arm)."]
         if v["classes"]:
             def faster(c: dict[str, Any]) -> str:
                 t = c["referee"]

@@ -247,6 +247,53 @@ def test_policy_verdicts_against_the_faster_arm_and_the_spread(report: ModuleTyp
     assert report.policy_verdicts({"rows": []}, None) == {"off": None, "off_again": None, "static": None, "auto": None}
 
 
+def test_the_criterion_pairs_the_runs_of_each_round(report: ModuleType) -> None:
+    """make bench of 2026-12-07 14:12: the two off means 0.8% apart while each variant's rounds moved 30% with the
+    host; auto's third run, the first of its round, the slowest. By the means auto missed; round by round it did not."""
+    summary = _serving_summary()
+    runs = {"dbo-off": [5.48, 6.41, 6.99], "dbo-static": [3.66, 4.38, 4.53], "dbo-auto": [5.77, 6.53, 5.55],
+            "dbo-off-again": [5.30, 7.10, 6.62]}
+    for row in summary["rows"]:
+        row["runs"] = [{"request_throughput": x, "status": "ok"} for x in runs[row["variant"]]]
+        row["request_throughput"] = sum(runs[row["variant"]]) / 3
+    v = report.policy_verdicts(summary, _policy_table())
+    assert v["auto_ok"] is False and v["spread"] == pytest.approx(1 - 18.88 / 19.02)  # by the means: a miss
+    p = v["paired"]
+    assert p["rounds"] == 3 and p["auto_vs_best"] == pytest.approx([5.77 / 5.48 - 1, 6.53 / 6.41 - 1, 5.55 / 6.99 - 1])
+    assert p["median_auto_vs_best"] == pytest.approx(6.53 / 6.41 - 1)
+    assert p["median_spread"] == pytest.approx(1 - 6.62 / 6.99) and p["auto_ok"] is True
+    # auto behind in two rounds of three, beyond every round's off-vs-off spread: a miss either way
+    runs["dbo-auto"] = [5.0, 5.6, 6.5]
+    for row in summary["rows"]:
+        row["runs"] = [{"request_throughput": x, "status": "ok"} for x in runs[row["variant"]]]
+    assert report.policy_verdicts(summary, _policy_table())["paired"]["auto_ok"] is False
+    # a round with a failed run is left out; under two rounds there is no paired figure
+    summary["rows"][2]["runs"][0]["status"] = "failed"
+    assert report.policy_verdicts(summary, _policy_table())["paired"]["rounds"] == 2
+    summary["rows"][2]["runs"][1]["status"] = "failed"
+    assert "paired" not in report.policy_verdicts(summary, _policy_table())
+
+
+def test_autos_own_price_is_its_steps_on_the_slower_arm(tmp_path: Path, report: ModuleType) -> None:
+    def write(variant: str, rows: list[tuple[int, int, int, float]]) -> None:
+        folder = tmp_path / "profile" / variant
+        folder.mkdir(parents=True)
+        steps = [{"step": i + 1, "split": sp, "tokens": n, "decode": d, "period_us": us, "profiled": False}
+                 for i, (sp, n, d, us) in enumerate(rows)]
+        (folder / "dbo-steps-rank0.json").write_text(json.dumps({"rank": 0, "steps": steps}))
+    write("dbo-static", [(1, 8, 1, 30e3)] * 5 + [(1, 300, 0, 80e3)] * 3)
+    # auto: decode unsplit 20 ms (96 steps), 4 split explorations at 30 ms; a prefill class where split pays
+    # (80 against 100 ms): 3 unsplit steps on the slower arm, 5 split
+    write("dbo-auto", [(0, 8, 1, 20e3)] * 96 + [(1, 8, 1, 30e3)] * 4 + [(0, 300, 0, 100e3)] * 3
+          + [(1, 300, 0, 80e3)] * 5)
+    times = report.class_step_times(tmp_path)
+    price = report.auto_price(tmp_path, times)
+    assert price["losing_steps"] == 7 and price["extra_ms"] == pytest.approx(4 * 10.0 + 3 * 20.0)
+    assert price["total_ms"] == pytest.approx(96 * 20 + 4 * 30 + 3 * 100 + 5 * 80)
+    assert price["share"] == pytest.approx(100.0 / price["total_ms"])
+    assert report.auto_price(tmp_path / "none", {}) is None
+
+
 def test_a_class_is_judged_by_its_own_step_records(tmp_path: Path, report: ModuleType) -> None:
     """A rare class (a few percent of the steps) is judged by the servers' step records, not the whole run."""
     def write(variant: str, rows: list[tuple[int, int, int, float, bool]]) -> None:
