@@ -568,9 +568,11 @@ def _serving_run(out: Path, name: str, summary: dict[str, Any], record: dict[str
     lines: list[str] = []
     first = next((c for c in summary.get("commands") or []), {})
     env = summary.get("environment") or {}
-    lines += ["Tiny generated Qwen3-MoE, tensor parallel 2 over gloo, one CPU per rank; "
+    model = ("The tiny Qwen3-MoE's config scaled up (--load-format dummy: random weights)" if name == "serving-large"
+             else "Tiny generated Qwen3-MoE")
+    lines += [f"{model}, tensor parallel 2 over gloo, one CPU per rank; "
               "`vllm bench serve` through skills/vllm-serve-bench/scripts/serve_bench.py (matrix: "
-              "[serving/matrix.yaml](serving/matrix.yaml)). vLLM: "
+              f"[{name}/matrix.yaml]({name}/matrix.yaml)). vLLM: "
               + ", ".join(f"{k} {v}" for k, v in (env.get("packages") or {}).items()) + ".", ""]
     lines += _serving_table(summary)
     stats = out / name / "dbo-stats"
