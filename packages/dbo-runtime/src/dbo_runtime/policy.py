@@ -618,8 +618,8 @@ class SplitPolicy:
         agreed = self._agreed.get(cls, _Agreed())
         prior_split = self._prior_of(cls)[0]
         base = bool(prior_split) if agreed.verdict is None else agreed.verdict
-        penalty = self._penalty(cls)
-        period = self.config.explore_period(penalty, clear=self._clear(cls, penalty))
+        penalty, clear = self._exploration(cls)
+        period = self.config.explore_period(penalty, clear=clear)
         split, reason = choose_arm(state.steps, agreed.verdict, prior_split, self.config, period)
         state.steps += 1
         state.initial_steps += reason == "initial"
@@ -745,11 +745,14 @@ class SplitPolicy:
             penalty = self._agreed[source].penalty(base, self.config)
         return penalty
 
-    def _clear(self, cls: ShapeClass, penalty: float | None) -> bool:
-        """Whether ``cls`` has a settled, clear verdict of its own (:meth:`PolicyConfig.clear`): a class started
-        from a neighbour's penalty is not clear until it has measured its own."""
+    def _exploration(self, cls: ShapeClass) -> tuple[float | None, bool]:
+        """``(penalty, clear)`` of ``cls``: its explored arm's penalty (:meth:`_penalty`) and whether it has a
+        settled, clear verdict of its own (:meth:`PolicyConfig.clear`): a class started from a neighbour's penalty
+        is not clear until it has measured its own."""
+        penalty = self._penalty(cls)
         agreed = self._agreed.get(cls)
-        return agreed is not None and agreed.verdict is not None and self.config.clear(penalty, agreed.pairs)
+        clear = agreed is not None and agreed.verdict is not None and self.config.clear(penalty, agreed.pairs)
+        return penalty, clear
 
     def _prior_of(self, cls: ShapeClass) -> tuple[bool | None, ShapeClass | None]:
         """``(arm, neighbour)``: the prior's arm for ``cls`` (None: no prior) and, where it was inferred from a
@@ -806,8 +809,7 @@ class SplitPolicy:
             inferred = self._prior_of(cls)[1]
             ratio = agreed.split_ratio(self.config)  # what the verdict rests on: the side-by-side pairs first
             speedup = 1.0 / ratio if ratio else None
-            penalty = self._penalty(cls)
-            clear = self._clear(cls, penalty)
+            penalty, clear = self._exploration(cls)
             lo, hi = cls.tokens
             rows.append({
                 "class": cls.label, "phase": cls.phase, "tokens_min": lo, "tokens_max": hi,
